@@ -1,0 +1,27 @@
+# WeEnv developer entry points. Everything installs through scripts/setup.sh (idempotent).
+SHELL := /bin/bash
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint bench
+
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	$(BIN)/weenv demo
+
+lint: setup
+	$(BIN)/ruff check .
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/pytest
+
+# Runs every benchmark in its quick mode; each script prints its own numbers.
+bench: setup
+	@shopt -s nullglob; scripts=(benchmarks/*.py); \
+	if (( $${#scripts[@]} == 0 )); then echo "no benchmarks in benchmarks/"; exit 0; fi; \
+	for script in "$${scripts[@]}"; do \
+		echo "== $$script --quick"; $(BIN)/python "$$script" --quick || exit $$?; \
+	done

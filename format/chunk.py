@@ -1,0 +1,84 @@
+"""Chunk encoding: one independent zstd frame per chunk, verified by the plaintext's BLAKE3.
+
+A blob is a plain concatenation of such frames; a chunk record in an index locates one frame by
+(compressed offset, compressed length) within a blob. Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import zstandard
+
+from .digest import digest_bytes
+from .errors import DigestMismatch, FormatError
+
+DEFAULT_LEVEL = 3
+_local = threading.local()
+
+
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    # Compressor objects are not thread-safe; keep one per thread and level.
+    cache = _local.__dict__.setdefault("compressors", {})
+    comp = cache.get(level)
+    if comp is None:
+        comp = cache[level] = zstandard.ZstdCompressor(
+            level=level, write_content_size=True, write_checksum=False
+        )
+    return comp
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    dec = getattr(_local, "decompressor", None)
+    if dec is None:
+        dec = _local.decompressor = zstandard.ZstdDecompressor()
+    return dec
+
+
+def encode_chunk(plain: bytes | memoryview, level: int = DEFAULT_LEVEL) -> bytes:
+    """Compress one chunk's plaintext into a single zstd frame carrying its content size."""
+    return _compressor(level).compress(plain)
+
+
+def decode_chunk(frame: bytes | memoryview, digest: bytes, length: int) -> bytes:
+    """Decompress one frame and verify it against the chunk record.
+
+    Raises `FormatError` if the frame is not exactly one zstd frame of `length` bytes, and
+    `DigestMismatch` if the plaintext does not hash to `digest` (32 raw bytes).
+    """
+    try:
+        plain = _decompressor().decompress(frame, max_output_size=length)
+    except zstandard.ZstdError as exc:
+        raise FormatError("chunk frame", f"cannot decompress {digest.hex()[:12]}: {exc}") from None
+    if len(plain) != length:
+        raise FormatError(
+            "chunk frame", f"{digest.hex()[:12]}: expected {length} bytes, got {len(plain)}"
+        )
+    actual = digest_bytes(plain)
+    if actual != digest:
+        raise DigestMismatch("chunk", digest.hex(), actual.hex())
+    return plain
+
+
+def decompress_object(data: bytes | memoryview, what: str, limit: int) -> bytes:
+    """Decompress a whole zstd-compressed object (an index or a hint) of at most `limit` bytes."""
+    try:
+        size = zstandard.frame_content_size(data)
+    except zstandard.ZstdError as exc:
+        raise FormatError(what, f"not a zstd frame: {exc}") from None
+    if size < 0:
+        raise FormatError(what, "zstd frame without a content size")
+    if size > limit:
+        raise FormatError(what, f"content size {size} exceeds the limit {limit}")
+    try:
+        plain = _decompressor().decompress(data, max_output_size=max(size, 1))
+    except zstandard.ZstdError as exc:
+        raise FormatError(what, f"cannot decompress: {exc}") from None
+    if len(plain) != size:
+        raise FormatError(what, f"expected {size} bytes after decompression, got {len(plain)}")
+    return plain
+
+
+def compress_object(plain: bytes, level: int = 9) -> bytes:
+    """Compress a whole object (index, hint) into one zstd frame with its content size."""
+    return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(plain)

@@ -1,0 +1,84 @@
+"""Store keys, names and tags (SPEC.md, "Store layout").
+
+    blobs/<digest>          packed chunk frames
+    indexes/<digest>        group indexes (zstd)
+    manifests/<digest>      environment manifests (canonical JSON)
+    hints/<digest>          prefetch hints (zstd)
+    tags/<kind>/<name>/<tag>  "<digest>\\n", the only mutable objects
+
+Pure string functions; no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .digest import check_digest
+from .errors import FormatError
+
+KINDS = ("blobs", "indexes", "manifests", "hints")
+TAG_KINDS = ("groups", "envs", "hints")
+DEFAULT_TAG = "latest"
+
+_NAME_PART = r"[a-z0-9]+(?:[._-][a-z0-9]+)*"
+_NAME = re.compile(rf"{_NAME_PART}(?:/{_NAME_PART})*")
+_TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+MAX_NAME_LENGTH = 255
+
+
+def object_key(kind: str, digest: str) -> str:
+    """The key of an immutable object of `kind` (one of KINDS)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown object kind {kind!r}")
+    return f"{kind}/{check_digest(digest)}"
+
+
+def check_name(name: str, what: str = "name") -> str:
+    """Validate a group or environment name (lowercase, Docker-repository style)."""
+    if len(name) > MAX_NAME_LENGTH or not _NAME.fullmatch(name):
+        raise FormatError(
+            what, f"{name!r:.80} is not a valid name (lowercase letters, digits, . _ - and /)"
+        )
+    return name
+
+
+def check_tag(tag: str) -> str:
+    """Validate a tag (Docker tag rules: up to 128 of letters, digits, . _ -)."""
+    if not _TAG.fullmatch(tag):
+        raise FormatError("tag", f"{tag!r:.80} is not a valid tag")
+    return tag
+
+
+def parse_name_tag(ref: str, what: str = "reference") -> tuple[str, str]:
+    """Split 'NAME[:TAG]' into a validated (name, tag); the tag defaults to 'latest'."""
+    name, sep, tag = ref.rpartition(":")
+    if not sep or "/" in tag:
+        name, tag = ref, DEFAULT_TAG
+    return check_name(name, what), check_tag(tag)
+
+
+def tag_key(kind: str, name: str, tag: str) -> str:
+    """The key of the tag `name:tag` of `kind` (one of TAG_KINDS)."""
+    if kind not in TAG_KINDS:
+        raise ValueError(f"unknown tag kind {kind!r}")
+    if kind == "hints":
+        check_digest(name, "hint tag name")
+    else:
+        check_name(name)
+    return f"tags/{kind}/{name}/{check_tag(tag)}"
+
+
+def encode_tag(digest: str) -> bytes:
+    """The stored content of a tag pointing at `digest`."""
+    return (check_digest(digest) + "\n").encode("ascii")
+
+
+def decode_tag(data: bytes) -> str:
+    """The digest a stored tag points at."""
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise FormatError("tag", "not ASCII") from None
+    if not text.endswith("\n"):
+        raise FormatError("tag", "missing final newline")
+    return check_digest(text[:-1], "tag digest")

@@ -1,0 +1,10 @@
+"""`python -m weenvfs`: the same entry point as the `weenv` console script."""
+
+from __future__ import annotations
+
+import sys
+
+from weenvfs.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

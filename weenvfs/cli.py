@@ -1,0 +1,265 @@
+"""The `weenv` command: one entry point, subcommands registered by command modules.
+
+This module owns argument parsing, logging set-up and the translation of errors into one-line
+messages and exit codes. It must not implement any command itself (apart from `version`):
+each command module listed in `COMMAND_MODULES` exposes `register(subparsers) -> None`, which
+adds its subcommands with `add_command()` and so sets `func=handler`, where
+`handler(args) -> int` returns the exit code. Handlers raise `WeenvError` or `FormatError`
+for user-facing failures; `main()` prints them on one line, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+
+from weenvfs import __version__
+from weenvfs.errors import UsageError, WeenvError
+from weenvfs.format.errors import FormatError
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[argparse.Namespace], int]
+
+# Dotted names of the modules that register subcommands, in the order they appear in --help.
+# Only modules that exist belong here: a failing import is a bug, never skipped.
+COMMAND_MODULES: tuple[str, ...] = ()
+
+EXIT_INTERNAL = 70  # EX_SOFTWARE from sysexits.h
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
+
+_FORMATTER = argparse.RawDescriptionHelpFormatter
+
+
+def _examples_epilog(examples: Sequence[str]) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in examples)
+
+
+def _common_options(*, top_level: bool) -> argparse.ArgumentParser:
+    """Options accepted before and after the subcommand name.
+
+    Subcommand copies default to SUPPRESS so that they do not overwrite a value given before
+    the subcommand (argparse copies every attribute of the sub-namespace onto the main one).
+    """
+    parent = argparse.ArgumentParser(add_help=False)
+    default: dict[str, object] = {} if top_level else {"default": argparse.SUPPRESS}
+    group = parent.add_argument_group("global options")
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        help="log more: -v info, -vv debug for weenv, -vvv debug for everything",
+        **({"default": 0} if top_level else default),
+    )
+    group.add_argument(
+        "--log-file",
+        metavar="PATH",
+        help="also write the log to PATH (at least at info level)",
+        **({"default": None} if top_level else default),
+    )
+    group.add_argument(
+        "--debug",
+        action="store_true",
+        help="print tracebacks of errors",
+        **({"default": False} if top_level else default),
+    )
+    return parent
+
+
+def add_command(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    *,
+    help: str,
+    description: str,
+    examples: Sequence[str],
+    func: Handler | None,
+) -> argparse.ArgumentParser:
+    """Add subcommand `name` with a help text that always ends with examples.
+
+    `examples` are complete command lines (a trailing `# comment` is fine). `func` is the
+    handler; pass None only for a command group whose own subcommands set handlers.
+    Returns the new parser, to which the caller adds its arguments.
+    """
+    if not examples:
+        raise ValueError(f"command {name!r} needs at least one example")
+    parser = subparsers.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=_examples_epilog(examples),
+        formatter_class=_FORMATTER,
+        parents=[_common_options(top_level=False)],
+    )
+    parser.set_defaults(func=func, command_parser=parser)
+    # Read back by build_parser() to show one example per command in the top-level help.
+    parser.weenv_examples = tuple(examples)  # type: ignore[attr-defined]
+    return parser
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    print(f"weenv {__version__}")
+    return 0
+
+
+def _register_builtin(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    add_command(
+        subparsers,
+        "version",
+        help="print the version",
+        description="Print the version of weenv.",
+        examples=["weenv version"],
+        func=_cmd_version,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the complete `weenv` parser from the built-in and registered commands."""
+    parser = argparse.ArgumentParser(
+        prog="weenv",
+        description=(
+            "WeEnv packages environments as content-addressed layer groups, mounts them\n"
+            "lazily over FUSE and sizes the sandboxes that run them."
+        ),
+        formatter_class=_FORMATTER,
+        parents=[_common_options(top_level=True)],
+    )
+    parser.add_argument("--version", action="version", version=f"weenv {__version__}")
+    parser.set_defaults(func=None, command_parser=parser)
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    _register_builtin(subparsers)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    examples = ["weenv --help", "weenv COMMAND --help"]
+    for sub in subparsers.choices.values():
+        examples.extend(getattr(sub, "weenv_examples", ())[:1])
+    parser.epilog = _examples_epilog(examples)
+    return parser
+
+
+class _LogSetup:
+    """Handlers and levels installed by main(), undone on exit.
+
+    main() runs in-process in tests, so it must leave the logging tree as it found it.
+    """
+
+    def __init__(self) -> None:
+        self.handlers: list[logging.Handler] = []
+        self.levels = {name: logging.getLogger(name).level for name in ("", "weenvfs")}
+
+    def undo(self) -> None:
+        for handler in self.handlers:
+            logging.getLogger().removeHandler(handler)
+            handler.close()
+        for name, level in self.levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def _open_log_file(path: str) -> logging.Handler:
+    try:
+        return logging.FileHandler(path)
+    except OSError as error:
+        raise UsageError(f"cannot open log file {path}: {error.strerror}") from None
+
+
+def _setup_logging(setup: _LogSetup, verbose: int, log_file: str | None) -> None:
+    """Attach a stderr handler (and a file handler) to the root logger, recorded in `setup`."""
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    root = logging.getLogger()
+    file_handler = None if log_file is None else _open_log_file(log_file)
+    # The log file gets at least info; third-party libraries (boto3, urllib3) are very chatty
+    # at debug, so only -vvv lets their debug records through.
+    wanted = level if file_handler is None else min(level, logging.INFO)
+    root.setLevel(logging.DEBUG if verbose >= 3 else max(wanted, logging.INFO))
+    logging.getLogger("weenvfs").setLevel(wanted)
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel(level)
+    console.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    setup.handlers.append(console)
+    if file_handler is not None:
+        file_handler.setLevel(min(level, logging.INFO))
+        file_handler.setFormatter(
+            logging.Formatter("%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+        )
+        setup.handlers.append(file_handler)
+    for handler in setup.handlers:
+        root.addHandler(handler)
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def _silence_stdout() -> None:
+    # After EPIPE, Python would fail again flushing stdout at exit; point it at /dev/null.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+class _ParseExit(Exception):
+    """argparse finished early (help, version, usage error) with this exit code."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as stop:  # --help, --version and usage errors
+        code = stop.code
+        raise _ParseExit(code if isinstance(code, int) else (0 if code is None else 2)) from None
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.func is None:
+        args.command_parser.print_help(sys.stderr)
+        print(f"{args.command_parser.prog}: error: a command is required", file=sys.stderr)
+        return 2
+    return int(args.func(args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `weenv` with `argv` (default: sys.argv[1:]) and return the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # until the arguments are parsed
+    logs = _LogSetup()
+    try:
+        args = _parse(build_parser(), argv)
+        debug = args.debug
+        _setup_logging(logs, args.verbose, args.log_file)
+        return _dispatch(args)
+    except _ParseExit as stop:
+        return stop.code
+    except (WeenvError, FormatError) as error:
+        if debug:
+            traceback.print_exc()
+        print(f"weenv: error: {_one_line(error)}", file=sys.stderr)
+        return int(getattr(error, "exit_code", 1))
+    except KeyboardInterrupt:
+        print("weenv: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except Exception as error:
+        if debug:
+            traceback.print_exc()
+        print(
+            f"weenv: internal error: {type(error).__name__}: {_one_line(error)}"
+            " (run with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
+    finally:
+        logs.undo()

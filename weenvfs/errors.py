@@ -1,0 +1,56 @@
+"""Errors of the node side and the build side.
+
+Every class's docstring reads as its message. `WeenvError` carries the exit code the CLI uses;
+`main()` prints `str(error)` on one line without a traceback. Raise these in the core and the
+tools; translate them only at the FUSE boundary (errno) and in `main()` (exit code).
+"""
+
+from __future__ import annotations
+
+
+class WeenvError(Exception):
+    """weenv failed."""
+
+    exit_code = 1
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class UsageError(WeenvError):
+    """Invalid arguments."""
+
+    exit_code = 2
+
+
+class StoreError(WeenvError):
+    """The store failed."""
+
+
+class ObjectMissing(StoreError):
+    """An object is missing from the store."""
+
+    def __init__(self, key: str, store: str = "") -> None:
+        where = f" in {store}" if store else ""
+        super().__init__(f"object {key!r} is missing{where}")
+        self.key = key
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached."""
+
+    def __init__(self, message: str | None = None, *, temporary: bool = True) -> None:
+        super().__init__(message)
+        self.temporary = temporary
+
+
+class ObjectCorrupt(StoreError):
+    """An object's bytes do not match its digest."""
+
+
+class RefNotFound(WeenvError):
+    """No such environment or group."""
+
+
+class SourceError(WeenvError):
+    """The build source is invalid."""
