@@ -4,7 +4,8 @@
     indexes/<digest>        group indexes (zstd)
     manifests/<digest>      environment manifests (canonical JSON)
     hints/<digest>          prefetch hints (zstd)
-    tags/<kind>/<name>/<tag>  "<digest>\\n", the only mutable objects
+    tags/<kind>/<name>/<tag>  "<digest>\\n", the only mutable objects; a '/' in the name is
+                              written as '~' so that one name's tags never nest in another's
 
 Pure string functions; no I/O.
 """
@@ -24,6 +25,7 @@ _NAME_PART = r"[a-z0-9]+(?:[._-][a-z0-9]+)*"
 _NAME = re.compile(rf"{_NAME_PART}(?:/{_NAME_PART})*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 MAX_NAME_LENGTH = 255
+NAME_SEPARATOR_IN_KEY = "~"  # names never contain '~'; keys never nest one name in another
 
 
 def object_key(kind: str, digest: str) -> str:
@@ -65,7 +67,15 @@ def tag_key(kind: str, name: str, tag: str) -> str:
         check_digest(name, "hint tag name")
     else:
         check_name(name)
-    return f"tags/{kind}/{name}/{check_tag(tag)}"
+    return f"tags/{kind}/{name.replace('/', NAME_SEPARATOR_IN_KEY)}/{check_tag(tag)}"
+
+
+def parse_tag_key(key: str) -> tuple[str, str, str]:
+    """(kind, name, tag) of a tag key made by `tag_key`."""
+    parts = key.split("/")
+    if len(parts) != 4 or parts[0] != "tags" or parts[1] not in TAG_KINDS:
+        raise FormatError("tag key", f"{key!r:.80} is not a tag key")
+    return parts[1], parts[2].replace(NAME_SEPARATOR_IN_KEY, "/"), parts[3]
 
 
 def encode_tag(digest: str) -> bytes:
