@@ -1,0 +1,1 @@
+"""The build side: image sources, layer entries, chunking, index building and publishing."""
