@@ -46,6 +46,16 @@ def decode_chunk(frame: bytes | memoryview, digest: bytes, length: int) -> bytes
     Raises `FormatError` if the frame is not exactly one zstd frame of `length` bytes, and
     `DigestMismatch` if the plaintext does not hash to `digest` (32 raw bytes).
     """
+    # Check the declared size first: the frame is not verified yet, and decompress() would
+    # allocate whatever size a corrupt or hostile header declares.
+    try:
+        declared = zstandard.frame_content_size(frame)
+    except zstandard.ZstdError as exc:
+        raise FormatError("chunk frame", f"{digest.hex()[:12]}: not a zstd frame: {exc}") from None
+    if declared != length:
+        raise FormatError(
+            "chunk frame", f"{digest.hex()[:12]}: declares {declared} bytes, expected {length}"
+        )
     try:
         plain = _decompressor().decompress(frame, max_output_size=length)
     except zstandard.ZstdError as exc:
@@ -70,10 +80,17 @@ def decompress_object(data: bytes | memoryview, what: str, limit: int) -> bytes:
         raise FormatError(what, "zstd frame without a content size")
     if size > limit:
         raise FormatError(what, f"content size {size} exceeds the limit {limit}")
+    # Streamed, so memory grows with the data actually decoded, not with the size a corrupt
+    # header declares; and the frame must be complete and alone (no trailing bytes).
+    stream = _decompressor().decompressobj()
     try:
-        plain = _decompressor().decompress(data, max_output_size=max(size, 1))
+        plain = stream.decompress(data)
     except zstandard.ZstdError as exc:
         raise FormatError(what, f"cannot decompress: {exc}") from None
+    if not stream.eof:
+        raise FormatError(what, "truncated zstd frame")
+    if stream.unused_data:
+        raise FormatError(what, f"{len(stream.unused_data)} bytes after the zstd frame")
     if len(plain) != size:
         raise FormatError(what, f"expected {size} bytes after decompression, got {len(plain)}")
     return plain

@@ -15,13 +15,18 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
+from .errors import FormatError
 from .index import ROOT_INODE, GroupIndex
 
 Layer = tuple[int, int]  # (group position, inode number in that group's index)
 
 
 class Entry(NamedTuple):
-    """A composed entry: the topmost layer that defines it, and for directories all layers."""
+    """A composed entry: the layer whose attributes it shows, and for directories all layers.
+
+    A directory shows the attributes of its topmost layer that is not *implied* (a directory a
+    layer tar only implied by a path below it), or of its lowest layer if all are implied.
+    """
 
     group: int
     inode: int
@@ -38,18 +43,21 @@ class ComposedTree:
     def __init__(self, groups: Sequence[GroupIndex]) -> None:
         self.groups = list(groups)
         top = len(self.groups) - 1
-        self.root = Entry(
-            top, ROOT_INODE, self._dir_layers([(g, ROOT_INODE) for g in range(top, -1, -1)])
-        )
+        self.root = self._dir_entry([(g, ROOT_INODE) for g in range(top, -1, -1)])
 
-    def _dir_layers(self, candidates: list[Layer]) -> tuple[Layer, ...]:
-        """Keep candidate directory layers down to the first opaque one."""
-        layers = []
+    def _dir_entry(self, candidates: list[Layer]) -> Entry:
+        """The directory made of candidate layers (topmost first), cut below the first opaque."""
+        layers: list[Layer] = []
+        shown: Layer | None = None
         for g, ino in candidates:
             layers.append((g, ino))
-            if self.groups[g].inode(ino).opaque:
+            rec = self.groups[g].inode(ino)
+            if shown is None and not rec.implied:
+                shown = (g, ino)
+            if rec.opaque:
                 break
-        return tuple(layers)
+        g, ino = shown or layers[-1]
+        return Entry(g, ino, tuple(layers))
 
     def lookup(self, parent: Entry, name: bytes) -> Entry | None:
         """The entry `name` in composed directory `parent`, or None."""
@@ -71,8 +79,7 @@ class ComposedTree:
                 break
         if not dirs:
             return None
-        g, ino = dirs[0]
-        return Entry(g, ino, self._dir_layers(dirs))
+        return self._dir_entry(dirs)
 
     def names(self, parent: Entry) -> list[bytes]:
         """The visible names of composed directory `parent`, sorted by bytes."""
@@ -110,9 +117,15 @@ class ComposedTree:
     def walk(self) -> Iterator[tuple[bytes, Entry]]:
         """Every (path, entry) of the composed tree, depth-first in name order (root is b'')."""
         stack: list[tuple[bytes, Entry]] = [(b"", self.root)]
+        seen: set[Layer] = set()
         while stack:
             path, entry = stack.pop()
             yield path, entry
             if entry.is_dir:
+                # Each directory of a group has one path; a layer met twice means a corrupt
+                # group whose cycles would make this walk endless.
+                if not seen.isdisjoint(entry.layers):
+                    raise FormatError(f"group {entry.group} inode {entry.inode}", "directory cycle")
+                seen.update(entry.layers)
                 children = [(path + b"/" + n if path else n, e) for n, e in self.entries(entry)]
                 stack.extend(reversed(children))

@@ -33,7 +33,10 @@ assert INODE.size == 72
 
 INODE_WHITEOUT = 1 << 0  # the entry hides the same name in lower groups
 INODE_OPAQUE = 1 << 1  # directory: hides everything below it in lower groups
-KNOWN_INODE_FLAGS = INODE_WHITEOUT | INODE_OPAQUE
+# directory no source entry declared (a layer tar that omits a parent): it takes its attributes
+# from the same directory in a lower group, as applying the layer to that group would leave them
+INODE_IMPLIED = 1 << 2
+KNOWN_INODE_FLAGS = INODE_WHITEOUT | INODE_OPAQUE | INODE_IMPLIED
 
 # name_offset, name_length, inode
 DIRENT = struct.Struct("<IHxxI")

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from . import constants as C
 from .chunk import compress_object, decompress_object
+from .digest import check_digest
 from .errors import FormatError, UnsupportedFormat
 
 
@@ -29,6 +30,12 @@ def encode_hint(hint: Hint) -> bytes:
     """The stored (compressed) bytes of `hint`."""
     if len(hint.records) > C.MAX_HINT_RECORDS:
         raise FormatError("hint", f"{len(hint.records)} records exceed {C.MAX_HINT_RECORDS}")
+    check_digest(hint.manifest, "hint manifest")
+    for r in hint.records:
+        if not (
+            0 <= r.group <= 0xFFFF and 0 <= r.chunk <= C.MAX_U32 and 0 <= r.time_ms <= C.MAX_U32
+        ):
+            raise FormatError("hint record", f"{r} out of range")
     head = C.HINT_HEADER.pack(
         C.HINT_MAGIC, C.HINT_VERSION, 0, bytes.fromhex(hint.manifest), len(hint.records)
     )

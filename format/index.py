@@ -58,6 +58,10 @@ class Inode(NamedTuple):
         return bool(self.flags & C.INODE_OPAQUE)
 
     @property
+    def implied(self) -> bool:
+        return bool(self.flags & C.INODE_IMPLIED)
+
+    @property
     def mtime_ns(self) -> int:
         return self.mtime_sec * 1_000_000_000 + self.mtime_nsec
 
@@ -184,7 +188,12 @@ class GroupIndex:
         rec = Inode(*C.INODE.unpack_from(self._mv, h.inode_offset + ino * C.INODE.size))
         if rec.flags & ~C.KNOWN_INODE_FLAGS:
             raise FormatError(f"inode {ino} flags", f"unknown bits {rec.flags:#x}")
+        if rec.mtime_nsec >= 1_000_000_000:
+            raise FormatError(f"inode {ino} mtime_nsec", f"{rec.mtime_nsec} is not below 10**9")
         kind = stat.S_IFMT(rec.mode)
+        dir_only = rec.opaque or rec.implied
+        if (rec.whiteout and kind != stat.S_IFCHR) or (dir_only and kind != stat.S_IFDIR):
+            raise FormatError(f"inode {ino} flags", f"{rec.flags:#x} do not fit mode {rec.mode:#o}")
         if kind == stat.S_IFDIR:
             limit, table = h.dirent_count, "dirent"
         elif kind == stat.S_IFREG:
@@ -196,6 +205,8 @@ class GroupIndex:
         else:
             raise FormatError(f"inode {ino} mode", f"unknown file type {rec.mode:#o}")
         if limit is None:
+            if rec.data_count > C.MAX_SYMLINK:
+                raise FormatError(f"inode {ino} symlink target", f"longer than {C.MAX_SYMLINK}")
             self._check_string(rec.data_first, rec.data_count, f"inode {ino} symlink target")
         elif rec.data_first + rec.data_count > limit and rec.data_count:
             raise FormatError(
@@ -215,8 +226,10 @@ class GroupIndex:
         if rec.flags & ~C.KNOWN_CHUNK_FLAGS:
             raise FormatError(f"chunk {n} flags", f"unknown bits {rec.flags:#x}")
         if rec.zero:
-            if rec.blob != C.NO_BLOB or rec.clen:
+            if rec.blob != C.NO_BLOB or rec.offset or rec.clen:
                 raise FormatError(f"chunk {n}", "a zero chunk must not reference a blob")
+            if not h.feature_incompat & C.INCOMPAT_ZERO_CHUNKS:
+                raise FormatError(f"chunk {n} flags", "zero chunk without INCOMPAT_ZERO_CHUNKS")
         elif rec.blob >= h.blob_count:
             raise FormatError(f"chunk {n} blob", f"{rec.blob} not below blob_count {h.blob_count}")
         if rec.ulen > C.MAX_CHUNK_SIZE:
@@ -252,7 +265,10 @@ class GroupIndex:
             raise FormatError(f"dirent {n} name_length", f"{length} outside 1..{C.MAX_NAME}")
         if ino >= self.header.inode_count or ino == ROOT_INODE:
             raise FormatError(f"dirent {n} inode", f"{ino} is not a valid child inode")
-        return self._string(off, length, f"dirent {n} name"), ino
+        name = self._string(off, length, f"dirent {n} name")
+        if b"/" in name or b"\0" in name or name in (b".", b".."):
+            raise FormatError(f"dirent {n} name", f"{name!r:.80} is not a valid name")
+        return name, ino
 
     # -- directory operations ---------------------------------------------------------------
 
@@ -279,8 +295,14 @@ class GroupIndex:
     def entries(self, dir_ino: int, start: int = 0) -> Iterator[tuple[bytes, int]]:
         """(name, inode) of directory `dir_ino` in name order, from position `start`."""
         first, end = self._dir_range(dir_ino)
+        previous = self._dirent_name(first + start - 1)[0] if 0 < start <= end - first else None
         for n in range(first + start, end):
-            yield self._dirent_name(n)
+            name, ino = self._dirent_name(n)
+            # Lookup is a binary search: entries out of order would make names unfindable.
+            if previous is not None and name <= previous:
+                raise FormatError(f"dirent {n} name", "entries not sorted by strictly rising name")
+            previous = name
+            yield name, ino
 
     def entry_count(self, dir_ino: int) -> int:
         """The number of entries of directory `dir_ino`."""
@@ -304,10 +326,16 @@ class GroupIndex:
     def walk(self, ino: int = ROOT_INODE, prefix: bytes = b"") -> Iterator[tuple[bytes, int]]:
         """Every (path, inode) below `ino` in depth-first name order (root as b'')."""
         stack = [(prefix, ino)]
+        seen_dirs: set[int] = set()
         while stack:
             path, cur = stack.pop()
             yield path, cur
             if self.inode(cur).is_dir:
+                # A directory reached twice means a cycle or a shared subtree: refuse, or a
+                # corrupt index could make this walk endless or exponential.
+                if cur in seen_dirs:
+                    raise FormatError(f"inode {cur}", "directory reachable by more than one path")
+                seen_dirs.add(cur)
                 children = [
                     (path + b"/" + name if path else name, child)
                     for name, child in self.entries(cur)
@@ -331,6 +359,8 @@ class GroupIndex:
             koff, klen, voff, vlen = C.XATTR.unpack_from(
                 self._mv, self.header.xattr_offset + n * C.XATTR.size
             )
+            if not 0 < klen <= C.MAX_XATTR_KEY or vlen > C.MAX_XATTR_VALUE:
+                raise FormatError(f"xattr {n}", f"key length {klen} or value length {vlen}")
             out.append((self._string(koff, klen, "xattr key"), self._string(voff, vlen, "xattr")))
         return out
 
@@ -361,6 +391,8 @@ class GroupIndex:
         h = self.header
         for n in range(h.file_digest_count):
             ino, dig = C.FILE_DIGEST.unpack_from(self._mv, h.file_digest_offset + n * 36)
+            if ino >= h.inode_count:
+                raise FormatError(f"file digest {n} inode", f"{ino} not below {h.inode_count}")
             yield ino, dig
 
 
@@ -393,6 +425,10 @@ def file_spans(index: GroupIndex, ino: int, offset: int, length: int) -> list[Sp
         else:
             k, in_chunk = divmod(pos, size)
             stop = min(size, in_chunk + end - pos)
+            # All chunks but the last hold exactly chunk_size bytes, the last the remainder.
+            expected = min(size, rec.size - k * size)
+            if index.chunk(chunks[k]).ulen != expected:
+                raise FormatError(f"inode {ino} chunk {k}", f"length is not {expected}")
         spans.append(Span(chunks[k], in_chunk, stop))
         pos += stop - in_chunk
     return spans

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from . import constants as C
 from .chunk import compress_object
+from .digest import check_digest
 from .errors import FormatError
 
 
@@ -48,6 +49,7 @@ class Node:
     inner_offset: int = 0
     file_digest: bytes | None = None
     children: dict[bytes, Node] = field(default_factory=dict)
+    implied: bool = False  # a directory only implied by a source path (INODE_IMPLIED)
 
     @property
     def is_dir(self) -> bool:
@@ -92,6 +94,7 @@ def _number_inodes(root: Node) -> list[Node]:
 
 def _link_counts(order: list[Node]) -> dict[int, int]:
     counts = {id(n): 0 for n in order}
+    counts[id(order[0])] = 1  # the root has a name already: it may not appear as an entry
     for node in order:
         if node.is_dir:
             for child in node.children.values():
@@ -104,7 +107,60 @@ def _link_counts(order: list[Node]) -> dict[int, int]:
     return counts
 
 
-def _check_node(node: Node) -> None:
+_U32, _U64, _I64_SECONDS = 1 << 32, 1 << 64, 1 << 63
+
+
+def _check_fields(node: Node) -> None:
+    # Refuse what the reader refuses (and what struct.pack would reject with a bare error).
+    kind = stat.S_IFMT(node.mode)
+    dir_only = node.opaque or node.implied
+    if (node.whiteout and kind != stat.S_IFCHR) or (dir_only and kind != stat.S_IFDIR):
+        raise FormatError("node flags", "whiteout needs a char device, opaque/implied a dir")
+    for name, value, limit in (
+        ("mode", node.mode, _U32),
+        ("uid", node.uid, _U32),
+        ("gid", node.gid, _U32),
+        ("size", node.size, _U64),
+        ("rdev", node.rdev, _U64),
+        ("inner_offset", node.inner_offset, _U32),
+    ):
+        if not 0 <= value < limit:
+            raise FormatError(f"node {name}", f"{value} out of range")
+    if not -_I64_SECONDS <= node.mtime_ns // 1_000_000_000 < _I64_SECONDS:
+        raise FormatError("node mtime_ns", f"{node.mtime_ns} out of range")
+    if node.file_digest is not None and len(node.file_digest) != 32:
+        raise FormatError("node file_digest", "must be 32 bytes")
+
+
+def _check_chunks(node: Node, chunk_size: int) -> None:
+    """The chunk layout rules of SPEC.md, as `GroupIndex.file_chunks`/`file_spans` apply them."""
+    chunks = node.chunks
+    if chunks and not stat.S_ISREG(node.mode):
+        raise FormatError("node chunks", "only regular files have chunks")
+    for c in chunks:
+        if len(c.digest) != 32 or not 0 <= c.ulen <= C.MAX_CHUNK_SIZE:
+            raise FormatError("chunk ref", f"bad digest or length {c.ulen}")
+        if c.blob is None and (c.offset or c.clen):
+            raise FormatError("chunk ref", "a zero chunk has no offset or compressed length")
+        if c.blob is not None:
+            check_digest(c.blob, "chunk ref blob")
+        if not (0 <= c.offset < _U64 and 0 <= c.clen < _U32):
+            raise FormatError("chunk ref", f"offset {c.offset} or length {c.clen} out of range")
+    if not chunks:
+        bad = node.size != 0 and stat.S_ISREG(node.mode)
+    elif len(chunks) == 1:
+        bad = node.inner_offset + node.size > chunks[0].ulen
+    else:
+        lengths = [min(chunk_size, node.size - k * chunk_size) for k in range(len(chunks))]
+        bad = node.inner_offset != 0 or len(chunks) != -(-node.size // chunk_size)
+        bad = bad or [c.ulen for c in chunks] != lengths
+    if bad:
+        raise FormatError("node chunks", f"{len(chunks)} chunks do not fit size {node.size}")
+
+
+def _check_node(node: Node, chunk_size: int) -> None:
+    _check_fields(node)
+    _check_chunks(node, chunk_size)
     kind = stat.S_IFMT(node.mode)
     if kind not in (
         stat.S_IFDIR,
@@ -151,7 +207,7 @@ def encode_index(root: Node, chunk_size: int = C.DEFAULT_CHUNK_SIZE) -> bytes:
     chunk_runs: dict[tuple[ChunkRef, ...], int] = {}
     incompat = 0
     for ino, node in enumerate(order):
-        _check_node(node)
+        _check_node(node, chunk_size)
         data_first = data_count = 0
         if node.is_dir:
             data_first, data_count = len(dirents), len(node.children)
@@ -177,7 +233,11 @@ def encode_index(root: Node, chunk_size: int = C.DEFAULT_CHUNK_SIZE) -> bytes:
         xattr_first = len(xattrs)
         for key in sorted(node.xattrs):
             xattrs.append(C.XATTR.pack(*strings.add(key), *strings.add(node.xattrs[key])))
-        flags = (C.INODE_WHITEOUT if node.whiteout else 0) | (C.INODE_OPAQUE if node.opaque else 0)
+        flags = (
+            (C.INODE_WHITEOUT if node.whiteout else 0)
+            | (C.INODE_OPAQUE if node.opaque else 0)
+            | (C.INODE_IMPLIED if node.implied else 0)
+        )
         sec, nsec = divmod(node.mtime_ns, 1_000_000_000)
         inodes.append(
             C.INODE.pack(

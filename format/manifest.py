@@ -68,8 +68,14 @@ def _to_json(m: Manifest) -> dict[str, Any]:
 def encode_manifest(m: Manifest) -> bytes:
     """The canonical bytes of `m` (validated first)."""
     _validate(m)
-    data = json.dumps(_to_json(m), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return data.encode("utf-8")
+    try:
+        data = json.dumps(
+            _to_json(m), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+        return data.encode("utf-8")
+    except (ValueError, TypeError, RecursionError) as exc:
+        # NaN/Infinity, lone surrogates, non-JSON values or absurd nesting in provenance.
+        raise FormatError("manifest", f"cannot be encoded as canonical JSON: {exc}") from None
 
 
 def _strs(value: Any, what: str) -> tuple[str, ...]:
@@ -85,13 +91,18 @@ def _field(obj: dict[str, Any], key: str, kind: type, what: str) -> Any:
     return value
 
 
+def _refuse_constant(name: str) -> Any:
+    # Python's json accepts NaN and Infinity; standard JSON (and other readers) do not.
+    raise ValueError(f"{name} is not JSON")
+
+
 def decode_manifest(data: bytes) -> Manifest:
     """Parse and validate a stored manifest; refuse non-canonical bytes."""
     if len(data) > C.MAX_MANIFEST_SIZE:
         raise FormatError("manifest", f"{len(data)} bytes exceed {C.MAX_MANIFEST_SIZE}")
     try:
-        obj = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+        obj = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
         raise FormatError("manifest", f"not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise FormatError("manifest", "must be a JSON object")

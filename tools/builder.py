@@ -1,0 +1,166 @@
+"""Building one layer group: sources -> tree + chunks -> index -> published and tagged.
+
+Owns: `build_group`, the whole build of one group, and `open_source` (a directory, a tar
+file, or '-' for a tar on stdin). It seeds dedup from the group's previous version (the tag
+being replaced) and from any `dedup_with` references, applies one or more layer sources in
+order into one tree (OCI semantics, see tree.py), chunks the data as it streams past,
+encodes the index, and publishes in the spec's order. Temporary blob files live in a work
+directory that is removed however the build ends; nothing is tagged unless all of it is
+stored.
+
+Must not: parse arguments or print (cli_build.py), or know the store's key layout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from weenvfs.errors import RefNotFound, SourceError
+from weenvfs.format.digest import short
+from weenvfs.format.index_writer import encode_index_object
+from weenvfs.format.refs import check_name, check_tag
+from weenvfs.store.repository import Repository
+
+from .chunker import Chunker, ChunkOptions, ChunkStats, DedupTable
+from .entries import Source
+from .progress import Progress
+from .publish import publish_group
+from .source_dir import DirSource
+from .source_tar import TarSource
+from .tree import GroupTree, TreeCounts
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Options of one build besides the sources and the target."""
+
+    chunk: ChunkOptions = field(default_factory=ChunkOptions)
+    dedup_previous: bool = True  # reuse chunks of the version `name:tag` points at now
+    dedup_with: tuple[str, ...] = ()  # more group references to reuse chunks from
+    tmp_dir: Path | None = None  # where blob files are staged (default: the system's)
+
+
+@dataclass
+class BuildResult:
+    """What a build produced and how much of it was new."""
+
+    name: str
+    tag: str
+    index_digest: str
+    previous: str | None
+    counts: TreeCounts
+    stats: ChunkStats
+    blobs_new: int
+    blobs_uploaded: int
+    bytes_uploaded: int
+    index_size: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready view (the CLI's --json output)."""
+        return {
+            "group": f"{self.name}:{self.tag}",
+            "index": self.index_digest,
+            "previous": self.previous,
+            "counts": self.counts.as_dict(),
+            **self.stats.as_dict(),
+            "blobs_new": self.blobs_new,
+            "blobs_uploaded": self.blobs_uploaded,
+            "bytes_uploaded": self.bytes_uploaded,
+            "index_size": self.index_size,
+        }
+
+
+def open_source(spec: str | Path) -> Source:
+    """A directory, a tar file (plain, gzip, bzip2, xz or zstd) or '-' for a tar on stdin."""
+    text = str(spec)
+    if text != "-" and os.path.isdir(text):
+        return DirSource(text)
+    if text != "-" and not os.path.exists(text):
+        raise SourceError(f"source {text} does not exist")
+    return TarSource(text)
+
+
+def _dedup_table(
+    repo: Repository, name: str, tag: str, options: BuildOptions
+) -> tuple[DedupTable, str | None]:
+    table, previous = DedupTable(), None
+    if options.dedup_previous:
+        try:
+            previous, index = repo.resolve_group(f"{name}:{tag}")
+        except RefNotFound:
+            log.info("no previous version of %s:%s to dedup against", name, tag)
+        else:
+            table.add_index(index)
+            log.info("dedup against the previous %s:%s (%s)", name, tag, short(previous))
+    for ref in options.dedup_with:
+        digest, index = repo.resolve_group(ref)
+        table.add_index(index)
+        log.info("dedup against %s (%s)", ref, short(digest))
+    return table, previous
+
+
+def build_group(
+    sources: Source | Sequence[Source],
+    repo: Repository,
+    name: str,
+    tag: str,
+    options: BuildOptions | None = None,
+    progress: Progress | None = None,
+) -> BuildResult:
+    """Build the group `name:tag` from `sources` (one source, or layers lowest first),
+    publish it and return what happened. Raises SourceError for a bad source, StoreError
+    for store failures; in both cases nothing is tagged and temp files are removed."""
+    check_name(name, "group name")
+    check_tag(tag)
+    options = options or BuildOptions()
+    progress = progress or Progress.quiet()
+    layers = list(sources) if isinstance(sources, Sequence) else [sources]
+    table, previous = _dedup_table(repo, name, tag, options)
+    workdir = Path(tempfile.mkdtemp(prefix="weenv-build-", dir=options.tmp_dir))
+    try:
+        chunker = Chunker(options.chunk, workdir, table, progress.update)
+        try:
+            tree = _read_layers(layers, chunker, progress)
+            blobs = chunker.finish()
+        finally:
+            chunker.close()
+        index_object = encode_index_object(tree.root, options.chunk.chunk_size)
+        published = publish_group(repo, name, tag, blobs, index_object, progress)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return BuildResult(
+        name,
+        tag,
+        published.index_digest,
+        previous,
+        tree.counts(),
+        chunker.stats,
+        len(blobs),
+        published.blobs_uploaded,
+        published.bytes_uploaded,
+        len(index_object),
+    )
+
+
+def _read_layers(layers: list[Source], chunker: Chunker, progress: Progress) -> GroupTree:
+    tree = GroupTree()
+    for source in layers:
+        tree.begin_layer()
+        entries = source.entries()
+        total = source.total_bytes if len(layers) == 1 else None
+        progress.begin(f"reading {source.label}", total)
+        for entry in entries:
+            node = tree.add(entry)
+            if node is not None:
+                chunker.add_file(node, entry)
+        progress.end()
+    return tree

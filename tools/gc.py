@@ -1,0 +1,253 @@
+"""`weenv gc`: find, and with `delete=True` remove, objects no tag can reach.
+
+Owns: the mark phase (every tag is a root: env tags -> manifests -> indexes -> blobs, and the
+manifest's hint; group tags -> indexes -> blobs; hint tags -> hints), the sweep over every key
+under blobs/, indexes/, manifests/ and hints/, and the safety rules:
+
+- A reachable object is never deleted. Every reachable manifest, index and hint is read and
+  verified to learn what it references; if any cannot be read or decoded, gc aborts before
+  deleting anything (`GcAborted`, one line naming the object and the tag it came from).
+  Blobs are leaves and are not read; reachable blobs absent from the listing are reported.
+- Publishing writes blobs, then indexes, then manifests, then tags, and can reuse an object
+  that already exists. So an object younger than `grace` (default 1 hour) is kept even when
+  unreferenced, and every young index or manifest counts as a root (its blobs are kept, even
+  old reused ones). Tags are read again after listing, and anything they reach by then is
+  kept too. The remaining race: a publish that checks for an old unreferenced object, and
+  only writes the index that references it more than `grace` later, can lose it; keep
+  publishes shorter than the grace period.
+- Object ages come from the store: a store method `mtime(key) -> float | None` if the backend
+  has one, else the file's mtime for a local store (wrappers with `.inner` are looked
+  through). When the age is unknown the object is kept, unless `grace` is 0 (only safe when
+  nothing publishes to the store while gc runs).
+- A hint's own manifest field is not followed: a hint (tagged or not) does not keep an
+  environment alive; its tag just dangles once the environment is collected.
+- Deletion goes top-down (manifests, hints, indexes, then blobs), so an interrupted gc never
+  leaves a manifest whose indexes are gone. With `delete=True`, stale temp files of crashed
+  writers are removed too when the store offers `cleanup_temp(max_age)` (local stores).
+
+Keys under those prefixes that are not digests are never touched (reported as unknown).
+Must not: delete tags, or anything when the mark phase failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from weenvfs.errors import StoreError, StoreUnavailable, WeenvError
+from weenvfs.format.digest import short
+from weenvfs.format.errors import FormatError
+from weenvfs.format.refs import KINDS, TAG_KINDS, object_key
+from weenvfs.store.base import Store
+from weenvfs.store.local import LocalStore
+from weenvfs.store.repository import Repository
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GRACE = 3600.0
+_DELETE_ORDER = ("manifests", "hints", "indexes", "blobs")
+_HEX = frozenset("0123456789abcdef")
+
+
+class GcAborted(WeenvError):
+    """gc aborted; nothing was deleted."""
+
+
+@dataclass
+class GcReport:
+    """The outcome of one gc run."""
+
+    reachable: dict[str, set[str]] = field(default_factory=lambda: {k: set() for k in KINDS})
+    roots: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TAG_KINDS, 0))
+    unreferenced: list[tuple[str, int]] = field(default_factory=list)  # (key, size)
+    young: list[str] = field(default_factory=list)  # unreferenced, kept by the grace period
+    ageless: list[str] = field(default_factory=list)  # unreferenced, kept: age unknown
+    unknown: list[str] = field(default_factory=list)  # not digest keys: never touched
+    missing: list[str] = field(default_factory=list)  # reachable but not stored (blobs)
+    deleted: int = 0
+    temp_removed: int | None = None
+
+    @property
+    def unreferenced_bytes(self) -> int:
+        return sum(size for _, size in self.unreferenced)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON-able form."""
+        return {
+            "reachable": {k: len(v) for k, v in self.reachable.items()},
+            "roots": self.roots,
+            "unreferenced": [{"key": k, "size": s} for k, s in self.unreferenced],
+            "unreferenced_bytes": self.unreferenced_bytes,
+            "kept_young": self.young,
+            "kept_age_unknown": self.ageless,
+            "unknown_keys": self.unknown,
+            "missing": self.missing,
+            "deleted": self.deleted,
+            "temp_removed": self.temp_removed,
+        }
+
+
+class _Marker:
+    """The mark phase: follows references from roots, reading every non-blob object."""
+
+    def __init__(self, repo: Repository, report: GcReport) -> None:
+        self.repo = repo
+        self.marks = report.reachable
+
+    def _read(self, kind: str, digest: str, origin: str, read: Callable[[str], Any]) -> Any:
+        try:
+            return read(digest)
+        except (StoreUnavailable, GcAborted):
+            raise
+        except (StoreError, FormatError) as error:
+            raise GcAborted(
+                f"gc aborted, nothing deleted: cannot read reachable {kind}/{short(digest)} "
+                f"({origin}): {error}"
+            ) from None
+
+    def manifest(self, digest: str, origin: str) -> None:
+        if digest in self.marks["manifests"]:
+            return
+        manifest = self._read("manifests", digest, origin, self.repo.get_manifest)
+        self.marks["manifests"].add(digest)
+        via = f"{origin} -> manifests/{short(digest)}"
+        for group in manifest.groups:
+            self.index(group.index, via)
+        if manifest.hints is not None:
+            self.hint(manifest.hints, via)
+
+    def index(self, digest: str, origin: str) -> None:
+        if digest in self.marks["indexes"]:
+            return
+        index = self._read("indexes", digest, origin, self.repo.get_index)
+        self.marks["indexes"].add(digest)
+        self.marks["blobs"].update(index.blob_digests())
+
+    def hint(self, digest: str, origin: str) -> None:
+        if digest not in self.marks["hints"]:
+            self._read("hints", digest, origin, self.repo.get_hint)
+            self.marks["hints"].add(digest)
+
+    def tags(self, roots: dict[str, int]) -> None:
+        """Mark from every tag (again, after listing, to catch tags set meanwhile)."""
+        follow = {"envs": self.manifest, "groups": self.index, "hints": self.hint}
+        for kind in TAG_KINDS:
+            count = 0
+            try:
+                tags = list(self.repo.list_tags(kind))
+            except FormatError as error:
+                raise GcAborted(
+                    f"gc aborted, nothing deleted: a {kind} tag is invalid: {error}"
+                ) from None
+            for name, tag, digest in tags:
+                follow[kind](digest, f"tag {kind}/{name}:{tag}")
+                count += 1
+            roots[kind] = count
+
+
+def object_mtime(store: Store, key: str) -> float | None:
+    """The modification time of an object, or None when the store cannot tell."""
+    method = getattr(store, "mtime", None)
+    if callable(method):
+        value = method(key)
+        return None if value is None else float(value)
+    inner: object = store
+    while not isinstance(inner, LocalStore) and hasattr(inner, "inner"):
+        inner = inner.inner
+    if isinstance(inner, LocalStore):
+        try:
+            return os.stat(inner.root / key).st_mtime
+        except FileNotFoundError:
+            return None
+    return None
+
+
+def _split_key(key: str) -> tuple[str, str]:
+    kind, _, digest = key.partition("/")
+    return kind, digest
+
+
+def _is_digest(text: str) -> bool:
+    return len(text) == 64 and set(text) <= _HEX
+
+
+def _sweep(
+    repo: Repository, report: GcReport, marker: _Marker, grace: float, now: float
+) -> list[str]:
+    """List every object; return the unreferenced, old-enough keys (young roots marked)."""
+    candidates, young_roots = [], []
+    listed: set[str] = set()
+    for kind in KINDS:
+        for key in repo.store.list(kind + "/"):
+            digest = key[len(kind) + 1 :]
+            if not _is_digest(digest):
+                report.unknown.append(key)
+                continue
+            listed.add(key)
+            if digest in report.reachable[kind]:
+                continue
+            mtime = object_mtime(repo.store, key) if grace > 0 else None
+            if grace > 0 and mtime is None:
+                report.ageless.append(key)
+            elif grace > 0 and mtime is not None and now - mtime < grace:
+                report.young.append(key)
+                if kind in ("manifests", "indexes"):
+                    young_roots.append(key)
+            else:
+                candidates.append(key)
+    for key in young_roots:
+        kind, digest = _split_key(key)
+        origin = "younger than the grace period"
+        (marker.manifest if kind == "manifests" else marker.index)(digest, origin)
+    marker.tags(report.roots)
+    report.missing = sorted(
+        object_key(k, d)
+        for k in KINDS
+        for d in report.reachable[k]
+        if object_key(k, d) not in listed
+    )
+    return [k for k in candidates if _split_key(k)[1] not in report.reachable[_split_key(k)[0]]]
+
+
+def _delete(store: Store, keys: Iterable[str], report: GcReport) -> None:
+    ordered = sorted(keys, key=lambda k: (_DELETE_ORDER.index(_split_key(k)[0]), k))
+    for key in ordered:
+        try:
+            store.delete(key)
+        except StoreError as error:
+            raise WeenvError(
+                f"gc stopped after deleting {report.deleted} objects: {error}"
+            ) from None
+        report.deleted += 1
+        log.info("deleted %s", key)
+
+
+def collect_garbage(
+    repo: Repository,
+    *,
+    delete: bool = False,
+    grace: float = DEFAULT_GRACE,
+    now: float | None = None,
+) -> GcReport:
+    """Mark from every tag, sweep, and (with `delete`) remove the unreferenced objects."""
+    if grace < 0:
+        raise ValueError("grace must not be negative")
+    report = GcReport()
+    marker = _Marker(repo, report)
+    marker.tags(report.roots)
+    garbage = _sweep(repo, report, marker, grace, time.time() if now is None else now)
+    for key in garbage:
+        try:
+            report.unreferenced.append((key, repo.store.size(key)))
+        except StoreError:
+            report.unreferenced.append((key, 0))  # vanished meanwhile
+    if delete:
+        _delete(repo.store, garbage, report)
+        cleanup = getattr(repo.store, "cleanup_temp", None)
+        if callable(cleanup):
+            report.temp_removed = int(cleanup(max_age=grace))
+    return report

@@ -1,0 +1,108 @@
+"""Publishing in the spec's order: blobs, then the index, then the tag; manifests likewise.
+
+Owns: uploading a build's blob files (skipping blobs the store has), checking that every
+older blob the index reuses is still stored, storing the index, and only then moving the
+group tag; `compose_env`, which resolves group references, stores a manifest and tags it.
+A failure anywhere before the tag leaves only unreferenced objects (gc removes them), so a
+reader never sees a tag that points at something missing.
+
+Must not: build trees or chunks, or delete anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from weenvfs.errors import StoreError, UsageError
+from weenvfs.format.digest import short
+from weenvfs.format.index import GroupIndex
+from weenvfs.format.manifest import GroupRef, Manifest, RuntimeConfig, encode_manifest
+from weenvfs.format.refs import check_name, check_tag, parse_name_tag
+from weenvfs.store.repository import Repository
+
+from .chunker import BlobFile
+from .progress import Progress
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Published:
+    """What `publish_group` stored."""
+
+    index_digest: str
+    blobs_uploaded: int
+    bytes_uploaded: int
+
+
+def publish_group(
+    repo: Repository,
+    name: str,
+    tag: str,
+    blobs: Sequence[BlobFile],
+    index_object: bytes,
+    progress: Progress | None = None,
+) -> Published:
+    """Store `blobs`, then the index object, then point the group tag `name:tag` at it."""
+    check_name(name, "group name")
+    check_tag(tag)
+    progress = progress or Progress.quiet()
+    uploaded = uploaded_bytes = 0
+    progress.begin("uploading", sum(b.size for b in blobs))
+    for blob in blobs:
+        if repo.put_object_file("blobs", blob.digest, blob.path):
+            uploaded += 1
+            uploaded_bytes += blob.size
+        progress.update(blob.size)
+    progress.end()
+    _check_reused_blobs(repo, index_object, {b.digest for b in blobs})
+    digest = repo.put_object("indexes", index_object)
+    repo.set_tag("groups", name, tag, digest)
+    log.info("published group %s:%s -> %s (%d blobs uploaded)", name, tag, short(digest), uploaded)
+    return Published(digest, uploaded, uploaded_bytes)
+
+
+def _check_reused_blobs(repo: Repository, index_object: bytes, new: set[str]) -> None:
+    """Refuse to publish an index whose reused blobs are gone (e.g. collected meanwhile)."""
+    for digest in GroupIndex.from_object(index_object).blob_digests():
+        if digest not in new and not repo.has_object("blobs", digest):
+            raise StoreError(
+                f"cannot publish: reused blob {short(digest)} is missing from {repo.store.url}"
+            )
+
+
+def group_ref(repo: Repository, ref: str) -> GroupRef:
+    """The GroupRef of a group given as NAME[:TAG] or an index digest (which must exist)."""
+    digest, _ = repo.resolve_group(ref)
+    if digest == ref.removeprefix("blake3:").removeprefix("@"):
+        name = f"sha-{short(digest)}"
+    else:
+        name = parse_name_tag(ref, "group")[0]
+    return GroupRef(name, digest)
+
+
+def compose_env(
+    repo: Repository,
+    name: str,
+    tag: str,
+    groups: Sequence[str],
+    config: RuntimeConfig | None = None,
+    provenance: Mapping[str, Any] | None = None,
+) -> str:
+    """Store a manifest of `groups` (lowest first) and tag it `name:tag`; return its digest.
+
+    Every group must resolve to a stored index before anything is written.
+    """
+    check_name(name, "environment name")
+    check_tag(tag)
+    if not groups:
+        raise UsageError("an environment needs at least one group")
+    refs = tuple(group_ref(repo, g) for g in groups)
+    manifest = Manifest(refs, config or RuntimeConfig(), None, dict(provenance or {}))
+    digest = repo.put_object("manifests", encode_manifest(manifest))
+    repo.set_tag("envs", name, tag, digest)
+    log.info("published environment %s:%s -> %s", name, tag, short(digest))
+    return digest
