@@ -54,3 +54,21 @@ class RefNotFound(WeenvError):
 
 class SourceError(WeenvError):
     """The build source is invalid."""
+
+
+class ChunkUnavailable(WeenvError):
+    """A chunk could not be fetched from the store in time."""
+
+    def __init__(self, digest: str, reason: str) -> None:
+        super().__init__(f"chunk {digest[:12]} is unavailable: {reason}")
+        self.digest = digest
+        self.reason = reason
+
+
+class ChunkCorrupt(ChunkUnavailable):
+    """A chunk's bytes in the store do not match its digest."""
+
+    def __init__(self, digest: str, reason: str) -> None:
+        WeenvError.__init__(self, f"chunk {digest[:12]} is corrupt in the store: {reason}")
+        self.digest = digest
+        self.reason = reason

@@ -1,0 +1,286 @@
+"""core/cache.py on a real directory: atomic writes under kill -9, damaged files never served,
+eviction under a bound with pins, cross-process locks, cleaning, and `weenv cache`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from weenvfs.cli import main
+from weenvfs.core.cache import ChunkCache, default_cache_dir
+from weenvfs.core.commands import format_size, parse_size
+from weenvfs.core.fetcher import Fetcher
+from weenvfs.format.digest import digest_bytes
+from weenvfs.store.faulty import FaultyStore
+
+CHUNK = 4096
+
+
+def _insert(cache: ChunkCache, plain: bytes) -> bytes:
+    digest = digest_bytes(plain)
+    cache.insert(digest, plain)
+    return digest
+
+
+def test_insert_then_open_reads_back(chunk_cache: ChunkCache, pattern) -> None:
+    plain = pattern(1, 3 * CHUNK + 5)
+    digest = _insert(chunk_cache, plain)
+    path = chunk_cache.path(digest)
+    assert path == chunk_cache.root / digest.hex()[:2] / digest.hex()
+    assert path.read_bytes() == plain
+    with chunk_cache.open(digest, len(plain)) as handle:
+        assert handle.read() == plain
+        assert handle.read(10, 20) == plain[10:20]
+        assert handle.read(len(plain) - 3, len(plain) + 100) == plain[-3:]
+    assert chunk_cache.open(digest_bytes(b"absent"), 6) is None
+    usage = chunk_cache.usage()
+    assert (usage.chunks, usage.bytes, usage.temp_files, usage.lock_files) == (1, len(plain), 0, 0)
+
+
+def test_default_cache_dir_follows_the_environment(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("WEENV_CACHE", str(tmp_path / "x"))
+    assert default_cache_dir() == tmp_path / "x"
+    monkeypatch.delenv("WEENV_CACHE")
+    assert default_cache_dir() == Path("/var/cache/weenv/chunks")
+
+
+# -- crash safety ---------------------------------------------------------------------------------
+
+WRITER = """
+import os, sys, time
+import weenvfs.core.cache as cache_mod
+
+def half_then_hang(fd, view):
+    os.write(fd, view[: len(view) // 2])
+    print("HALF", flush=True)
+    time.sleep(600)
+
+cache_mod._write_all = half_then_hang
+cache = cache_mod.ChunkCache(sys.argv[1])
+plain = open(sys.argv[2], "rb").read()
+cache.insert(bytes.fromhex(sys.argv[3]), plain)
+"""
+
+
+def test_kill_9_mid_write_never_leaves_a_chunk(small_group, tmp_path: Path) -> None:
+    (loc, *_) = small_group.locs(b"big")
+    plain = small_group.files[b"big"][: loc.ulen]
+    (tmp_path / "plain").write_bytes(plain)
+    (tmp_path / "writer.py").write_text(WRITER)
+    root = tmp_path / "cache"
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "writer.py"), str(root), str(tmp_path / "plain"),
+         loc.digest.hex()],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "HALF", proc.stderr.read()  # type: ignore[union-attr]
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.communicate()  # reaps it and closes the pipes
+    temps = os.listdir(root / "tmp")
+    assert len(temps) == 1 and (root / "tmp" / temps[0]).stat().st_size == loc.ulen // 2
+    cache = ChunkCache(root)  # the next user cleans up what the dead writer left
+    assert os.listdir(root / "tmp") == []
+    assert cache.open(loc.digest, loc.ulen) is None
+    store = FaultyStore(small_group.repo.store)
+    data = trio.run(Fetcher(store, cache).read, [(loc, 0, loc.ulen)])
+    assert data == plain and store.calls["get_range"] == 1
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def _garbage(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+@pytest.mark.parametrize("damage", [_truncate, _garbage, _empty], ids=lambda f: f.__name__[1:])
+def test_a_damaged_cached_chunk_is_refetched_not_served(
+    small_group, tmp_path: Path, assert_logs, damage
+) -> None:
+    (loc, *_) = small_group.locs(b"big")
+    plain = small_group.files[b"big"][: loc.ulen]
+    root = tmp_path / "cache"
+    ChunkCache(root).insert(loc.digest, plain)
+    damage(ChunkCache(root).path(loc.digest))  # as a power loss might leave it
+    cache = ChunkCache(root)  # a new process: nothing is trusted yet
+    store = FaultyStore(small_group.repo.store)
+    with assert_logs(r"cached chunk [0-9a-f]{12} is damaged", count=1):
+        data = trio.run(Fetcher(store, cache).read, [(loc, 0, loc.ulen)])
+    assert data == plain and store.calls["get_range"] == 1
+    assert cache.path(loc.digest).read_bytes() == plain
+
+
+def test_a_verified_file_replaced_behind_our_back_is_verified_again(
+    chunk_cache: ChunkCache, pattern, assert_logs
+) -> None:
+    plain = pattern(2, CHUNK)
+    digest = _insert(chunk_cache, plain)
+    chunk_cache.open(digest, CHUNK).close()  # trusted from now on, for this very file
+    path = chunk_cache.path(digest)
+    bad = path.with_name("bad")
+    bad.write_bytes(bytes(CHUNK))
+    os.replace(bad, path)  # a new inode
+    with assert_logs("is damaged", count=1):
+        assert chunk_cache.open(digest, CHUNK) is None
+    assert not path.exists()
+
+
+# -- eviction --------------------------------------------------------------------------------------
+
+
+def _age(cache: ChunkCache, digest: bytes, seconds_ago: float) -> None:
+    when = time.time() - seconds_ago
+    os.utime(cache.path(digest), (when, when))
+
+
+def test_eviction_keeps_the_bound_and_spares_pinned_chunks(tmp_path: Path, pattern) -> None:
+    cache = ChunkCache(tmp_path / "cache", max_bytes=10 * CHUNK, touch_interval=1e9)
+    plains = [pattern(100 + i, CHUNK) for i in range(30)]
+    pinned_plain = plains[0]
+    digests = []
+    pin = None
+    for i, plain in enumerate(plains):
+        digests.append(_insert(cache, plain))
+        _age(cache, digests[-1], 1000 - i)  # insertion order = LRU order
+        if i == 0:
+            pin = cache.open(digests[0], CHUNK)  # the oldest chunk, in use by a read
+        if cache.needs_maintenance():
+            cache.maintain()
+        assert cache.usage().bytes <= 10 * CHUNK
+    assert pin is not None
+    try:
+        assert cache.path(digests[0]).exists()  # pinned in this process: never evicted
+        assert not cache.path(digests[1]).exists()  # the next oldest went first
+        assert cache.path(digests[-1]).exists()
+        # Another process (another instance) evicts everything: the pin still reads.
+        assert ChunkCache(tmp_path / "cache").prune(everything=True).chunks_left == 0
+        assert not cache.path(digests[0]).exists()
+        assert pin.read() == pinned_plain
+    finally:
+        pin.close()
+
+
+def test_open_refreshes_the_lru_time(tmp_path: Path, pattern) -> None:
+    cache = ChunkCache(tmp_path / "cache", max_bytes=2 * CHUNK, touch_interval=0)
+    a, b, c = (_insert(cache, pattern(200 + i, CHUNK)) for i in range(3))
+    _age(cache, a, 300)
+    _age(cache, b, 200)
+    _age(cache, c, 100)
+    cache.open(a, CHUNK).close()  # a is now the most recently used
+    cache.evict(2 * CHUNK)
+    assert [cache.contains(d) for d in (a, b, c)] == [True, False, True]
+
+
+# -- locks and cleaning ----------------------------------------------------------------------------
+
+
+def test_chunk_locks_exclude_each_other_and_leave_no_file(chunk_cache, tmp_path: Path) -> None:
+    other = ChunkCache(chunk_cache.root)  # an open file description of its own, like a process
+    digest = digest_bytes(b"x")
+    lock = chunk_cache.try_lock(digest)
+    assert lock is not None
+    assert other.try_lock(digest) is None
+    lock.release()
+    assert os.listdir(chunk_cache.root / "locks") == []
+    second = other.try_lock(digest)
+    assert second is not None
+    second.release()
+
+
+def test_an_abandoned_lock_wait_releases_the_lock_it_gets_later(chunk_cache) -> None:
+    digest = digest_bytes(b"y")
+    holder = ChunkCache(chunk_cache.root).lock(digest)
+
+    async def main() -> None:
+        with trio.move_on_after(0.05) as scope:
+            await chunk_cache.lock_async(digest)
+        assert scope.cancelled_caught
+        holder.release()  # the abandoned thread now gets the lock and must let go of it
+        with trio.fail_after(20):
+            while (lock := chunk_cache.try_lock(digest)) is None:
+                await trio.sleep(0.005)
+        lock.release()
+
+    trio.run(main)
+
+
+def test_clean_removes_only_unlocked_leftovers(chunk_cache: ChunkCache) -> None:
+    root = chunk_cache.root
+    (root / "tmp" / "dead").write_bytes(b"partial")
+    (root / "locks" / "stale").write_bytes(b"")
+    live = os.open(root / "tmp" / "live", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(live, fcntl.LOCK_EX)
+        assert chunk_cache.clean() == 2
+        assert os.listdir(root / "tmp") == ["live"]
+        assert os.listdir(root / "locks") == []
+    finally:
+        os.close(live)
+
+
+# -- weenv cache -----------------------------------------------------------------------------------
+
+
+def _fill(root: Path, pattern, n: int) -> None:
+    cache = ChunkCache(root)
+    for i in range(n):
+        digest = _insert(cache, pattern(300 + i, CHUNK))
+        _age(cache, digest, 100 - i)
+
+
+def test_cache_stats_and_prune_commands(tmp_path: Path, pattern, capsys) -> None:
+    root = tmp_path / "cache"
+    _fill(root, pattern, 5)
+    assert main(["cache", "stats", "--json", "--cache", str(root)]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert (stats["chunks"], stats["bytes"], stats["path"]) == (5, 5 * CHUNK, str(root))
+    assert main(["cache", "stats", "--cache", str(root)]) == 0
+    assert "20.0 KiB (20480 bytes)" in capsys.readouterr().out
+    assert main(["cache", "prune", "--max-size", "8K", "--cache", str(root)]) == 0
+    assert "removed 3 chunk(s)" in capsys.readouterr().out
+    assert ChunkCache(root).usage().chunks == 2
+    assert main(["cache", "prune", "--all", "--cache", str(root)]) == 0
+    assert ChunkCache(root).usage().chunks == 0
+
+
+def test_cache_commands_use_weenv_cache_and_fail_in_one_line(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    monkeypatch.setenv("WEENV_CACHE", str(tmp_path / "nowhere"))
+    assert main(["cache", "stats"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == f"weenv: error: no chunk cache at {tmp_path / 'nowhere'}"
+    assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("4096", 4096), ("8K", 8192), ("1.5GiB", 3 << 29), ("10g", 10 << 30), ("2 MB", 2 << 20)],
+)
+def test_parse_size(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+def test_format_size() -> None:
+    assert [format_size(n) for n in (5, 2048, 3 << 30)] == ["5 B", "2.0 KiB", "3.0 GiB"]

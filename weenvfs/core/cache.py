@@ -1,0 +1,570 @@
+"""The node-local chunk cache: verified, decompressed chunks on local disk, shared by every
+mount (every process) on the node.
+
+Owns: the on-disk layout, atomic writes, the per-chunk cross-process locks that let one
+process fetch a chunk while the others wait, verification of cached chunks, LRU eviction under
+a size bound, and cleaning what crashed processes leave behind. Must not: talk to a store,
+decompress, or decide what to fetch (see fetcher.py). Blocking and thread-safe; `lock_async`
+is the one trio-aware entry point.
+
+Layout under `root` (default `DEFAULT_CACHE_DIR`, or $WEENV_CACHE):
+
+    <root>/<2 hex>/<64 hex>   a chunk's plaintext, named by its BLAKE3 digest
+    <root>/tmp/<hex>.<pid>.<random>   a chunk being written (never read)
+    <root>/locks/<hex>        the per-chunk lock file of a chunk being fetched
+    <root>/evict.lock         taken by the process that evicts
+    <root>/CACHEDIR.TAG       tells backup tools to skip the folder
+
+Crash safety without an fsync per chunk. A chunk is written to a temp file (flocked by its
+writer while it is written) and renamed into place, so a `kill -9` leaves at worst a temp file,
+which is never read and is removed by the next `ChunkCache` (or `prune`) once its lock is
+free. A power loss may leave a renamed file empty or torn (the rename reached the disk before
+the data). So every process verifies a cached chunk the first time it uses it: size, then the
+BLAKE3 of the whole file; it then remembers (digest, device, inode) and trusts that file for
+the rest of its life. Only this process's own earlier check, or its own write of bytes it had
+verified, makes a file trusted; a file replaced by another process has a new inode and is
+verified again. A damaged file is logged, removed and treated as a miss, never served. A
+reboot starts new processes, so nothing written before it is trusted unchecked. (Residual
+risk: a file damaged by hand in place, or at a reused inode number, while a process that
+already trusts that chunk keeps running; crashes cannot produce that.)
+
+One fetch per chunk across processes. The fetching process holds `flock(LOCK_EX)` on
+`locks/<hex>`; others block on the same file (in a thread), then find the chunk cached. The
+holder unlinks the lock file before releasing it, and a locker that wakes on an unlinked or
+replaced file retries with the current one, so lock files do not accumulate and never split
+into two locks. A task that holds chunk locks never blocks on another chunk lock, which rules
+out deadlocks between processes.
+
+Eviction. Files are LRU-ordered by mtime, which `open` refreshes at most once per
+`touch_interval`. Each process tracks the cache size from a scan plus what it inserted and
+rescans after inserting max_bytes/8 (so other processes' writes are noticed); when over
+`max_bytes` it evicts the least recently used files down to 90% of the bound, under a global
+lock. Eviction unlinks, and an open descriptor keeps reading the unlinked file, so an open
+`ChunkHandle` is a pin that eviction can never break; chunks pinned in the evicting process
+are also skipped. The bound counts file sizes and can be exceeded briefly by writes in flight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import secrets
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import trio
+
+from weenvfs.errors import WeenvError
+from weenvfs.format.digest import digest_bytes, short
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CACHE_DIR = Path("/var/cache/weenv/chunks")
+CACHE_ENV = "WEENV_CACHE"
+DEFAULT_MAX_BYTES = 10 << 30
+TOUCH_INTERVAL = 60.0  # seconds between mtime refreshes of one chunk (LRU resolution)
+LOW_WATER = 0.9  # eviction frees down to this fraction of max_bytes
+_RESCAN_DIVISOR = 8  # rescan after inserting max_bytes / this
+_HEX = frozenset("0123456789abcdef")
+# Threads blocked waiting for another process's chunk lock get their own limiter, so that many
+# of them never starve trio's default thread limiter (decoding, the FUSE layer's calls).
+_LOCK_WAITS: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("weenv_lock_waits")
+_MAX_LOCK_WAITS = 256
+_CACHEDIR_TAG = (
+    "Signature: 8a477f597d28d172789f06886806bc55\n"
+    "# This file marks the WeEnv chunk cache; backup tools may skip this folder.\n"
+)
+
+
+def default_cache_dir() -> Path:
+    """$WEENV_CACHE if set, else DEFAULT_CACHE_DIR."""
+    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR)
+
+
+@dataclass(frozen=True)
+class CacheUsage:
+    """What a scan of the cache found. Times are POSIX seconds (None when empty)."""
+
+    chunks: int
+    bytes: int
+    temp_files: int
+    lock_files: int
+    oldest_use: float | None
+    newest_use: float | None
+
+
+@dataclass(frozen=True)
+class EvictResult:
+    """What one eviction removed and what is left."""
+
+    removed_chunks: int
+    removed_bytes: int
+    chunks_left: int
+    bytes_left: int
+
+
+class ChunkHandle:
+    """An open, verified cached chunk. The descriptor pins its data: eviction may unlink the
+    file, reads through the handle still return it. Close it (or use `with`)."""
+
+    __slots__ = ("_cache", "_fd", "digest", "size")
+
+    def __init__(self, cache: ChunkCache, fd: int, digest: bytes, size: int) -> None:
+        self._cache = cache
+        self._fd = fd
+        self.digest = digest
+        self.size = size
+
+    def read(self, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes [start, end) of the chunk's plaintext (clipped to the chunk)."""
+        end = self.size if end is None else min(end, self.size)
+        parts, pos = [], start
+        while pos < end:
+            part = os.pread(self._fd, end - pos, pos)
+            if not part:  # only if someone truncated the file in place: never serve less
+                raise OSError(errno.EIO, f"cached chunk {short(self.digest)} shrank while open")
+            parts.append(part)
+            pos += len(part)
+        return b"".join(parts) if len(parts) != 1 else parts[0]
+
+    def close(self) -> None:
+        """Release the pin. Idempotent."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            self._cache._unpin(self.digest)
+
+    def __enter__(self) -> ChunkHandle:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class ChunkLock:
+    """The cross-process fetch lock of one chunk. `release()` unlinks the lock file, then
+    unlocks (see the module docstring for why that is safe)."""
+
+    __slots__ = ("_fd", "_path")
+
+    def __init__(self, fd: int, path: str) -> None:
+        self._fd = fd
+        self._path = path
+
+    def release(self) -> None:
+        """Unlink and unlock. Idempotent."""
+        if self._fd < 0:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self._path)
+        os.close(self._fd)
+        self._fd = -1
+
+
+class _LockWaiter:
+    """A blocking lock wait in a worker thread that the trio side may abandon at a deadline;
+    if the thread gets the lock after that, it releases it at once instead of leaking it."""
+
+    def __init__(self, cache: ChunkCache, digest: bytes) -> None:
+        self._cache = cache
+        self._digest = digest
+        self._mutex = threading.Lock()
+        self._abandoned = False
+        self._lock: ChunkLock | None = None
+
+    def run(self) -> ChunkLock:
+        lock = self._cache.lock(self._digest)
+        with self._mutex:
+            if self._abandoned:
+                lock.release()
+            else:
+                self._lock = lock
+        return lock
+
+    def abandon(self) -> None:
+        with self._mutex:
+            self._abandoned = True
+            lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
+
+
+class ChunkCache:
+    """Verified chunk plaintexts under `root`, bounded to about `max_bytes`.
+
+    `create=True` (mounts) makes the folders if needed and removes what crashed processes
+    left; `create=False` (`weenv cache stats`) opens an existing cache without changing it
+    and raises WeenvError if there is none. Raises WeenvError if the folder is unusable.
+    """
+
+    def __init__(
+        self,
+        root: Path | str,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        *,
+        create: bool = True,
+        touch_interval: float = TOUCH_INTERVAL,
+    ) -> None:
+        self.root = Path(root).absolute()
+        self.max_bytes = max_bytes
+        self.touch_interval = touch_interval
+        self._root = str(self.root)
+        self._tmp = os.path.join(self._root, "tmp")
+        self._locks = os.path.join(self._root, "locks")
+        self._mutex = threading.Lock()
+        self._verified: dict[bytes, tuple[int, int]] = {}
+        self._pins: Counter[bytes] = Counter()
+        self._estimate: int | None = None  # bytes, from the last scan plus own inserts
+        self._added = 0  # bytes inserted since the last scan
+        self._setup(create)
+        if create:
+            cleaned = self.clean()
+            if cleaned:
+                log.info(
+                    "chunk cache %s: removed %d file(s) left by crashed processes",
+                    self.root,
+                    cleaned,
+                )
+
+    def _setup(self, create: bool) -> None:
+        if not create:
+            if not os.path.isdir(self._locks):
+                raise WeenvError(f"no chunk cache at {self.root}")
+            return
+        try:
+            for sub in ("tmp", "locks", *(f"{i:02x}" for i in range(256))):
+                os.makedirs(os.path.join(self._root, sub), exist_ok=True)
+            tag = os.path.join(self._root, "CACHEDIR.TAG")
+            if not os.path.exists(tag):
+                Path(tag).write_text(_CACHEDIR_TAG)
+        except OSError as e:
+            raise WeenvError(f"cannot use chunk cache {self.root}: {e.strerror}") from None
+
+    def path(self, digest: bytes) -> Path:
+        """Where the chunk `digest` is (or would be) cached."""
+        return Path(self._chunk_path(digest.hex()))
+
+    def _chunk_path(self, hexd: str) -> str:
+        return f"{self._root}/{hexd[:2]}/{hexd}"
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def is_verified(self, digest: bytes) -> bool:
+        """True if this process already verified (or wrote) `digest`, so `open` is cheap."""
+        return digest in self._verified
+
+    def contains(self, digest: bytes) -> bool:
+        """Whether a file for `digest` exists (not verified: a hint for prefetch only)."""
+        return os.path.exists(self._chunk_path(digest.hex()))
+
+    def open(self, digest: bytes, ulen: int) -> ChunkHandle | None:
+        """A handle on the cached chunk `digest` of `ulen` bytes, or None if it is not cached.
+
+        The first use in this process reads and hashes the whole file (run it in a thread for
+        big chunks); a damaged file is removed, logged and reported as None.
+        """
+        path = self._chunk_path(digest.hex())
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            log.warning("cannot open cached chunk %s: %s", short(digest), e.strerror)
+            return None
+        try:
+            usable = self._check(fd, path, digest, ulen)
+        except OSError as e:
+            log.warning("cannot read cached chunk %s: %s", short(digest), e.strerror or e)
+            usable = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if not usable:
+            os.close(fd)
+            return None
+        with self._mutex:
+            self._pins[digest] += 1
+        return ChunkHandle(self, fd, digest, ulen)
+
+    def _check(self, fd: int, path: str, digest: bytes, ulen: int) -> bool:
+        """Verify (once per file and process) and refresh the LRU time of an open chunk."""
+        st = os.fstat(fd)
+        ident = (st.st_dev, st.st_ino)
+        if st.st_size != ulen:
+            self._discard(path, ident, digest, f"{st.st_size} bytes, expected {ulen}")
+            return False
+        if self._verified.get(digest) != ident:
+            if digest_bytes(os.pread(fd, ulen, 0) if ulen else b"") != digest:
+                self._discard(path, ident, digest, "content does not match its digest")
+                return False
+            self._verified[digest] = ident
+        if time.time() - st.st_mtime > self.touch_interval:
+            with contextlib.suppress(OSError):  # read-only or foreign files: LRU is best effort
+                os.utime(fd)
+        return True
+
+    def _discard(self, path: str, ident: tuple[int, int], digest: bytes, why: str) -> None:
+        log.warning("cached chunk %s is damaged (%s); removing it", short(digest), why)
+        self._verified.pop(digest, None)
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            # Only the file we checked: another process may have just replaced it.
+            if (st.st_dev, st.st_ino) == ident:
+                os.unlink(path)
+
+    def _unpin(self, digest: bytes) -> None:
+        with self._mutex:
+            self._pins[digest] -= 1
+            if self._pins[digest] <= 0:
+                del self._pins[digest]
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def insert(self, digest: bytes, plain: bytes | memoryview) -> None:
+        """Store `plain`, which the caller has verified against `digest`, atomically.
+
+        Raises OSError if the cache cannot be written (the caller may still serve `plain`).
+        """
+        hexd = digest.hex()
+        tmp = os.path.join(self._tmp, f"{hexd}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            # The lock marks the temp file as live; clean() removes only unlocked ones.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _write_all(fd, memoryview(plain))
+            st = os.fstat(fd)
+            os.rename(tmp, self._chunk_path(hexd))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        finally:
+            os.close(fd)
+        self._verified[digest] = (st.st_dev, st.st_ino)
+        with self._mutex:
+            self._added += len(plain)
+            if self._estimate is not None:
+                self._estimate += len(plain)
+
+    # -- cross-process locks ------------------------------------------------------------------
+
+    def try_lock(self, digest: bytes) -> ChunkLock | None:
+        """The fetch lock of `digest` if no other holder has it, else None."""
+        return self._lock(digest, blocking=False)
+
+    def lock(self, digest: bytes) -> ChunkLock:
+        """The fetch lock of `digest`, waiting for the current holder (blocks the thread)."""
+        lock = self._lock(digest, blocking=True)
+        assert lock is not None
+        return lock
+
+    async def lock_async(self, digest: bytes) -> ChunkLock:
+        """`lock` for trio: waits in a worker thread, cancellable at any time."""
+        lock = self.try_lock(digest)
+        if lock is not None:
+            return lock
+        waiter = _LockWaiter(self, digest)
+        try:
+            limiter = _LOCK_WAITS.get()
+        except LookupError:
+            limiter = trio.CapacityLimiter(_MAX_LOCK_WAITS)
+            _LOCK_WAITS.set(limiter)
+        try:
+            return await trio.to_thread.run_sync(
+                waiter.run, abandon_on_cancel=True, limiter=limiter
+            )
+        except BaseException:
+            waiter.abandon()
+            raise
+
+    def _lock(self, digest: bytes, blocking: bool) -> ChunkLock | None:
+        path = os.path.join(self._locks, digest.hex())
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                os.close(fd)
+                return None
+            except BaseException:
+                os.close(fd)
+                raise
+            if _same_file(fd, path):
+                return ChunkLock(fd, path)
+            os.close(fd)  # the holder unlinked it while we waited: lock the current file
+
+    # -- size bound ---------------------------------------------------------------------------
+
+    def needs_maintenance(self) -> bool:
+        """True when `maintain()` should run (size unknown, over the bound, or stale)."""
+        with self._mutex:
+            return (
+                self._estimate is None
+                or self._estimate > self.max_bytes
+                or self._added >= self.max_bytes // _RESCAN_DIVISOR
+            )
+
+    def maintain(self) -> EvictResult | None:
+        """Rescan if due and evict down to LOW_WATER * max_bytes when over the bound.
+
+        Skips the eviction (returns None) if another process is evicting right now.
+        """
+        with self._mutex:
+            stale = self._estimate is None or self._added >= self.max_bytes // _RESCAN_DIVISOR
+        if stale:
+            usage = self.usage()
+            with self._mutex:
+                self._estimate, self._added = usage.bytes, 0
+        with self._mutex:
+            over = self._estimate is not None and self._estimate > self.max_bytes
+        if not over:
+            return None
+        return self.evict(int(self.max_bytes * LOW_WATER), wait=False)
+
+    def evict(self, target_bytes: int, *, wait: bool = True) -> EvictResult | None:
+        """Remove least recently used chunks until at most `target_bytes` remain, skipping
+        chunks pinned in this process. None if `wait` is false and another process evicts."""
+        with self._evict_lock(wait) as locked:
+            if not locked:
+                return None
+            entries = sorted(self._scan_chunks())
+            total, count = sum(e[1] for e in entries), len(entries)
+            removed = freed = 0
+            with self._mutex:
+                pinned = set(self._pins)
+            for _mtime, size, hexd, path in entries:
+                if total <= target_bytes:
+                    break
+                digest = bytes.fromhex(hexd)
+                if digest in pinned:
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                    removed, freed = removed + 1, freed + size
+                self._verified.pop(digest, None)
+                total, count = total - size, count - 1
+        with self._mutex:
+            self._estimate, self._added = total, 0
+        if removed:
+            log.info(
+                "chunk cache: evicted %d chunk(s), %d bytes; %d bytes left", removed, freed, total
+            )
+        return EvictResult(removed, freed, count, total)
+
+    @contextlib.contextmanager
+    def _evict_lock(self, wait: bool) -> Iterator[bool]:
+        fd = os.open(os.path.join(self._root, "evict.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
+
+    def _scan_chunks(self) -> Iterator[tuple[float, int, str, str]]:
+        """(mtime, size, hex digest, path) of every cached chunk."""
+        for i in range(256):
+            sub = os.path.join(self._root, f"{i:02x}")
+            try:
+                entries = list(os.scandir(sub))
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                if len(entry.name) != 64 or not _HEX.issuperset(entry.name):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    st = entry.stat(follow_symlinks=False)
+                    yield st.st_mtime, st.st_size, entry.name, entry.path
+
+    def usage(self) -> CacheUsage:
+        """Scan the cache: chunk count and bytes, leftover files, LRU time range."""
+        chunks = list(self._scan_chunks())
+        times = [c[0] for c in chunks]
+        return CacheUsage(
+            chunks=len(chunks),
+            bytes=sum(c[1] for c in chunks),
+            temp_files=len(_listdir(self._tmp)),
+            lock_files=len(_listdir(self._locks)),
+            oldest_use=min(times) if times else None,
+            newest_use=max(times) if times else None,
+        )
+
+    # -- housekeeping -------------------------------------------------------------------------
+
+    def clean(self) -> int:
+        """Remove temp files and lock files whose owner is gone (their flock is free)."""
+        removed = 0
+        for folder in (self._tmp, self._locks):
+            for name in _listdir(folder):
+                removed += _remove_if_unlocked(os.path.join(folder, name))
+        return removed
+
+    def prune(self, max_bytes: int | None = None, *, everything: bool = False) -> EvictResult:
+        """Clean leftovers, then evict down to `max_bytes` (default: the bound), or remove
+        every chunk with `everything` (safe under live mounts: open handles keep reading,
+        anything else is fetched again)."""
+        self.clean()
+        target = 0 if everything else (self.max_bytes if max_bytes is None else max_bytes)
+        result = self.evict(target, wait=True)
+        assert result is not None
+        return result
+
+    def close(self) -> None:
+        """Forget in-process state (open handles stay valid until closed)."""
+        self._verified.clear()
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    fst = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
+
+def _listdir(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except FileNotFoundError:
+        return []
+
+
+def _remove_if_unlocked(path: str) -> int:
+    """Unlink `path` if nobody holds its flock (its writer or fetcher died); 1 if removed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return 0
+    try:
+        if _same_file(fd, path):
+            os.unlink(path)
+            return 1
+        return 0
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)

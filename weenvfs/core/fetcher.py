@@ -1,0 +1,689 @@
+"""The fetcher: gets chunks into the node cache and serves chunk bytes to readers (trio).
+
+Owns: turning chunk locations into store requests (coalescing adjacent chunks of one blob into
+one ranged GET, reading through small gaps), priorities (demand before prefetch), bounded
+concurrency, timeouts, retries and the overall deadline, verification before anything is
+cached or served, one fetch per chunk however many readers wait, and error reporting once per
+chunk. Must not: know files, inodes or FUSE (the reader maps file offsets to `ChunkLoc`s), or
+touch cache files directly (see cache.py).
+
+Trio discipline: code between two `await`s is atomic, which is what keeps `_flights` (digest
+-> the in-process fetch that owns it) consistent without locks. Calls sent to threads: every
+store call (abandoned at its timeout, so a stuck call never holds up a read); the cache's
+blocking lock wait (abandoned at the deadline, releasing the lock if it is acquired later);
+decoding, verifying and caching ranges above `INLINE_CODEC_BYTES` and first-use verification
+of big cached chunks. Everything smaller runs inline: a thread hop costs more than the work.
+
+Errors: a read raises `ChunkCorrupt` when a chunk fails verification twice (the second fetch
+rules out a bad response body), and `ChunkUnavailable` on a permanent store error, when
+retries run out, or at the deadline. The fetcher logs each failing chunk once (ERROR for
+corrupt, WARNING for unavailable); callers should not log these again above DEBUG.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import NamedTuple
+
+import trio
+
+from weenvfs.core.cache import ChunkCache, ChunkHandle, ChunkLock
+from weenvfs.core.stats import Stats
+from weenvfs.errors import (
+    ChunkCorrupt,
+    ChunkUnavailable,
+    ObjectMissing,
+    StoreError,
+    StoreUnavailable,
+)
+from weenvfs.format.chunk import decode_chunk
+from weenvfs.format.errors import FormatError
+from weenvfs.format.index import GroupIndex
+from weenvfs.format.refs import object_key
+from weenvfs.store.base import Store
+from weenvfs.store.retry import RetryPolicy
+
+log = logging.getLogger(__name__)
+
+DEFAULT_COALESCE_GAP = 64 << 10  # read through at most this many unneeded bytes
+DEFAULT_MAX_REQUEST_BYTES = 8 << 20
+# Above this many plaintext bytes, decoding/verifying/caching runs in a thread. Below it the
+# loop stalls for well under a millisecond; benchmarks/ is where to tune it.
+INLINE_CODEC_BYTES = 128 << 10
+# Prefetch gives up sooner than demand (nydus: prefetch 1 retry, on-demand 3).
+PREFETCH_RETRY = RetryPolicy(max_attempts=2, base_delay=0.2, max_delay=1.0, max_elapsed=5.0)
+MAX_BACKGROUND_PREFETCH = 64  # read-ahead batches queued or running at once
+
+Outcome = ChunkHandle | bytes | ChunkUnavailable
+
+
+class ChunkLoc(NamedTuple):
+    """Everything needed to fetch and verify one chunk."""
+
+    digest: bytes  # 32 raw bytes, BLAKE3 of the plaintext
+    blob: str | None  # blob hex digest; None = all-zero chunk (never fetched)
+    offset: int  # compressed offset in the blob
+    clen: int  # compressed length
+    ulen: int  # plaintext length
+
+
+Span = tuple[ChunkLoc, int, int]  # bytes [start, end) of one chunk's plaintext
+
+
+class Priority(IntEnum):
+    DEMAND = 0
+    PREFETCH = 1
+
+
+def chunk_loc(index: GroupIndex, n: int) -> ChunkLoc:
+    """The location of chunk number `n` of `index`."""
+    rec = index.chunk(n)
+    blob = None if rec.zero else index.blob_digest(rec.blob)
+    return ChunkLoc(rec.digest, blob, rec.offset, rec.clen, rec.ulen)
+
+
+def plan_requests(locs: Iterable[ChunkLoc], gap: int, max_bytes: int) -> list[list[ChunkLoc]]:
+    """Group chunks into ranged requests: same blob, sorted by offset, merged while the hole
+    between neighbours is at most `gap` bytes and the range at most `max_bytes` (a single chunk
+    bigger than that is still one request). Zero chunks and duplicates are dropped."""
+    unique = {loc.digest: loc for loc in locs if loc.blob is not None}
+    runs: list[list[ChunkLoc]] = []
+    run_end = run_start = 0
+    for loc in sorted(unique.values(), key=lambda c: (c.blob, c.offset)):
+        end = loc.offset + loc.clen
+        if (
+            runs
+            and runs[-1][0].blob == loc.blob
+            and loc.offset - run_end <= gap
+            and max(end, run_end) - run_start <= max_bytes
+        ):
+            runs[-1].append(loc)
+            run_end = max(run_end, end)
+        else:
+            runs.append([loc])
+            run_start, run_end = loc.offset, end
+    return runs
+
+
+@dataclass(eq=False)
+class _Flight:
+    """One in-process fetch of a chunk that other readers may wait for."""
+
+    priority: Priority
+    event: trio.Event
+    plain: bytes | None = None
+    error: ChunkUnavailable | None = None
+
+
+class _DemandLimiter:
+    """A CapacityLimiter for demand store calls that knows whether demand is queued, so that
+    prefetch can yield while it is."""
+
+    def __init__(self, total: int) -> None:
+        self._inner = trio.CapacityLimiter(total)
+        self.queued = 0
+        self._idle = trio.Event()
+        self._idle.set()
+
+    async def acquire_on_behalf_of(self, borrower: object) -> None:
+        try:
+            self._inner.acquire_on_behalf_of_nowait(borrower)
+            return
+        except trio.WouldBlock:
+            pass
+        self.queued += 1
+        if self.queued == 1:
+            self._idle = trio.Event()
+        try:
+            await self._inner.acquire_on_behalf_of(borrower)
+        finally:
+            self.queued -= 1
+            if self.queued == 0:
+                self._idle.set()
+
+    def release_on_behalf_of(self, borrower: object) -> None:
+        self._inner.release_on_behalf_of(borrower)
+
+    async def wait_idle(self) -> None:
+        """Return once no demand call is waiting for a slot."""
+        while self.queued:
+            await self._idle.wait()
+
+
+class Fetcher:
+    """Serves chunk bytes from the node cache, fetching what is missing from `store`."""
+
+    def __init__(
+        self,
+        store: Store,
+        cache: ChunkCache,
+        stats: Stats | None = None,
+        *,
+        demand_concurrency: int = 8,
+        prefetch_concurrency: int = 2,
+        deadline: float = 30.0,
+        request_timeout: float = 10.0,
+        coalesce_gap: int = DEFAULT_COALESCE_GAP,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        retry: RetryPolicy | None = None,
+        prefetch_retry: RetryPolicy = PREFETCH_RETRY,
+    ) -> None:
+        self.store = store
+        self.cache = cache
+        self.stats = stats if stats is not None else Stats()
+        self.deadline = deadline
+        self.request_timeout = request_timeout
+        self.coalesce_gap = coalesce_gap
+        self.max_request_bytes = max_request_bytes
+        self._retry = {Priority.DEMAND: retry or RetryPolicy(), Priority.PREFETCH: prefetch_retry}
+        self._demand = _DemandLimiter(demand_concurrency)
+        self._prefetch = trio.CapacityLimiter(prefetch_concurrency)
+        self._prefetch_workers = prefetch_concurrency
+        self._flights: dict[bytes, _Flight] = {}
+        self._reported: set[bytes] = set()
+        self._cache_errors: set[int] = set()
+        self._nursery: trio.Nursery | None = None
+        self._background = 0
+        self._maintaining = False
+        self._closed = False
+
+    # -- public API ---------------------------------------------------------------------------
+
+    async def read(self, spans: Sequence[Span]) -> bytes:
+        """Bytes [start, end) of each span's chunk plaintext, concatenated.
+
+        Fetches missing chunks (demand priority), verifies and caches them, and waits at most
+        `deadline` seconds. Raises ChunkCorrupt / ChunkUnavailable; never returns unverified
+        bytes. All-zero chunks cost no I/O.
+        """
+        if self._closed:
+            raise RuntimeError("Fetcher is closed")
+        self.stats.reads += 1
+        out: dict[bytes, Outcome] = {}
+        try:
+            with trio.move_on_after(self.deadline):
+                await self._load([s[0] for s in spans], Priority.DEMAND, out, count=True)
+            data = self._assemble(spans, out)
+        finally:
+            for value in out.values():
+                if isinstance(value, ChunkHandle):
+                    value.close()
+        self.stats.bytes_served += len(data)
+        return data
+
+    async def prefetch(self, locs: Sequence[ChunkLoc]) -> None:
+        """Bring `locs` into the cache at low priority: at most `prefetch_concurrency`
+        requests, none issued while demand reads are queued, fewer retries. Chunks already
+        cached or being fetched are skipped; failures are counted, never raised."""
+        todo = [c for c in locs if c.blob is not None and not self.cache.contains(c.digest)]
+        runs = plan_requests(todo, self.coalesce_gap, self.max_request_bytes)
+        runs.reverse()  # workers pop from the end: keep the caller's order
+        async with trio.open_nursery() as nursery:
+            for _ in range(min(self._prefetch_workers, len(runs))):
+                nursery.start_soon(self._prefetch_worker, runs)
+
+    def schedule_prefetch(self, locs: Sequence[ChunkLoc]) -> bool:
+        """Start `prefetch(locs)` in the background (read-ahead) and return at once.
+
+        Needs `serve()` running; returns False (and counts a drop) when it is not, or when
+        MAX_BACKGROUND_PREFETCH batches are already queued.
+        """
+        if self._nursery is None or self._background >= MAX_BACKGROUND_PREFETCH:
+            self.stats.prefetch_dropped += 1
+            return False
+        self._background += 1
+        self._nursery.start_soon(self._background_prefetch, list(locs))
+        return True
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run background work (read-ahead, cache eviction) until cancelled. Use
+        `await nursery.start(fetcher.serve)`; without it, eviction runs inline after fetches."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    def close(self) -> None:
+        """Refuse further reads. The store and the cache belong to the caller."""
+        self._closed = True
+
+    # -- loading: cache, in-process flights, cross-process locks --------------------------------
+
+    async def _load(
+        self,
+        locs: Sequence[ChunkLoc],
+        priority: Priority,
+        out: dict[bytes, Outcome],
+        count: bool = False,
+    ) -> None:
+        """Fill `out[digest]` for every non-zero chunk of `locs` with a handle, the plaintext
+        or the error that prevents serving it."""
+        claims: list[tuple[ChunkLoc, _Flight]] = []
+        waits: list[tuple[ChunkLoc, _Flight]] = []
+        for loc in {c.digest: c for c in locs if c.blob is not None}.values():
+            if loc.digest in out:
+                continue
+            handle = await self._open_cached(loc)
+            if count:
+                self._count_lookup(loc, handle is not None)
+            if handle is not None:
+                out[loc.digest] = handle
+            elif loc.digest in self._flights:
+                waits.append((loc, self._flights[loc.digest]))
+            else:
+                claims.append(self._claim(loc, priority))
+        if not claims and not waits:
+            return
+        try:
+            async with trio.open_nursery() as nursery:
+                if claims:
+                    nursery.start_soon(self._fetch_claimed, claims, priority, out)
+                for loc, flight in waits:
+                    nursery.start_soon(self._await_flight, loc, flight, priority, out)
+        finally:
+            self._settle(claims, out)  # a no-op unless the fetch task never got to run
+
+    def _claim(self, loc: ChunkLoc, priority: Priority) -> tuple[ChunkLoc, _Flight]:
+        """Make this task the in-process fetcher of `loc` (the caller checked nobody is)."""
+        flight = self._flights[loc.digest] = _Flight(priority, trio.Event())
+        return loc, flight
+
+    def _settle(self, claims: list[tuple[ChunkLoc, _Flight]], out: dict[bytes, Outcome]) -> None:
+        """Publish the outcome of claimed fetches and wake their waiters (idempotent)."""
+        for loc, flight in claims:
+            if self._flights.get(loc.digest) is flight:
+                del self._flights[loc.digest]
+            if not flight.event.is_set():
+                value = out.get(loc.digest)
+                flight.plain = value if isinstance(value, bytes) else None
+                flight.error = value if isinstance(value, ChunkUnavailable) else None
+                flight.event.set()
+
+    def _count_lookup(self, loc: ChunkLoc, hit: bool) -> None:
+        if hit:
+            self.stats.cache_hits += 1
+            self.stats.record_demand_use(loc.digest)
+        else:
+            self.stats.cache_misses += 1
+
+    async def _open_cached(self, loc: ChunkLoc) -> ChunkHandle | None:
+        if loc.ulen <= INLINE_CODEC_BYTES or self.cache.is_verified(loc.digest):
+            return self.cache.open(loc.digest, loc.ulen)
+        return await trio.to_thread.run_sync(self.cache.open, loc.digest, loc.ulen)
+
+    async def _await_flight(
+        self, loc: ChunkLoc, flight: _Flight, priority: Priority, out: dict[bytes, Outcome]
+    ) -> None:
+        """Wait for another task's fetch of `loc`; take its result, or try again ourselves
+        if it was cancelled or was a prefetch that gave up."""
+        await flight.event.wait()
+        if flight.plain is not None:
+            out[loc.digest] = flight.plain
+        elif flight.error is not None and (
+            isinstance(flight.error, ChunkCorrupt) or flight.priority <= priority
+        ):
+            out[loc.digest] = flight.error
+        else:
+            await self._load([loc], priority, out)
+
+    async def _fetch_claimed(
+        self,
+        claims: list[tuple[ChunkLoc, _Flight]],
+        priority: Priority,
+        out: dict[bytes, Outcome],
+    ) -> None:
+        """Fetch chunks this task claimed in-process, sharing the work with other processes
+        through the cache's chunk locks; settle the claims whatever happens."""
+        try:
+            held, contended = [], []
+            for loc, _flight in claims:
+                lock = self._try_lock(loc)
+                if lock is not None:
+                    held.append((loc, lock))
+                else:
+                    contended.append(loc)
+            async with trio.open_nursery() as nursery:
+                if held:
+                    nursery.start_soon(self._fetch_locked, held, priority, out)
+                if priority == Priority.DEMAND:  # prefetch leaves them to the other process
+                    for loc in contended:
+                        nursery.start_soon(self._fetch_after_wait, loc, priority, out)
+        finally:
+            self._settle(claims, out)
+
+    def _try_lock(self, loc: ChunkLoc) -> ChunkLock | _NoLock | None:
+        """The chunk's cross-process lock, None if another process holds it; a cache that
+        cannot lock (full disk, permissions) costs cross-process sharing, not the read."""
+        try:
+            return self.cache.try_lock(loc.digest)
+        except OSError as e:
+            self._cache_error("cannot lock in the chunk cache", e)
+            return _NoLock()
+
+    async def _fetch_locked(
+        self,
+        held: list[tuple[ChunkLoc, ChunkLock | _NoLock]],
+        priority: Priority,
+        out: dict[bytes, Outcome],
+    ) -> None:
+        """Fetch chunks whose cross-process locks we hold (re-checking the cache first: another
+        process may have stored them since we looked), then release the locks."""
+        try:
+            todo = []
+            for loc, _lock in held:
+                handle = await self._open_cached(loc)
+                if handle is not None:
+                    out[loc.digest] = handle
+                else:
+                    todo.append(loc)
+            runs = plan_requests(todo, self.coalesce_gap, self.max_request_bytes)
+            async with trio.open_nursery() as nursery:
+                for run in runs:
+                    nursery.start_soon(self._fetch_run, run, priority, out)
+        finally:
+            for _loc, lock in held:
+                lock.release()
+
+    async def _fetch_after_wait(
+        self, loc: ChunkLoc, priority: Priority, out: dict[bytes, Outcome]
+    ) -> None:
+        """Another process is fetching `loc`: wait for its lock (holding nothing else, so no
+        deadlock), then use its result, or fetch it ourselves if it failed."""
+        lock: ChunkLock | _NoLock
+        try:
+            lock = await self.cache.lock_async(loc.digest)
+        except OSError as e:
+            self._cache_error("cannot lock in the chunk cache", e)
+            lock = _NoLock()
+        try:
+            handle = await self._open_cached(loc)
+            if handle is not None:
+                self.stats.waited_for_other += 1
+                out[loc.digest] = handle
+            else:
+                await self._fetch_run([loc], priority, out)
+        finally:
+            lock.release()
+
+    # -- prefetch -----------------------------------------------------------------------------
+
+    async def _prefetch_worker(self, runs: list[list[ChunkLoc]]) -> None:
+        """Take runs one by one; claim their chunks only when about to fetch them, so a demand
+        read never waits behind a prefetch that has not started yet."""
+        while runs:
+            run = runs.pop()
+            await self._demand.wait_idle()
+            claims = [
+                self._claim(loc, Priority.PREFETCH)
+                for loc in run
+                if loc.digest not in self._flights and not self.cache.contains(loc.digest)
+            ]
+            if not claims:
+                continue
+            out: dict[bytes, Outcome] = {}
+            try:
+                await self._fetch_claimed(claims, Priority.PREFETCH, out)
+            finally:
+                self._settle(claims, out)
+                for value in out.values():
+                    if isinstance(value, ChunkHandle):
+                        value.close()
+                    elif isinstance(value, ChunkUnavailable):
+                        log.debug("prefetch of %s failed: %s", value.digest[:12], value.reason)
+
+    async def _background_prefetch(self, locs: list[ChunkLoc]) -> None:
+        try:
+            await self.prefetch(locs)
+        except Exception as e:  # read-ahead must never take the serving nursery down
+            log.warning("read-ahead of %d chunk(s) failed: %s", len(locs), e)
+        finally:
+            self._background -= 1
+
+    # -- one ranged request -------------------------------------------------------------------
+
+    async def _fetch_run(
+        self, run: list[ChunkLoc], priority: Priority, out: dict[bytes, Outcome]
+    ) -> None:
+        """Fetch one coalesced range, verify and cache each chunk; a chunk that fails
+        verification is fetched once more on its own before it is declared corrupt."""
+        start = run[0].offset
+        end = max(c.offset + c.clen for c in run)
+        try:
+            data = await self._get_range(run[0].blob, start, end - start, priority)
+        except _RangeFailed as e:
+            for loc in run:
+                out[loc.digest] = ChunkUnavailable(loc.digest.hex(), e.reason)
+            return
+        for loc, err in await self._decode_and_store(run, data, start, priority, out):
+            log.debug(
+                "chunk %s failed verification (%s); fetching it again", loc.digest.hex()[:12], err
+            )
+            self.stats.retries += 1
+            try:
+                frame = await self._get_range(loc.blob, loc.offset, loc.clen, priority)
+            except _RangeFailed as e:
+                out[loc.digest] = ChunkUnavailable(loc.digest.hex(), e.reason)
+                continue
+            for _loc, err2 in await self._decode_and_store([loc], frame, loc.offset, priority, out):
+                self.stats.record_error("corrupt")
+                out[loc.digest] = ChunkCorrupt(loc.digest.hex(), f"{err2} (fetched twice)")
+
+    async def _get_range(
+        self, blob: str | None, offset: int, length: int, priority: Priority
+    ) -> bytes:
+        """One ranged GET with the request timeout, retried with backoff while the error is
+        temporary and the policy allows; raises _RangeFailed otherwise."""
+        assert blob is not None
+        key = object_key("blobs", blob)
+        policy = self._retry[priority]
+        first = trio.current_time()
+        attempt = 1
+        while True:
+            err = await self._try_get_range(key, offset, length, priority)
+            if isinstance(err, bytes):
+                return err
+            delay = policy.delay(attempt, random.random())
+            elapsed = trio.current_time() - first
+            if attempt >= policy.max_attempts or elapsed + delay > policy.max_elapsed:
+                self.stats.record_error("unavailable")
+                raise _RangeFailed(f"{err} (gave up after {attempt} attempt(s))")
+            log.debug("%s %d+%d: %s; retry %d in %.2f s", key, offset, length, err, attempt, delay)
+            self.stats.retries += 1
+            await trio.sleep(delay)
+            attempt += 1
+
+    async def _try_get_range(
+        self, key: str, offset: int, length: int, priority: Priority
+    ) -> bytes | StoreUnavailable:
+        """One attempt: the data, or the temporary error to retry; raises _RangeFailed on a
+        permanent one. The slot is taken before the timeout starts (queueing is not a store
+        failure) and is held until the thread really ends, even when the call is abandoned."""
+        if priority == Priority.PREFETCH:
+            await self._demand.wait_idle()
+            self.stats.prefetch_requests += 1
+        limiter = self._demand if priority == Priority.DEMAND else self._prefetch
+        handoff = _Handoff(limiter)
+        await handoff.acquire()
+        self.stats.requests += 1
+        start = trio.current_time()
+        try:
+            with trio.move_on_after(self.request_timeout):
+                data = await trio.to_thread.run_sync(
+                    self.store.get_range,
+                    key,
+                    offset,
+                    length,
+                    abandon_on_cancel=True,
+                    limiter=handoff,
+                )
+                self.stats.record_request(len(data), trio.current_time() - start)
+                return data
+        except StoreUnavailable as e:
+            self.stats.record_error("store_unavailable")
+            if not e.temporary:
+                raise _RangeFailed(str(e)) from None
+            return e
+        except ObjectMissing as e:
+            self.stats.record_error("missing")
+            raise _RangeFailed(str(e)) from None
+        except (StoreError, ValueError) as e:
+            self.stats.record_error("store_error")
+            raise _RangeFailed(str(e)) from None
+        finally:
+            handoff.release_if_unused()
+        self.stats.record_error("timeout")
+        return StoreUnavailable(f"no answer within {self.request_timeout:g} s", temporary=True)
+
+    async def _decode_and_store(
+        self,
+        run: list[ChunkLoc],
+        data: bytes,
+        start: int,
+        priority: Priority,
+        out: dict[bytes, Outcome],
+    ) -> list[tuple[ChunkLoc, FormatError]]:
+        """Decode and verify each chunk of a fetched range, cache the good ones and put their
+        plaintext in `out`; return the ones that failed verification."""
+        if sum(c.ulen for c in run) <= INLINE_CODEC_BYTES:
+            results = self._decode_sync(run, data, start)
+        else:
+            results = await trio.to_thread.run_sync(self._decode_sync, run, data, start)
+        bad = []
+        for loc, value in results:
+            if isinstance(value, FormatError):
+                bad.append((loc, value))
+                continue
+            plain, cache_error = value
+            out[loc.digest] = plain
+            self.stats.chunks_fetched += 1
+            self.stats.bytes_decompressed += len(plain)
+            if priority == Priority.PREFETCH:
+                self.stats.record_prefetched(loc.digest)
+            if cache_error is not None:
+                self._cache_error("cannot write the chunk cache", cache_error)
+        await self._schedule_maintenance()
+        return bad
+
+    def _decode_sync(
+        self, run: list[ChunkLoc], data: bytes, start: int
+    ) -> list[tuple[ChunkLoc, FormatError | tuple[bytes, OSError | None]]]:
+        view = memoryview(data)
+        results: list[tuple[ChunkLoc, FormatError | tuple[bytes, OSError | None]]] = []
+        for loc in run:
+            frame = view[loc.offset - start : loc.offset - start + loc.clen]
+            try:
+                plain = decode_chunk(frame, loc.digest, loc.ulen)
+            except FormatError as e:
+                results.append((loc, e))
+                continue
+            try:
+                self.cache.insert(loc.digest, plain)
+                results.append((loc, (plain, None)))
+            except OSError as e:  # serve from memory; the next read fetches it again
+                results.append((loc, (plain, e)))
+        return results
+
+    # -- results, errors, maintenance ----------------------------------------------------------
+
+    def _assemble(self, spans: Sequence[Span], out: dict[bytes, Outcome]) -> bytes:
+        parts = []
+        for loc, start, end in spans:
+            if end <= start:
+                continue
+            if loc.blob is None:
+                self.stats.zero_chunks += 1
+                parts.append(bytes(end - start))
+                continue
+            value = out.get(loc.digest)
+            if value is None:
+                self.stats.record_error("deadline")
+                value = ChunkUnavailable(
+                    loc.digest.hex(), f"not fetched within the {self.deadline:g} s deadline"
+                )
+            if isinstance(value, ChunkUnavailable):
+                self._report(value)
+                raise type(value)(value.digest, value.reason)
+            parts.append(
+                value.read(start, end) if isinstance(value, ChunkHandle) else value[start:end]
+            )
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _report(self, err: ChunkUnavailable) -> None:
+        """Log a failing chunk the first time it fails in this process."""
+        digest = bytes.fromhex(err.digest)
+        if digest in self._reported:
+            return
+        self._reported.add(digest)
+        if isinstance(err, ChunkCorrupt):
+            log.error("%s", err)
+        else:
+            log.warning("%s", err)
+
+    def _cache_error(self, what: str, err: OSError) -> None:
+        self.stats.record_error("cache")
+        if err.errno not in self._cache_errors:
+            self._cache_errors.add(err.errno or 0)
+            log.warning("%s %s: %s", what, self.cache.root, err.strerror or err)
+
+    async def _schedule_maintenance(self) -> None:
+        if self._maintaining or not self.cache.needs_maintenance():
+            return
+        self._maintaining = True
+        if self._nursery is not None:
+            self._nursery.start_soon(self._maintain)
+        else:
+            await self._maintain()
+
+    async def _maintain(self) -> None:
+        try:
+            await trio.to_thread.run_sync(self.cache.maintain)
+        except OSError as e:
+            self._cache_error("cannot evict from the chunk cache", e)
+        finally:
+            self._maintaining = False
+
+
+class _RangeFailed(Exception):
+    """A ranged request failed for good (permanent error or retries exhausted)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _NoLock:
+    """Stands in for a ChunkLock when the cache cannot lock."""
+
+    def release(self) -> None:
+        pass
+
+
+class _Handoff:
+    """Takes a limiter slot before a `to_thread.run_sync` call and hands it to that call, which
+    releases it when its thread really ends (even if abandoned). If the call never started a
+    thread, `release_if_unused` gives the slot back."""
+
+    def __init__(self, limiter: _DemandLimiter | trio.CapacityLimiter) -> None:
+        self._limiter = limiter
+        self._used = False
+
+    async def acquire(self) -> None:
+        await self._limiter.acquire_on_behalf_of(self)
+
+    async def acquire_on_behalf_of(self, borrower: object) -> None:
+        self._used = True  # already held: trio's placeholder borrows our slot
+
+    def release_on_behalf_of(self, borrower: object) -> None:
+        self._limiter.release_on_behalf_of(self)
+
+    def release_if_unused(self) -> None:
+        if not self._used:
+            self._used = True
+            self._limiter.release_on_behalf_of(self)

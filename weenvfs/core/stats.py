@@ -1,0 +1,147 @@
+"""Counters and a fetch-latency histogram of one fetcher, as a JSON-able snapshot.
+
+Owns: what is counted (bytes and chunks fetched, store requests, cache hits and misses, bytes
+served, errors by kind, prefetch effect) and how latency percentiles are estimated (a
+logarithmic histogram: bounded memory, about 9% relative error, no sampling bias). Must not:
+do I/O, log, or know how fetching works; the fetcher decides what to record.
+
+Not thread-safe by design: the fetcher records from the trio thread only (results of worker
+threads are recorded after the thread returns), so plain integer updates suffice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, OrderedDict
+from typing import Any
+
+# Demand reads that hit a chunk brought in by prefetch count as hint hits. Remembering every
+# prefetched digest forever would grow without bound; the oldest are forgotten beyond this.
+_PREFETCH_MEMORY = 1 << 16
+
+
+class LatencyHistogram:
+    """Durations in log-spaced buckets: `per_doubling` buckets per factor of two.
+
+    Bucket i holds durations in (lowest * r**(i-1), lowest * r**i] with r = 2**(1/per_doubling);
+    a percentile is reported as its bucket's upper bound, so it never understates.
+    """
+
+    def __init__(self, lowest: float = 1e-5, highest: float = 600.0, per_doubling: int = 8):
+        self.lowest = lowest
+        self.ratio = 2.0 ** (1.0 / per_doubling)
+        self.buckets = [0] * (int(math.log(highest / lowest, self.ratio)) + 2)
+        self.count = 0
+        self.total = 0.0
+        self.max = 0.0
+
+    def add(self, seconds: float) -> None:
+        """Record one duration (negative values count as zero)."""
+        seconds = max(seconds, 0.0)
+        index = 0
+        if seconds > self.lowest:
+            index = min(
+                math.ceil(math.log(seconds / self.lowest, self.ratio)), len(self.buckets) - 1
+            )
+        self.buckets[index] += 1
+        self.count += 1
+        self.total += seconds
+        self.max = max(self.max, seconds)
+
+    def percentile(self, q: float) -> float | None:
+        """The duration below which a fraction `q` (0..1) of the recorded ones fall, or None."""
+        if not self.count:
+            return None
+        rank = max(1, math.ceil(q * self.count))
+        seen = 0
+        for index, n in enumerate(self.buckets):
+            seen += n
+            if seen >= rank:
+                return min(self.lowest * self.ratio**index, self.max)
+        return self.max
+
+    def summary(self) -> dict[str, float | int | None]:
+        """count, mean and p50/p90/p99/max in milliseconds (None when nothing was recorded)."""
+
+        def ms(value: float | None) -> float | None:
+            return None if value is None else round(value * 1000.0, 3)
+
+        return {
+            "count": self.count,
+            "mean_ms": ms(self.total / self.count) if self.count else None,
+            "p50_ms": ms(self.percentile(0.50)),
+            "p90_ms": ms(self.percentile(0.90)),
+            "p99_ms": ms(self.percentile(0.99)),
+            "max_ms": ms(self.max) if self.count else None,
+        }
+
+
+class Stats:
+    """Everything a fetcher counts. Attributes are public counters; `snapshot()` reports them."""
+
+    def __init__(self) -> None:
+        self.reads = 0  # demand read() calls
+        self.bytes_served = 0  # bytes returned by read()
+        self.cache_hits = 0  # chunks a demand read found verified in the node cache
+        self.cache_misses = 0  # chunks a demand read had to fetch or wait for
+        self.zero_chunks = 0  # all-zero chunks served without I/O
+        self.requests = 0  # store get_range calls (each attempt, retries included)
+        self.retries = 0  # attempts after a temporary failure or a corrupt body
+        self.bytes_fetched = 0  # compressed bytes received from the store
+        self.chunks_fetched = 0  # chunks fetched, verified and stored
+        self.bytes_decompressed = 0  # plaintext bytes of those chunks
+        self.waited_for_other = 0  # chunks another process fetched while this one waited
+        self.errors: Counter[str] = Counter()  # kind -> count (timeout, unavailable, corrupt..)
+        self.latency = LatencyHistogram()  # of successful store requests
+        self.prefetch_requests = 0
+        self.prefetched_chunks = 0
+        self.prefetch_hint_hits = 0  # demand reads served by a chunk prefetch brought
+        self.prefetch_waste = 0  # reserved: prefetched chunks never used (issue 6)
+        self.prefetch_dropped = 0  # read-ahead batches dropped (too many in flight)
+        self._prefetched: OrderedDict[bytes, None] = OrderedDict()
+
+    def record_request(self, nbytes: int, seconds: float) -> None:
+        """One successful store request of `nbytes` that took `seconds`."""
+        self.bytes_fetched += nbytes
+        self.latency.add(seconds)
+
+    def record_error(self, kind: str) -> None:
+        """One failure of `kind` (e.g. 'timeout', 'unavailable', 'corrupt', 'missing')."""
+        self.errors[kind] += 1
+
+    def record_prefetched(self, digest: bytes) -> None:
+        """A chunk that prefetch brought into the cache."""
+        self.prefetched_chunks += 1
+        self._prefetched[digest] = None
+        if len(self._prefetched) > _PREFETCH_MEMORY:
+            self._prefetched.popitem(last=False)
+
+    def record_demand_use(self, digest: bytes) -> None:
+        """A demand read used `digest`: a hint hit if prefetch brought it (counted once)."""
+        if self._prefetched and self._prefetched.pop(digest, 0) is None:
+            self.prefetch_hint_hits += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """All counters as a JSON-able dict (a copy: later updates do not change it)."""
+        return {
+            "reads": self.reads,
+            "bytes_served": self.bytes_served,
+            "cache_hits": self.cache_hits,
+            "cache_misses": self.cache_misses,
+            "zero_chunks": self.zero_chunks,
+            "requests": self.requests,
+            "retries": self.retries,
+            "bytes_fetched": self.bytes_fetched,
+            "chunks_fetched": self.chunks_fetched,
+            "bytes_decompressed": self.bytes_decompressed,
+            "waited_for_other_process": self.waited_for_other,
+            "fetch_latency": self.latency.summary(),
+            "errors": dict(sorted(self.errors.items())),
+            "prefetch": {
+                "requests": self.prefetch_requests,
+                "chunks": self.prefetched_chunks,
+                "hint_hits": self.prefetch_hint_hits,
+                "waste": self.prefetch_waste,
+                "dropped": self.prefetch_dropped,
+            },
+        }
