@@ -28,7 +28,14 @@ Handler = Callable[[argparse.Namespace], int]
 
 # Dotted names of the modules that register subcommands, in the order they appear in --help.
 # Only modules that exist belong here: a failing import is a bug, never skipped.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = (
+    "weenvfs.tools.cli_build",
+    "weenvfs.tools.cli_read",
+    "weenvfs.fuse.commands",
+    "weenvfs.core.commands",
+    "weenvfs.store.commands",
+    "weenvfs.demo",
+)
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE from sysexits.h
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it

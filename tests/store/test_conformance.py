@@ -1,7 +1,10 @@
 """The one conformance suite every Store backend must pass (restic's `Suite`).
 
-Written against the `Store` interface only, through the `store` and `backend` fixtures of
-conftest.py; nothing here may know which backend it runs on.
+Written against the `Store` interface only, through the `store`, `writer` and `backend`
+fixtures of conftest.py; nothing here may know which backend it runs on. Read tests put their
+objects through `writer` (the store itself, or for a read-only store a writable one of the same
+location); tests marked `writes` write or list through the store under test and are skipped on
+read-only stores.
 """
 
 from __future__ import annotations
@@ -38,13 +41,14 @@ def payload(size: int, seed: int = 0) -> bytes:
 
 
 @pytest.mark.parametrize("size", [0, 1, 4097, 5 * MiB], ids=["empty", "1B", "4KiB+1", "5MiB"])
-def test_put_get_roundtrip(store: Store, size: int) -> None:
+def test_put_get_roundtrip(store: Store, writer: Store, size: int) -> None:
     data = payload(size, seed=size)
-    store.put("blobs/abc123", data)
+    writer.put("blobs/abc123", data)
     assert store.get("blobs/abc123") == data
     assert store.size("blobs/abc123") == size
 
 
+@pytest.mark.writes
 def test_put_accepts_bytes_like(store: Store) -> None:
     store.put("blobs/a", bytearray(b"from bytearray"))
     store.put("blobs/b", memoryview(b"xxfrom memoryviewxx")[2:-2])
@@ -52,6 +56,7 @@ def test_put_accepts_bytes_like(store: Store) -> None:
     assert store.get("blobs/b") == b"from memoryview"
 
 
+@pytest.mark.writes
 def test_put_same_content_twice_is_harmless(store: Store) -> None:
     store.put("blobs/ff00", b"same")
     store.put("blobs/ff00", b"same")
@@ -66,6 +71,7 @@ def test_get_missing_raises_object_missing(store: Store) -> None:
     assert "blobs/0000" in str(info.value)
 
 
+@pytest.mark.writes
 def test_overwrite_tag(store: Store) -> None:
     key = "tags/env/team/proj/latest"
     store.put(key, b"manifests/" + b"a" * 64)
@@ -76,6 +82,7 @@ def test_overwrite_tag(store: Store) -> None:
     assert list(store.list("tags/")) == [key]
 
 
+@pytest.mark.writes
 def test_put_file(store: Store, tmp_path: Path) -> None:
     data = payload(3 * MiB + 17, seed=7)
     src = tmp_path / "blob.bin"
@@ -90,6 +97,7 @@ def test_put_file(store: Store, tmp_path: Path) -> None:
     assert store.get("blobs/empty") == b""
 
 
+@pytest.mark.writes
 def test_put_file_of_missing_source_raises_oserror(store: Store, tmp_path: Path) -> None:
     with pytest.raises(OSError):
         store.put_file("blobs/x", tmp_path / "does-not-exist")
@@ -99,30 +107,30 @@ def test_put_file_of_missing_source_raises_oserror(store: Store, tmp_path: Path)
 # -- get_range -------------------------------------------------------------------------------
 
 
-def test_get_range(store: Store) -> None:
+def test_get_range(store: Store, writer: Store) -> None:
     data = payload(10_000, seed=1)
-    store.put("blobs/r", data)
+    writer.put("blobs/r", data)
     for offset, length in [(0, 100), (4321, 1234), (9900, 100), (0, 10_000), (9999, 1)]:
         assert store.get_range("blobs/r", offset, length) == data[offset : offset + length]
 
 
-def test_get_range_zero_length(store: Store) -> None:
-    store.put("blobs/r", b"0123456789")
+def test_get_range_zero_length(store: Store, writer: Store) -> None:
+    writer.put("blobs/r", b"0123456789")
     assert store.get_range("blobs/r", 0, 0) == b""
     assert store.get_range("blobs/r", 5, 0) == b""
     assert store.get_range("blobs/r", 10, 0) == b""  # at the very end
 
 
 @pytest.mark.parametrize("offset, length", [(5, 6), (10, 1), (11, 0), (100, 5), (0, 11)])
-def test_get_range_past_end_raises(store: Store, offset: int, length: int) -> None:
-    store.put("blobs/r", b"0123456789")
+def test_get_range_past_end_raises(store: Store, writer: Store, offset: int, length: int) -> None:
+    writer.put("blobs/r", b"0123456789")
     with pytest.raises(StoreError) as info:
         store.get_range("blobs/r", offset, length)
     assert not isinstance(info.value, ObjectMissing)
 
 
-def test_get_range_of_empty_object(store: Store) -> None:
-    store.put("blobs/e", b"")
+def test_get_range_of_empty_object(store: Store, writer: Store) -> None:
+    writer.put("blobs/e", b"")
     assert store.get_range("blobs/e", 0, 0) == b""
     with pytest.raises(StoreError):
         store.get_range("blobs/e", 0, 1)
@@ -135,8 +143,8 @@ def test_get_range_missing_raises_object_missing(store: Store) -> None:
         store.get_range("blobs/none", 0, 0)
 
 
-def test_get_range_negative_is_value_error(store: Store) -> None:
-    store.put("blobs/r", b"0123456789")
+def test_get_range_negative_is_value_error(store: Store, writer: Store) -> None:
+    writer.put("blobs/r", b"0123456789")
     with pytest.raises(ValueError):
         store.get_range("blobs/r", -1, 2)
     with pytest.raises(ValueError):
@@ -146,26 +154,27 @@ def test_get_range_negative_is_value_error(store: Store) -> None:
 # -- exists / size / delete ------------------------------------------------------------------
 
 
-def test_exists_and_size(store: Store) -> None:
+def test_exists_and_size(store: Store, writer: Store) -> None:
     assert not store.exists("indexes/aa")
     with pytest.raises(ObjectMissing):
         store.size("indexes/aa")
-    store.put("indexes/aa", b"12345")
+    writer.put("indexes/aa", b"12345")
     assert store.exists("indexes/aa")
     assert store.size("indexes/aa") == 5
 
 
-def test_a_prefix_of_keys_is_not_an_object(store: Store) -> None:
-    store.put("tags/env/team/proj/latest", b"x")
+def test_a_prefix_of_keys_is_not_an_object(store: Store, writer: Store) -> None:
+    writer.put("tags/env/team/proj/latest", b"x")
     assert not store.exists("tags/env/team")
     with pytest.raises(ObjectMissing):
         store.get("tags/env/team")
     with pytest.raises(ObjectMissing):
         store.size("tags/env/team")
-    store.delete("tags/env/team")  # not an object: nothing to do
+    writer.delete("tags/env/team")  # not an object: nothing to do
     assert store.get("tags/env/team/proj/latest") == b"x"
 
 
+@pytest.mark.writes
 def test_delete_is_idempotent(store: Store) -> None:
     store.delete("blobs/never-there")
     store.put("blobs/d", b"data")
@@ -207,11 +216,13 @@ def laid_out(store: Store) -> Store:
      "tags/env/team/proj/", "tags/env/team/proj/l", "tags/group/base-os/2024.06", "nothing/",
      "nothing", "tags/env/zzz/"],
 )
+@pytest.mark.writes
 def test_list_by_prefix(laid_out: Store, prefix: str) -> None:
     expected = sorted(k for k in LAYOUT if k.startswith(prefix))
     assert list(laid_out.list(prefix)) == expected
 
 
+@pytest.mark.writes
 def test_list_is_in_key_order(store: Store) -> None:
     # "-" and "." sort before "/", which naive directory-by-directory walks get wrong.
     keys = ["a/x", "a-b", "a.c", "a/b/c", "a0", "a_b/z", "A", "a~", "a/-", "a/b-/q", "a/b/-"]
@@ -221,6 +232,7 @@ def test_list_is_in_key_order(store: Store) -> None:
     assert list(store.list("a/")) == sorted(k for k in keys if k.startswith("a/"))
 
 
+@pytest.mark.writes
 def test_list_is_complete_for_2000_keys(store: Store) -> None:
     keys = [f"blobs/{i:04x}{'ab' * 30}" for i in range(2000)]
     with ThreadPoolExecutor(8) as pool:
@@ -230,6 +242,7 @@ def test_list_is_complete_for_2000_keys(store: Store) -> None:
     assert len(set(listed)) == 2000
 
 
+@pytest.mark.writes
 def test_list_never_shows_unfinished_writes(store: Store) -> None:
     """While objects are being written, a listing shows only keys that were put."""
     keys = [f"blobs/{i:03d}" for i in range(60)]
@@ -255,6 +268,7 @@ def test_list_never_shows_unfinished_writes(store: Store) -> None:
     assert list(store.list()) == keys
 
 
+@pytest.mark.writes
 def test_list_empty_store(store: Store) -> None:
     assert list(store.list()) == []
     assert list(store.list("blobs/")) == []
@@ -270,7 +284,7 @@ BAD_KEYS = [
 
 
 @pytest.mark.parametrize("key", BAD_KEYS)
-def test_invalid_keys_rejected_by_every_method(store: Store, key: str) -> None:
+def test_invalid_keys_rejected_by_every_method(store: Store, writer: Store, key: str) -> None:
     calls = [
         lambda: store.get(key),
         lambda: store.get_range(key, 0, 1),
@@ -282,7 +296,7 @@ def test_invalid_keys_rejected_by_every_method(store: Store, key: str) -> None:
     for call in calls:
         with pytest.raises(StoreError, match="invalid store key"):
             call()
-    assert list(store.list()) == []
+    assert list(writer.list()) == []
 
 
 def test_invalid_key_message_is_one_clear_line() -> None:
@@ -314,6 +328,7 @@ def test_valid_prefixes_accepted(prefix: str) -> None:
 # -- concurrency -----------------------------------------------------------------------------
 
 
+@pytest.mark.writes
 def test_concurrent_puts_of_one_key_leave_one_intact_version(store: Store) -> None:
     versions = [payload(1 * MiB, seed=n) for n in range(8)]
     barrier = threading.Barrier(9)
@@ -345,6 +360,7 @@ def test_concurrent_puts_of_one_key_leave_one_intact_version(store: Store) -> No
     assert list(store.list()) == ["tags/env/x/latest"]
 
 
+@pytest.mark.writes
 def test_concurrent_puts_of_different_keys(store: Store) -> None:
     def put_many(n: int) -> None:
         for i in range(25):
@@ -364,8 +380,9 @@ def test_concurrent_puts_of_different_keys(store: Store) -> None:
 
 def test_check_passes_on_a_good_store(store: Store) -> None:
     store.check()
-    store.check(write=True)
-    assert list(store.list()) == []  # the write probe leaves nothing behind
+    if not store.read_only:
+        store.check(write=True)
+        assert list(store.list()) == []  # the write probe leaves nothing behind
 
 
 def test_check_fails_fast_on_a_missing_store(backend: Backend) -> None:
@@ -389,16 +406,17 @@ def test_missing_store_is_not_a_missing_object(backend: Backend) -> None:
             missing.get("blobs/x")
         with pytest.raises(StoreUnavailable):
             missing.exists("blobs/x")
-        with pytest.raises(StoreUnavailable):
-            list(missing.list())
-        with pytest.raises(StoreUnavailable):
-            missing.put("blobs/x", b"x")
+        if not missing.read_only:
+            with pytest.raises(StoreUnavailable):
+                list(missing.list())
+            with pytest.raises(StoreUnavailable):
+                missing.put("blobs/x", b"x")
     finally:
         missing.close()
 
 
 def test_store_is_a_context_manager(backend: Backend) -> None:
     with backend.open() as s:
-        s.put("blobs/c", b"c")
+        backend.writer(s).put("blobs/c", b"c")
         assert s.get("blobs/c") == b"c"
         assert s.url in repr(s)

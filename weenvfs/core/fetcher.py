@@ -642,12 +642,21 @@ class Fetcher:
             await self._maintain()
 
     async def _maintain(self) -> None:
+        # Loop: inserts that arrived while evicting were not scheduled (the flag was set), so
+        # re-check before letting go, or the cache could stay over its bound after the last fetch.
         try:
-            await trio.to_thread.run_sync(self.cache.maintain)
+            for _ in range(_MAINTENANCE_PASSES):  # bounded: pinned chunks may keep it over
+                if not self.cache.needs_maintenance():
+                    break
+                if await trio.to_thread.run_sync(self.cache.maintain) is None:
+                    break  # nothing to evict, or another process is evicting
         except OSError as e:
             self._cache_error("cannot evict from the chunk cache", e)
         finally:
             self._maintaining = False
+
+
+_MAINTENANCE_PASSES = 3
 
 
 class _RangeFailed(Exception):

@@ -17,7 +17,7 @@ from pathlib import Path
 from weenvfs.errors import ObjectCorrupt, ObjectMissing, StoreError, StoreUnavailable
 from weenvfs.store.base import Store, validate_key, validate_prefix
 from weenvfs.store.local import LocalStore
-from weenvfs.store.retry import RetryingStore, RetryPolicy
+from weenvfs.store.retry import RetryingStore, RetryPolicy, read_verified
 
 # A factory gets the full URL and whether to create the location when it is missing.
 StoreFactory = Callable[[str, bool], Store]
@@ -35,8 +35,33 @@ def _open_file_url(url: str, create: bool) -> Store:
     return LocalStore(Path(urllib.parse.unquote(parts.path)), create=create)
 
 
+# Remote stores are wrapped in RetryingStore with this policy: up to 5 tries of a call whose
+# failure is temporary (5xx, throttling, timeouts, resets, cut bodies), sleeping a random
+# 0-0.2, 0-0.4, 0-0.8, 0-1.6 s between them (full jitter), and never past 30 s from the first
+# try; permanent errors (missing objects, bad credentials, a missing bucket) are raised at once.
+REMOTE_RETRY_POLICY = RetryPolicy(max_attempts=5, base_delay=0.2, max_delay=5.0, max_elapsed=30.0)
+
+
+def _open_s3_url(url: str, create: bool) -> Store:
+    """`s3://BUCKET/PREFIX?endpoint=...` -> S3Store (boto3 is imported here, lazily), retried.
+    The bucket must exist: `create` only matters for the prefix, which S3 needs not create."""
+    from weenvfs.store.s3 import S3Store
+
+    return RetryingStore(S3Store(url), REMOTE_RETRY_POLICY)
+
+
+def _open_http_url(url: str, create: bool) -> Store:
+    """`http(s)://HOST/PREFIX` -> read-only HttpStore (requests imported lazily), retried."""
+    from weenvfs.store.http import HttpStore
+
+    return RetryingStore(HttpStore(url), REMOTE_RETRY_POLICY)
+
+
 STORE_SCHEMES: dict[str, StoreFactory] = {
     "file": _open_file_url,
+    "s3": _open_s3_url,
+    "http": _open_http_url,
+    "https": _open_http_url,
 }
 
 
@@ -66,6 +91,7 @@ def open_store(url: str, *, create: bool = False) -> Store:
 
 
 __all__ = [
+    "REMOTE_RETRY_POLICY",
     "STORE_SCHEMES",
     "LocalStore",
     "ObjectCorrupt",
@@ -77,6 +103,7 @@ __all__ = [
     "StoreFactory",
     "StoreUnavailable",
     "open_store",
+    "read_verified",
     "validate_key",
     "validate_prefix",
 ]

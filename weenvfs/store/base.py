@@ -111,6 +111,10 @@ class Store(ABC):
     `OSError` from reading the caller's own file in `put_file`.
     """
 
+    # A read-only store (e.g. HTTP) refuses put/put_file/delete and check(write=True) with
+    # StoreError and may not support list; everything else behaves as documented here.
+    read_only: bool = False
+
     @property
     @abstractmethod
     def url(self) -> str:

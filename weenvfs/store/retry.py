@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from weenvfs.errors import StoreUnavailable
+from weenvfs.errors import ObjectCorrupt, StoreUnavailable
+from weenvfs.format.errors import DigestMismatch
 from weenvfs.store.base import Store
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,11 @@ class RetryingStore(Store):
     def url(self) -> str:
         """The inner store's URL."""
         return self.inner.url
+
+    @property
+    def read_only(self) -> bool:  # type: ignore[override]
+        """Whether the inner store is read-only."""
+        return self.inner.read_only
 
     def _run(self, what: str, call: Callable[[], T]) -> T:
         """Call `call` until it succeeds, fails permanently or the policy gives up."""
@@ -177,3 +183,34 @@ class RetryingStore(Store):
     def close(self) -> None:
         """Close the inner store."""
         self.inner.close()
+
+
+# Reads of one object before a digest mismatch counts as corruption of the stored object.
+CORRUPT_ATTEMPTS = 3
+
+
+def read_verified(
+    read: Callable[[], T], verify: Callable[[T], object], what: str,
+    attempts: int = CORRUPT_ATTEMPTS,
+) -> T:
+    """Return `read()` once `verify(data)` accepts it; the retry rule for checksums.
+
+    Bytes can be damaged on the way in ways no transport check catches (a proxy, a CDN edge,
+    memory), so a mismatch is first treated as temporary: the object is read again, up to
+    `attempts` reads in all. If every read fails verification, the stored object itself is
+    corrupt: ObjectCorrupt. `verify` signals a mismatch with ObjectCorrupt or DigestMismatch;
+    anything else it raises, and every error of `read` (already retried by RetryingStore for
+    transport failures), propagates at once. Repository and the fetcher wrap their
+    get-and-verify in this, e.g.
+    `read_verified(lambda: store.get(key), lambda d: verify_digest(d, digest, key), key)`.
+    """
+    for attempt in range(1, attempts + 1):
+        data = read()
+        try:
+            verify(data)
+            return data
+        except (ObjectCorrupt, DigestMismatch) as e:
+            if attempt == attempts:
+                raise ObjectCorrupt(f"{what}: {e} (in each of {attempts} reads)") from None
+            log.info("%s: %s; reading again (%d/%d)", what, e, attempt, attempts - 1)
+    raise AssertionError("unreachable")

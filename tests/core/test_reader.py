@@ -1,0 +1,152 @@
+"""core/reader.py without a mount: random reads equal an in-memory copy; read-ahead.
+
+Real components throughout: a group built by tools/builder.py into a local store, the real
+`ChunkCache` and `Fetcher`. Small chunks (4 KiB) and a small batch threshold make chunk and
+batch boundaries frequent, so random reads cross them often.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+import pytest
+import trio
+from support import trees
+from support.trees import file, sparse
+
+from weenvfs.core.cache import ChunkCache
+from weenvfs.core.environment import Environment, open_environment
+from weenvfs.core.fetcher import ChunkLoc, Fetcher
+from weenvfs.core.reader import Reader
+from weenvfs.core.tree import ROOT_INODE, Tree
+from weenvfs.store import open_store
+from weenvfs.store.repository import Repository
+from weenvfs.tools.builder import BuildOptions, build_group, open_source
+from weenvfs.tools.chunker import ChunkOptions
+from weenvfs.tools.publish import compose_env
+
+CHUNK = 4 << 10
+OPTIONS = BuildOptions(chunk=ChunkOptions(chunk_size=CHUNK, batch_threshold=1 << 10))
+
+
+def _contents() -> dict[str, bytes]:
+    rng = random.Random(7)
+    data = {
+        "big": rng.randbytes(10 * CHUNK + 123),  # partial last chunk
+        "exact": rng.randbytes(3 * CHUNK),
+        "empty": b"",
+        "one": b"1",
+    }
+    for n in range(40):  # batched small files, boundaries all over the batch chunks
+        data[f"small/{n:02d}"] = rng.randbytes(rng.randrange(1, 1000))
+    return data
+
+
+CONTENTS = _contents()
+SPARSE = {0: b"head", 5 * CHUNK + 10: b"mid" * 300, 12 * CHUNK - 4: b"tail"}
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Environment:
+    specs = [file(path, data) for path, data in CONTENTS.items()]
+    specs.append(sparse("sparse", 12 * CHUNK, SPARSE))
+    src = trees.make_tree(tmp_path / "src", *specs)
+    store = open_store(str(tmp_path / "store"), create=True)
+    repo = Repository(store)
+    build_group(open_source(src), repo, "g", "t", OPTIONS)
+    compose_env(repo, "env", "t", ["g:t"])
+    return open_environment(store, "env:t")
+
+
+def inode_of(tree: Tree, path: str) -> int:
+    inode = ROOT_INODE
+    for part in path.encode().split(b"/"):
+        inode = tree.lookup(inode, part).inode
+    return inode
+
+
+def run_with_fetcher(
+    env: Environment, cache_dir: Path, body: Callable[[Fetcher], Awaitable[None]]
+) -> None:
+    async def main() -> None:
+        fetcher = Fetcher(env.store, ChunkCache(cache_dir, 1 << 30))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(fetcher.serve)
+            await body(fetcher)
+            nursery.cancel_scope.cancel()
+        fetcher.close()
+
+    trio.run(main)
+
+
+def expected_sparse() -> bytes:
+    buf = bytearray(12 * CHUNK)
+    for offset, data in SPARSE.items():
+        buf[offset : offset + len(data)] = data
+    return bytes(buf)
+
+
+def test_random_reads_equal_an_in_memory_copy(env: Environment, tmp_path: Path) -> None:
+    copies = dict(CONTENTS, sparse=expected_sparse())
+    rng = random.Random(11)
+
+    async def body(fetcher: Fetcher) -> None:
+        reader = Reader(env.tree, fetcher)
+        for path, data in copies.items():
+            inode = inode_of(env.tree, path)
+            size = len(data)
+            cases = [(0, size), (0, size + 10), (size, 5), (size + 100, 5), (0, 0)]
+            cases += [(k * CHUNK - 1, 2) for k in range(1, size // CHUNK + 1)]
+            cases += [
+                (rng.randrange(0, size + 50), rng.randrange(0, 3 * CHUNK)) for _ in range(30)
+            ]
+            for offset, length in cases:
+                got = await reader.read(inode, offset, length)
+                assert got == data[offset : offset + length], (path, offset, length)
+
+    run_with_fetcher(env, tmp_path / "cache", body)
+
+
+class SpyFetcher:
+    """The real fetcher, with the read-ahead it is asked for recorded."""
+
+    def __init__(self, inner: Fetcher) -> None:
+        self.inner = inner
+        self.scheduled: list[list[ChunkLoc]] = []
+
+    async def read(self, spans: Sequence[tuple[ChunkLoc, int, int]]) -> bytes:
+        return await self.inner.read(spans)
+
+    def schedule_prefetch(self, locs: Sequence[ChunkLoc]) -> bool:
+        self.scheduled.append(list(locs))
+        return self.inner.schedule_prefetch(locs)
+
+
+def test_sequential_reads_queue_the_next_chunks_once(env: Environment, tmp_path: Path) -> None:
+    index, ino = env.tree.file(inode_of(env.tree, "big"))
+    digests = [index.chunk(n).digest for n in index.file_chunks(ino)]
+
+    async def body(fetcher: Fetcher) -> None:
+        spy = SpyFetcher(fetcher)
+        reader = Reader(env.tree, spy, readahead=2)  # type: ignore[arg-type]
+        inode = inode_of(env.tree, "big")
+        await reader.read(inode, 5 * CHUNK, 100)  # a random read: no read-ahead
+        assert spy.scheduled == []
+        for offset in range(0, 4 * CHUNK, CHUNK // 2):  # sequential from the start
+            await reader.read(inode, offset, CHUNK // 2)
+        queued = [loc.digest for batch in spy.scheduled for loc in batch]
+        # Reads end in chunk 3, two ahead: chunks 1..5, each queued once, in order.
+        assert queued == digests[1:6]
+
+    run_with_fetcher(env, tmp_path / "cache", body)
+
+
+def test_reading_a_directory_or_symlink_fails(env: Environment, tmp_path: Path) -> None:
+    async def body(fetcher: Fetcher) -> None:
+        reader = Reader(env.tree, fetcher)
+        with pytest.raises(IsADirectoryError):
+            await reader.read(inode_of(env.tree, "small"), 0, 10)
+
+    run_with_fetcher(env, tmp_path / "cache", body)

@@ -1,0 +1,85 @@
+"""File reads: (inode, offset, size) -> chunk pieces -> bytes from the fetcher.
+
+Owns: turning a read of a regular file into the chunk pieces that hold it
+(`weenvfs.format.index.file_spans`, a division since chunks have a fixed size) and their
+`ChunkLoc`s, and read-ahead: when a file is read sequentially, the next chunks of that file
+are handed to `Fetcher.schedule_prefetch` (background, low priority: a demand read never waits
+behind them; the fetcher drops read-ahead when too much is queued or its `serve()` is not
+running).
+
+Must not: fetch, verify or cache chunks itself (core/fetcher.py and core/cache.py do), or
+import pyfuse3. Errors of the fetcher (`ChunkUnavailable`, `ChunkCorrupt`) pass through.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+
+from weenvfs.format.index import file_spans
+
+from .fetcher import ChunkLoc, Fetcher, chunk_loc
+from .tree import Tree
+
+log = logging.getLogger(__name__)
+
+DEFAULT_READAHEAD = 2  # chunks queued ahead of a sequential reader
+_TRACKED = 4096  # files whose read position is remembered for sequential detection
+
+Piece = tuple[ChunkLoc, int, int]  # bytes [start, end) of one chunk's plaintext
+
+
+class Reader:
+    """Reads file data of `tree` through `fetcher`; `readahead` chunks ahead when sequential."""
+
+    def __init__(self, tree: Tree, fetcher: Fetcher, readahead: int = DEFAULT_READAHEAD) -> None:
+        self.tree = tree
+        self.fetcher = fetcher
+        self.readahead = readahead
+        # inode -> (end of the last read, highest chunk position queued for read-ahead)
+        self._positions: OrderedDict[int, tuple[int, int]] = OrderedDict()
+
+    def pieces(self, inode: int, offset: int, size: int) -> list[Piece]:
+        """The chunk pieces holding bytes [offset, offset + size) of regular file `inode`,
+        clipped at end of file (empty past it)."""
+        index, ino = self.tree.file(inode)
+        return [
+            (chunk_loc(index, span.chunk), span.start, span.end)
+            for span in file_spans(index, ino, offset, size)
+        ]
+
+    async def read(self, inode: int, offset: int, size: int) -> bytes:
+        """Bytes [offset, offset + size) of regular file `inode` (short at end of file)."""
+        pieces = self.pieces(inode, offset, size)
+        if not pieces:
+            return b""
+        if self.readahead:
+            self._note_read(inode, offset, offset + size)
+        return await self.fetcher.read(pieces)
+
+    # -- read-ahead -------------------------------------------------------------------------
+
+    def _note_read(self, inode: int, start: int, end: int) -> None:
+        """Remember where a read ended; queue the next chunks if it continued the last one."""
+        last_end, queued = self._positions.pop(inode, (-1, -1))
+        if start == last_end:
+            queued = self._queue_after(inode, end, queued)
+        self._positions[inode] = (end, queued)
+        if len(self._positions) > _TRACKED:
+            self._positions.popitem(last=False)
+
+    def _queue_after(self, inode: int, end: int, queued: int) -> int:
+        """Queue up to `readahead` chunks after the one holding byte `end - 1`; return the
+        highest chunk position now queued."""
+        index, ino = self.tree.file(inode)
+        chunks = index.file_chunks(ino)
+        if len(chunks) <= 1:
+            return queued
+        first = max((end - 1) // index.chunk_size + 1, queued + 1)
+        last = min((end - 1) // index.chunk_size + self.readahead, len(chunks) - 1)
+        if first > last:
+            return queued
+        locs = [chunk_loc(index, chunks[k]) for k in range(first, last + 1)]
+        if not self.fetcher.schedule_prefetch(locs):
+            return queued  # dropped (a hint only): a later sequential read may queue it again
+        return last

@@ -1,0 +1,273 @@
+"""The `weenv mount`, `weenv umount` and `weenv stats` commands.
+
+Owns: their arguments, defaults and output. `mount` without `--foreground` checks the store
+(fail fast) and starts the daemon (`daemon.spawn`), returning once the mount answers; with
+`--foreground` it loads the environment and serves it in this process (mount.py), reporting
+readiness on `--ready-fd` when a parent waits for it. `stats` reads the virtual xattr
+`user.weenv.stats` of the mount's root (see ops.py). Must not: serve requests or manage
+processes itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import logging
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from weenvfs.cli import add_command
+from weenvfs.errors import UsageError, WeenvError
+from weenvfs.store import open_store
+
+from . import STATS_XATTR, daemon
+
+if TYPE_CHECKING:
+    from .mount import MountConfig
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CACHE_SIZE = "10G"
+DEFAULT_DEADLINE = 30.0
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def default_cache_dir() -> Path:
+    """The node cache shared by every mount and `weenv cache` (core/cache.py decides)."""
+    from weenvfs.core.cache import default_cache_dir as cache_default
+
+    return cache_default()
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `10G`, `512M`, `1.5GiB`, `4096` (binary units)."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (e.g. 10G, 512M, 4096)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `mount`, `umount` and `stats`."""
+    _register_mount(subparsers)
+    _register_umount(subparsers)
+    _register_stats(subparsers)
+
+
+def _register_mount(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_command(
+        subparsers,
+        "mount",
+        help="mount an environment read-only, loading file data lazily",
+        description=(
+            "Mount environment REF (NAME[:TAG] or a manifest digest) at MOUNTPOINT.\n"
+            "Only the manifest and the group indexes are fetched; file data comes from the\n"
+            "store on first use, through a node-local cache shared by every mount.\n"
+            "Returns once the mount answers; the daemon logs to --log-file (default: a\n"
+            "file under the cache folder). Stop it with `weenv umount MOUNTPOINT`."
+        ),
+        examples=[
+            "weenv mount debian:12 /mnt/env --store file:///srv/weenv",
+            "weenv mount debian:12 /mnt/env --store /srv/weenv --cache /var/cache/weenv "
+            "--cache-size 20G",
+            "weenv mount debian:12 /mnt/env --store /srv/weenv --foreground -v  # debugging",
+        ],
+        func=_cmd_mount,
+    )
+    p.add_argument("ref", metavar="REF", help="environment NAME[:TAG] or manifest digest")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing directory")
+    p.add_argument("--store", required=True, metavar="URL", help="store URL or directory")
+    p.add_argument("--cache", type=Path, metavar="DIR", help="node chunk cache folder "
+                   "(default: $WEENV_CACHE, else /var/cache/weenv/chunks)")
+    p.add_argument("--cache-size", type=parse_size, default=parse_size(DEFAULT_CACHE_SIZE),
+                   metavar="SIZE", help=f"cache bound (default {DEFAULT_CACHE_SIZE})")
+    p.add_argument("--deadline", type=_positive, default=DEFAULT_DEADLINE, metavar="SECS",
+                   help="a read that cannot be served in SECS fails with EIO "
+                   f"(default {DEFAULT_DEADLINE:g})")
+    p.add_argument("--foreground", action="store_true",
+                   help="serve in this process until unmounted (for debugging, supervisors)")
+    p.add_argument("--allow-other", action=argparse.BooleanOptionalAction, default=None,
+                   help="let other users in (default: yes when run as root; the kernel still "
+                   "checks modes)")
+    p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+
+
+def _register_umount(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_command(
+        subparsers,
+        "umount",
+        help="unmount an environment and stop its daemon",
+        description="Unmount MOUNTPOINT (fusermount3 -u) and wait for its daemon to exit.",
+        examples=["weenv umount /mnt/env", "weenv umount --lazy /mnt/env  # even while busy"],
+        func=_cmd_umount,
+    )
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("--lazy", action="store_true",
+                   help="detach now, finish when no longer busy (fusermount3 -z)")
+
+
+def _register_stats(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_command(
+        subparsers,
+        "stats",
+        help="show what a mount fetched, cache hits and misses, fetch latency, errors",
+        description="Show the statistics of the mount at MOUNTPOINT.",
+        examples=["weenv stats /mnt/env", "weenv stats --json /mnt/env | jq .fetch"],
+        func=_cmd_stats,
+    )
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+# -- mount ----------------------------------------------------------------------------------
+
+
+def _config(args: argparse.Namespace) -> MountConfig:
+    from .mount import MountConfig  # pyfuse3 and trio only for commands that mount
+
+    mountpoint = daemon.mount_path(args.mountpoint)
+    if daemon.is_mounted(mountpoint):
+        raise UsageError(f"{mountpoint} is already a mount point (`weenv umount` it first)")
+    if not mountpoint.is_dir():
+        raise UsageError(f"mount point {mountpoint} is not a directory")
+    allow_other = os.geteuid() == 0 if args.allow_other is None else args.allow_other
+    return MountConfig(
+        mountpoint=mountpoint,
+        cache_dir=(args.cache or default_cache_dir()).absolute(),
+        cache_size=args.cache_size,
+        deadline=args.deadline,
+        allow_other=allow_other,
+    )
+
+
+def _cmd_mount(args: argparse.Namespace) -> int:
+    if args.foreground:
+        return _mount_foreground(args)
+    config = _config(args)
+    with open_store(args.store) as store:
+        store.check()  # fail fast here, before starting anything
+    config.cache_dir.mkdir(parents=True, exist_ok=True)
+    log_file = Path(args.log_file or _default_log_file(config)).absolute()
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    pid = daemon.spawn(_child_args(args, config, log_file), log_file)
+    log.info("mounted %s at %s (daemon %d, log %s)", args.ref, config.mountpoint, pid, log_file)
+    return 0
+
+
+def _default_log_file(config: MountConfig) -> Path:
+    return config.cache_dir / "logs" / (daemon.pid_file(config.mountpoint).stem + ".log")
+
+
+def _child_args(args: argparse.Namespace, config: MountConfig, log_file: Path) -> list[str]:
+    verbosity = ["-" + "v" * args.verbose] if args.verbose else []
+    # The daemon runs in / (so that it pins no working directory): make the store absolute.
+    store = args.store if "://" in args.store else os.path.abspath(args.store)
+    return [
+        *verbosity, "--log-file", str(log_file),
+        "mount", args.ref, str(config.mountpoint), "--store", store,
+        "--cache", str(config.cache_dir), "--cache-size", str(config.cache_size),
+        "--deadline", repr(config.deadline), "--foreground",
+        "--allow-other" if config.allow_other else "--no-allow-other",
+    ]
+
+
+def _mount_foreground(args: argparse.Namespace) -> int:
+    import trio
+
+    from .mount import load, serve
+
+    pipe = daemon.ReadyPipe(args.ready_fd)
+    if args.ready_fd is not None:
+        _log_to_file_only()
+    try:
+        config = _config(args)
+        env = load(args.store, args.ref)
+    except Exception as error:
+        pipe.failed(str(error) or type(error).__name__)
+        raise
+    info = {"ref": args.ref, "manifest": env.digest, "log_file": args.log_file}
+
+    def ready() -> None:
+        daemon.write_pid_file(config.mountpoint, info)
+        pipe.ready()
+
+    try:
+        trio.run(serve, env, config, ready)
+    except Exception as error:
+        pipe.failed(str(error) or type(error).__name__)
+        raise
+    finally:
+        # Unmounted already: a late SIGTERM must not cut the clean-up short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        daemon.remove_pid_file(config.mountpoint, os.getpid())
+        env.store.close()
+    return 0
+
+
+def _log_to_file_only() -> None:
+    """A daemon's stderr is its log file already: drop the console handler so that every
+    record appears once (the file handler main() installed keeps timestamps and pids)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if type(handler) is logging.StreamHandler and handler.stream is sys.stderr:
+            root.removeHandler(handler)
+
+
+# -- umount and stats -----------------------------------------------------------------------
+
+
+def _cmd_umount(args: argparse.Namespace) -> int:
+    daemon.unmount(args.mountpoint, lazy=args.lazy)
+    return 0
+
+
+def read_stats(mountpoint: str | Path) -> dict[str, Any]:
+    """The statistics document of the mount at `mountpoint`."""
+    try:
+        raw = os.getxattr(mountpoint, STATS_XATTR)
+    except OSError as error:
+        if error.errno in (errno.ENODATA, errno.ENOTSUP):
+            raise UsageError(f"{mountpoint} is not a weenv mount") from None
+        if error.errno == errno.ENOTCONN:
+            raise WeenvError(
+                f"the daemon of {mountpoint} is gone; run `weenv umount {mountpoint}`"
+            ) from None
+        raise WeenvError(f"cannot read statistics of {mountpoint}: {error.strerror}") from None
+    return json.loads(raw)
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    document = read_stats(args.mountpoint)
+    if args.json:
+        print(json.dumps(document, indent=2, sort_keys=True))
+        return 0
+    for key, value in _flatten(document):
+        print(f"{key:<40} {value}")
+    return 0
+
+
+def _flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(value, dict):
+        out: list[tuple[str, Any]] = []
+        for key, inner in value.items():
+            out.extend(_flatten(inner, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    if isinstance(value, list):
+        return [(prefix, ", ".join(map(str, value)))]
+    return [(prefix, "-" if value is None else value)]

