@@ -14,6 +14,7 @@ from .digest import digest_bytes
 from .errors import DigestMismatch, FormatError
 
 DEFAULT_LEVEL = 3
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _local = threading.local()
 
 
@@ -72,6 +73,8 @@ def decode_chunk(frame: bytes | memoryview, digest: bytes, length: int) -> bytes
 
 def decompress_object(data: bytes | memoryview, what: str, limit: int) -> bytes:
     """Decompress a whole zstd-compressed object (an index or a hint) of at most `limit` bytes."""
+    if bytes(data[:4]) != _ZSTD_MAGIC:  # also refuses a skippable frame, which holds no data
+        raise FormatError(what, "not a zstd frame (bad magic)")
     try:
         size = zstandard.frame_content_size(data)
     except zstandard.ZstdError as exc:
