@@ -218,3 +218,10 @@ def test_checker_catches_violations(
     assert len(found) == len(expected), found
     for message, fragment in zip(found, expected, strict=True):
         assert fragment in message
+
+
+def test_test_module_basenames_are_unique() -> None:
+    """pytest imports test modules by basename (prepend mode): two equal names collide."""
+    names = [p.name for p in (ROOT / "tests").rglob("*.py") if p.name != "conftest.py"]
+    names = [n for n in names if n != "__init__.py"]
+    assert sorted(set(n for n in names if names.count(n) > 1)) == []
