@@ -10,6 +10,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 DEBIAN_PACKAGES=(
     fuse3 libfuse3-dev pkg-config gcc  # FUSE, and building pyfuse3 from source
     debootstrap zstd attr              # sample environments, inspecting blobs and xattrs
+    docker-registry skopeo umoci       # weenv convert tests: a real registry, pushing, unpacking
 )
 PYTHON=${PYTHON:-python3}
 VENV=.venv

@@ -49,24 +49,41 @@ def publish_group(
     """Store `blobs`, then the index object, then point the group tag `name:tag` at it."""
     check_name(name, "group name")
     check_tag(tag)
+    stored = store_group(repo, blobs, index_object, progress)
+    repo.set_tag("groups", name, tag, stored.index_digest)
+    log.info(
+        "published group %s:%s -> %s (%d blobs uploaded)",
+        name,
+        tag,
+        short(stored.index_digest),
+        stored.blobs_uploaded,
+    )
+    return stored
+
+
+def store_group(
+    repo: Repository,
+    blobs: Sequence[BlobFile],
+    index_object: bytes,
+    progress: Progress | None = None,
+) -> Published:
+    """Store `blobs`, then the index object (write ordering), without tagging anything."""
     progress = progress or Progress.quiet()
     uploaded = uploaded_bytes = 0
-    progress.begin("uploading", sum(b.size for b in blobs))
-    for blob in blobs:
-        if repo.put_object_file("blobs", blob.digest, blob.path):
-            uploaded += 1
-            uploaded_bytes += blob.size
-        progress.update(blob.size)
-    progress.end()
+    if blobs:
+        progress.begin("uploading", sum(b.size for b in blobs))
+        for blob in blobs:
+            if repo.put_object_file("blobs", blob.digest, blob.path):
+                uploaded += 1
+                uploaded_bytes += blob.size
+            progress.update(blob.size)
+        progress.end()
     _check_reused_blobs(repo, index_object, {b.digest for b in blobs})
-    digest = repo.put_object("indexes", index_object)
-    repo.set_tag("groups", name, tag, digest)
-    log.info("published group %s:%s -> %s (%d blobs uploaded)", name, tag, short(digest), uploaded)
-    return Published(digest, uploaded, uploaded_bytes)
+    return Published(repo.put_object("indexes", index_object), uploaded, uploaded_bytes)
 
 
 def _check_reused_blobs(repo: Repository, index_object: bytes, new: set[str]) -> None:
-    """Refuse to publish an index whose reused blobs are gone (e.g. collected meanwhile)."""
+    """Refuse to store an index whose reused blobs are gone (e.g. collected meanwhile)."""
     for digest in GroupIndex.from_object(index_object).blob_digests():
         if digest not in new and not repo.has_object("blobs", digest):
             raise StoreError(

@@ -30,6 +30,7 @@ Handler = Callable[[argparse.Namespace], int]
 # Only modules that exist belong here: a failing import is a bug, never skipped.
 COMMAND_MODULES: tuple[str, ...] = (
     "weenvfs.tools.cli_build",
+    "weenvfs.tools.cli_convert",
     "weenvfs.tools.cli_read",
     "weenvfs.fuse.commands",
     "weenvfs.core.commands",

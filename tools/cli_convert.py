@@ -1,0 +1,211 @@
+"""The `weenv convert` command: a container image in, an environment of layer groups out.
+
+Owns: the arguments, the order of the checks (the image reference, credentials and
+manifest are resolved before the store is opened or anything is downloaded, then the store is
+checked for writing), progress on stderr and the summary (or --json) on stdout. The work is
+convert.convert_image.
+
+Must not: contain conversion logic; errors are raised as WeenvError/FormatError for
+cli.main() to print on one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from weenvfs.cli import add_command
+from weenvfs.errors import UsageError
+from weenvfs.format import constants as C
+from weenvfs.format.refs import parse_name_tag
+from weenvfs.store import open_store
+from weenvfs.store.repository import Repository
+
+from .chunker import ChunkOptions
+from .cli_build import parse_size
+from .convert import ConvertOptions, ConvertResult, GroupSpec, convert_image
+from .image_source import SourceOptions, open_image_source
+from .oci_docs import Platform, short_digest
+from .progress import Progress, format_size
+from .registry_auth import parse_creds
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `convert`."""
+    p = add_command(
+        subparsers,
+        "convert",
+        help="convert a Docker/OCI image into layer groups and an environment",
+        description=(
+            "Convert the image SOURCE into layer groups and publish the environment NAME[:TAG].\n"
+            "SOURCE is docker://HOST/REPO[:TAG|@DIGEST] (a registry), oci:DIR[:TAG] (an OCI\n"
+            "image layout) or docker-archive:PATH[:REF] (the output of docker save).\n"
+            "Each layer becomes a group unless --group squashes ranges of layers (zero-based,\n"
+            "inclusive; together they must cover every layer in order). Groups the store holds\n"
+            "already for the same layers are reused without downloading them; other groups\n"
+            "reuse stored chunks. Every layer is checked against the image's digests, and\n"
+            "nothing is tagged unless the whole conversion succeeds."
+        ),
+        examples=[
+            "weenv convert docker://registry.example.com/team/py:3.11 py:3.11 --store /srv/weenv",
+            "weenv convert docker://127.0.0.1:5000/task:1234 task:1234 --insecure"
+            " --store /srv/weenv --group base=0-3 --group python=4-5 --group task=6-",
+            "weenv convert oci:./layout:v1 app:v1 --store file:///srv/weenv --json",
+            "weenv convert docker-archive:image.tar app:v2 --store /srv/weenv"
+            " --platform linux/arm64",
+        ],
+        func=_cmd_convert,
+    )
+    p.add_argument(
+        "source", metavar="SOURCE", help="docker://..., oci:DIR[:TAG] or docker-archive:PATH"
+    )
+    p.add_argument("env", metavar="NAME[:TAG]", help="environment to publish")
+    p.add_argument("--store", required=True, metavar="URL", help="store URL or directory")
+    p.add_argument(
+        "--group",
+        action="append",
+        default=[],
+        type=_group_spec,
+        metavar="NAME[:TAG]=RANGE",
+        dest="groups",
+        help="squash layers RANGE (N, N-M or N-) into group NAME; repeat, in layer order",
+    )
+    p.add_argument(
+        "--platform",
+        type=_platform,
+        default=None,
+        metavar="OS/ARCH[/VARIANT]",
+        help="image to pick from a multi-platform image (default: this machine's)",
+    )
+    p.add_argument(
+        "--creds", metavar="USER:PASS", help="registry credentials (default: docker config)"
+    )
+    p.add_argument("--insecure", action="store_true", help="plain HTTP (loopback registries only)")
+    p.add_argument(
+        "--insecure-remote",
+        action="store_true",
+        help="allow --insecure (and plain-HTTP token services) for non-loopback hosts",
+    )
+    p.add_argument(
+        "--chunk-size",
+        type=parse_size,
+        default=C.DEFAULT_CHUNK_SIZE,
+        metavar="SIZE",
+        help="size of large-file chunks (default 1M)",
+    )
+    p.add_argument(
+        "--batch-threshold",
+        type=parse_size,
+        default=C.DEFAULT_BATCH_THRESHOLD,
+        metavar="SIZE",
+        help="files smaller than this are batched (default 64K)",
+    )
+    p.add_argument(
+        "--level", type=int, default=3, metavar="N", help="zstd compression level, 1-22 (default 3)"
+    )
+    p.add_argument(
+        "--dedup-with",
+        action="append",
+        default=[],
+        metavar="REF",
+        help="also reuse chunks of this environment or group; repeatable",
+    )
+    p.add_argument("--no-reuse", action="store_true", help="rebuild groups the store already has")
+    p.add_argument(
+        "--tmp-dir", type=Path, metavar="DIR", help="where downloads and blobs are staged"
+    )
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def _group_spec(text: str) -> GroupSpec:
+    try:
+        return GroupSpec.parse(text)
+    except Exception as e:  # UsageError or FormatError: argparse shows the message
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _platform(text: str) -> Platform:
+    try:
+        return Platform.parse(text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _options(args: argparse.Namespace) -> ConvertOptions:
+    if not 1 <= args.level <= 22:
+        raise UsageError(f"--level must be within 1..22, got {args.level}")
+    try:
+        chunk = ChunkOptions(
+            chunk_size=args.chunk_size, batch_threshold=args.batch_threshold, level=args.level
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return ConvertOptions(
+        groups=tuple(args.groups),
+        platform=args.platform or Platform.host(),
+        chunk=chunk,
+        reuse=not args.no_reuse,
+        dedup_with=tuple(args.dedup_with),
+        tmp_dir=args.tmp_dir,
+    )
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    name, tag = parse_name_tag(args.env, "environment")
+    options = _options(args)
+    source_options = SourceOptions(
+        creds=parse_creds(args.creds) if args.creds else None,
+        insecure=args.insecure,
+        insecure_remote=args.insecure_remote,
+        tmp_dir=str(args.tmp_dir) if args.tmp_dir else None,
+    )
+    progress = Progress.quiet() if args.quiet or args.json else Progress()
+    with open_image_source(args.source, source_options) as source:
+        assert options.platform is not None
+        image = source.resolve(options.platform)  # auth and manifest before any write
+        store = open_store(args.store, create=True)
+        try:
+            store.check(write=True)
+            result = convert_image(source, Repository(store), name, tag, options, progress, image)
+        finally:
+            store.close()
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2, sort_keys=True))
+    else:
+        print(summary(result))
+    return 0
+
+
+def summary(r: ConvertResult) -> str:
+    """The human-readable result of a conversion."""
+    img = r.image
+    built = [g for g in r.groups if g.stored is not None]
+    lines = [
+        f"environment {r.env} -> manifest {r.manifest_digest}",
+        f"  image {img.source} {short_digest(img.manifest_digest)} ({img.platform or '?'}), "
+        f"{len(img.layers)} layers -> {len(r.groups)} groups "
+        f"({len(r.groups) - len(built)} reused, {len(built)} built)",
+    ]
+    for g in r.groups:
+        span = (
+            f"layer {g.plan.first}"
+            if g.plan.first == g.plan.last
+            else (f"layers {g.plan.first}-{g.plan.last}")
+        )
+        head = f"  {g.plan.ref} ({span}): index {g.index_digest[:12]}"
+        if g.stored is None:
+            lines.append(head + ", reused")
+            continue
+        s = g.stored.stats
+        lines.append(
+            f"{head}, {format_size(s.bytes_in)} of files; new {format_size(s.bytes_new)} "
+            f"({format_size(s.bytes_new_compressed)} compressed), reused "
+            f"{format_size(s.bytes_reused)}"
+        )
+    lines.append(
+        f"  downloaded {format_size(r.bytes_downloaded)}, uploaded {format_size(r.bytes_uploaded)} "
+        f"in {sum(g.stored.blobs_uploaded for g in built if g.stored)} blobs"
+    )
+    return "\n".join(lines)
