@@ -422,9 +422,8 @@ class ChunkCache:
         with self._mutex:
             stale = self._estimate is None or self._added >= self.max_bytes // _RESCAN_DIVISOR
         if stale:
-            usage = self.usage()
-            with self._mutex:
-                self._estimate, self._added = usage.bytes, 0
+            since = self._added_now()
+            self._rebase(self.usage().bytes, since)
         with self._mutex:
             over = self._estimate is not None and self._estimate > self.max_bytes
         if not over:
@@ -437,6 +436,7 @@ class ChunkCache:
         with self._evict_lock(wait) as locked:
             if not locked:
                 return None
+            since = self._added_now()
             entries = sorted(self._scan_chunks())
             total, count = sum(e[1] for e in entries), len(entries)
             removed = freed = 0
@@ -453,13 +453,23 @@ class ChunkCache:
                     removed, freed = removed + 1, freed + size
                 self._verified.pop(digest, None)
                 total, count = total - size, count - 1
-        with self._mutex:
-            self._estimate, self._added = total, 0
+        self._rebase(total, since)
         if removed:
             log.info(
                 "chunk cache: evicted %d chunk(s), %d bytes; %d bytes left", removed, freed, total
             )
         return EvictResult(removed, freed, count, total)
+
+    def _added_now(self) -> int:
+        with self._mutex:
+            return self._added
+
+    def _rebase(self, scanned_bytes: int, added_before_scan: int) -> None:
+        """Take a scan's total as the new estimate, keeping what was inserted during the scan
+        (else those bytes would be forgotten and the cache could stay over its bound)."""
+        with self._mutex:
+            during = self._added - added_before_scan
+            self._estimate, self._added = scanned_bytes + during, during
 
     @contextlib.contextmanager
     def _evict_lock(self, wait: bool) -> Iterator[bool]:
