@@ -30,6 +30,7 @@ from weenvfs.store.repository import Repository
 
 from .chunker import Chunker, ChunkOptions, ChunkStats, DedupTable
 from .entries import Source
+from .layout import LayoutOrder
 from .progress import Progress
 from .publish import publish_group
 from .source_dir import DirSource
@@ -47,6 +48,7 @@ class BuildOptions:
     dedup_previous: bool = True  # reuse chunks of the version `name:tag` points at now
     dedup_with: tuple[str, ...] = ()  # more group references to reuse chunks from
     tmp_dir: Path | None = None  # where blob files are staged (default: the system's)
+    layout: LayoutOrder | None = None  # hinted data first, in hint order (layout.py)
 
 
 @dataclass
@@ -127,7 +129,7 @@ def build_group(
     table, previous = _dedup_table(repo, name, tag, options)
     workdir = Path(tempfile.mkdtemp(prefix="weenv-build-", dir=options.tmp_dir))
     try:
-        chunker = Chunker(options.chunk, workdir, table, progress.update)
+        chunker = Chunker(options.chunk, workdir, table, progress.update, options.layout)
         try:
             tree = _read_layers(layers, chunker, progress)
             blobs = chunker.finish()

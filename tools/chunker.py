@@ -7,6 +7,13 @@ whole-file digest -> (ChunkRef, inner offset, size) for small files), seeded fro
 indexes and from the build itself, and writing the new chunks' zstd frames into temporary
 blob files that roll over at `max_blob_size`, each hashed as it is written.
 
+Hint-ordered layout (layout.py): with a `LayoutOrder`, the chunks and small files it ranks
+are written into their own blob(s), in rank order, after everything else: their frames are
+spooled to a file in the work directory as they come, and hinted small files are batched in
+rank order at the end. A ranked chunk is written again even when an earlier index has it,
+since reusing it would keep the old layout (rewriting identical frames in the same order gives
+the same blob, so a rebuild with the same hint uploads nothing new).
+
 Determinism: every decision (dedup, batch boundaries, frame order, blob rollover) is taken
 on the calling thread in input order; only compression runs in a thread pool (zstandard and
 blake3 release the GIL), and frames are written in submission order. Same input and options,
@@ -36,6 +43,7 @@ from weenvfs.format.index import GroupIndex
 from weenvfs.format.index_writer import ChunkRef, Node
 
 from .entries import DataStream, Entry
+from .layout import HintedSpool, LayoutOrder
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +152,8 @@ class BlobFile:
 class _BlobWriter:
     """Appends frames to temp blob files under `workdir`, rolling over at `max_size`."""
 
-    def __init__(self, workdir: Path, max_size: int) -> None:
-        self.workdir, self.max_size = workdir, max_size
+    def __init__(self, workdir: Path, max_size: int, prefix: str = "blob") -> None:
+        self.workdir, self.max_size, self.prefix = workdir, max_size, prefix
         self.blobs: list[BlobFile] = []
         self._file = None
         self._path: Path | None = None
@@ -157,7 +165,7 @@ class _BlobWriter:
         if self._file is not None and self._size + len(frame) > self.max_size:
             self.close_current()
         if self._file is None:
-            self._path = self.workdir / f"blob-{len(self.blobs):05d}"
+            self._path = self.workdir / f"{self.prefix}-{len(self.blobs):05d}"
             self._file = open(self._path, "wb")  # noqa: SIM115 - closed in close_current
             self._hasher = blake3.blake3()
             self._size = self._chunks = 0
@@ -192,13 +200,14 @@ class Chunker:
         workdir: Path,
         dedup: DedupTable | None = None,
         on_bytes: Callable[[int], None] | None = None,
+        order: LayoutOrder | None = None,
     ) -> None:
         self.options = options
         self.table = dedup or DedupTable()
         self.stats = ChunkStats()
         self._on_bytes = on_bytes or (lambda n: None)
         self._pool = ThreadPoolExecutor(options.thread_count, thread_name_prefix="weenv-zstd")
-        self._queue: deque[tuple[_Slot, Future[bytes]]] = deque()
+        self._queue: deque[tuple[_Slot, Future[bytes], int | None]] = deque()
         self._max_inflight = 2 * options.thread_count
         self._writer = _BlobWriter(workdir, options.max_blob_size)
         self._files: list[tuple[Node, list[_Chunk]]] = []
@@ -208,6 +217,10 @@ class Chunker:
         self._reused: set[bytes] = set()
         self._zero_digests: dict[int, bytes] = {}
         self._zeros = bytes(options.chunk_size)
+        self._hinted = None
+        if order:
+            writer = _BlobWriter(workdir, options.max_blob_size, prefix="hinted-blob")
+            self._hinted = HintedSpool(order, workdir / "hinted.spool", writer, _Slot)
 
     # -- input ------------------------------------------------------------------------------
 
@@ -232,6 +245,11 @@ class Chunker:
     def _small(self, node: Node, data: bytes) -> None:
         file_digest = digest_bytes(data)
         node.file_digest = file_digest
+        if self._hinted is not None and file_digest in self._hinted.order.files:
+            if file_digest in self._hinted.small:
+                self.stats.files_reused += 1
+            self._files.append((node, [self._hinted.add_small(node, file_digest, data)]))
+            return
         known = self.table.files.get(file_digest)
         if known is not None:
             chunk, node.inner_offset, _ = known
@@ -277,13 +295,17 @@ class Chunker:
     def _chunk(self, digest: bytes, data: bytes) -> _Chunk:
         """The chunk for `data`: an existing one with its digest, else a new one."""
         known = self.table.chunks.get(digest)
-        if known is not None:
+        rank = None if self._hinted is None else self._hinted.order.chunks.get(digest)
+        if known is not None and (rank is None or digest in self._hinted_slots()):
             self._note_reuse(known)
             return known
         slot = _Slot(digest, len(data))
         self.table.chunks[digest] = slot
-        self._submit(slot, data)
+        self._submit(slot, data, rank)
         return slot
+
+    def _hinted_slots(self) -> dict[bytes, _Slot]:
+        return {} if self._hinted is None else self._hinted.slots
 
     def _close_batch(self) -> None:
         slot = self._batch_slot
@@ -309,17 +331,23 @@ class Chunker:
 
     # -- compression and output -------------------------------------------------------------
 
-    def _submit(self, slot: _Slot, data: bytes) -> None:
-        self._queue.append((slot, self._pool.submit(encode_chunk, data, self.options.level)))
+    def _submit(self, slot: _Slot, data: bytes, rank: int | None = None) -> None:
+        future = self._pool.submit(encode_chunk, data, self.options.level)
+        self._queue.append((slot, future, rank))
+        if rank is not None and self._hinted is not None:
+            self._hinted.slots[slot.digest] = slot
         self.stats.chunks_new += 1
         self.stats.bytes_new += len(data)
         while len(self._queue) > self._max_inflight:
             self._write_next()
 
     def _write_next(self) -> None:
-        slot, future = self._queue.popleft()
+        slot, future, rank = self._queue.popleft()
         frame = future.result()
-        slot.blob_seq, slot.offset = self._writer.write(frame)
+        if rank is not None and self._hinted is not None:
+            self._hinted.spool_frame(slot, frame, rank)  # written last, in rank order
+        else:
+            slot.blob_seq, slot.offset = self._writer.write(frame)
         slot.clen = len(frame)
         self.stats.bytes_new_compressed += len(frame)
 
@@ -327,9 +355,15 @@ class Chunker:
         """Flush the last batch and frames, close the last blob, and set every file's
         ChunkRefs. Returns the new blobs (none for a build that stored nothing new)."""
         self._close_batch()
+        if self._hinted is not None:
+            for slot, data, rank in self._hinted.batches(self.options.chunk_size):
+                self.table.chunks.setdefault(slot.digest, slot)
+                self._submit(slot, data, rank)
         while self._queue:
             self._write_next()
         self._writer.close_current()
+        if self._hinted is not None:
+            self._writer.blobs.extend(self._hinted.write(len(self._writer.blobs)))
         self._pool.shutdown()
         names = [b.digest for b in self._writer.blobs]
         for node, chunks in self._files:
@@ -342,6 +376,8 @@ class Chunker:
         work directory)."""
         self._pool.shutdown(cancel_futures=True)
         self._writer.abort()
+        if self._hinted is not None:
+            self._hinted.close()
 
 
 def _resolve(chunk: _Chunk, blob_names: list[str]) -> ChunkRef:

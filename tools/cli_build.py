@@ -12,6 +12,7 @@ to print on one line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 from typing import Any
@@ -27,6 +28,7 @@ from weenvfs.store.repository import Repository
 
 from .builder import BuildOptions, BuildResult, build_group, open_source
 from .chunker import DEFAULT_MAX_BLOB_SIZE, ChunkOptions
+from .layout import load_layout_order
 from .progress import Progress, format_size
 from .publish import compose_env
 
@@ -84,6 +86,7 @@ def _register_build(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
             "weenv build layer.tar.zst --store file:///srv/weenv --group python-3.11",
             "docker export c1 | weenv build - --store /srv/weenv --group app:v2 --json",
             "weenv build ./repo --store /srv/weenv --group task-1234 --dedup-with task-1233",
+            "weenv build ./rootfs --store /srv/weenv --group py:3.11 --hint py-env:latest",
         ],
         func=_cmd_build,
     )
@@ -129,6 +132,15 @@ def _register_build(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         "--no-dedup-previous",
         action="store_true",
         help="do not reuse chunks of the version NAME:TAG points at now",
+    )
+    p.add_argument(
+        "--hint",
+        metavar="REF",
+        help="put the data this prefetch hint reads first, in its order, in blob(s) of its "
+        "own: an environment (its hint tag --hint-tag) or a hint digest",
+    )
+    p.add_argument(
+        "--hint-tag", default="latest", metavar="TAG", help="hint tag of --hint (default latest)"
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -213,6 +225,12 @@ def _build_options(args: argparse.Namespace) -> BuildOptions:
     return BuildOptions(chunk, not args.no_dedup_previous, tuple(args.dedup_with))
 
 
+def _with_layout(options: BuildOptions, repo: Repository, args: argparse.Namespace) -> BuildOptions:
+    if args.hint is None:
+        return options
+    return dataclasses.replace(options, layout=load_layout_order(repo, args.hint, args.hint_tag))
+
+
 def _cmd_build(args: argparse.Namespace) -> int:
     name, tag = parse_name_tag(args.group, "group")
     options = _build_options(args)
@@ -220,9 +238,11 @@ def _cmd_build(args: argparse.Namespace) -> int:
     store = open_store(args.store, create=True)
     try:
         store.check(write=True)
+        repo = Repository(store)
+        options = _with_layout(options, repo, args)
         source = open_source(args.source)
         try:
-            result = build_group(source, Repository(store), name, tag, options, progress)
+            result = build_group(source, repo, name, tag, options, progress)
         finally:
             source.close()
     finally:

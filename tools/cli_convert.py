@@ -12,6 +12,7 @@ cli.main() to print on one line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from .chunker import ChunkOptions
 from .cli_build import parse_size
 from .convert import ConvertOptions, ConvertResult, GroupSpec, convert_image
 from .image_source import SourceOptions, open_image_source
+from .layout import load_layout_order
 from .oci_docs import Platform, short_digest
 from .progress import Progress, format_size
 from .registry_auth import parse_creds
@@ -113,6 +115,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--no-reuse", action="store_true", help="rebuild groups the store already has")
     p.add_argument(
+        "--hint",
+        metavar="REF",
+        help="put the data this prefetch hint reads first, in its order, in blob(s) of its "
+        "own (implies --no-reuse): an environment (its hint tag --hint-tag) or a hint digest",
+    )
+    p.add_argument(
+        "--hint-tag", default="latest", metavar="TAG", help="hint tag of --hint (default latest)"
+    )
+    p.add_argument(
         "--tmp-dir", type=Path, metavar="DIR", help="where downloads and blobs are staged"
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -146,7 +157,7 @@ def _options(args: argparse.Namespace) -> ConvertOptions:
         groups=tuple(args.groups),
         platform=args.platform or Platform.host(),
         chunk=chunk,
-        reuse=not args.no_reuse,
+        reuse=not args.no_reuse and args.hint is None,  # a reused group keeps its layout
         dedup_with=tuple(args.dedup_with),
         tmp_dir=args.tmp_dir,
     )
@@ -168,7 +179,11 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         store = open_store(args.store, create=True)
         try:
             store.check(write=True)
-            result = convert_image(source, Repository(store), name, tag, options, progress, image)
+            repo = Repository(store)
+            if args.hint is not None:
+                layout = load_layout_order(repo, args.hint, args.hint_tag)
+                options = dataclasses.replace(options, layout=layout)
+            result = convert_image(source, repo, name, tag, options, progress, image)
         finally:
             store.close()
     if args.json:

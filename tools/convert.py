@@ -51,6 +51,7 @@ from .chunker import Chunker, ChunkOptions, DedupTable
 from .convert_group import LowerView, StackedTree, StoredGroup, build_group_untagged
 from .image_source import Image, ImageSource, Layer
 from .layers import LayerSource, check_media_type
+from .layout import LayoutOrder
 from .oci_docs import Platform
 from .progress import Progress
 from .reader import ChunkReader
@@ -173,6 +174,7 @@ class ConvertOptions:
     reuse: bool = True
     dedup_with: tuple[str, ...] = ()
     tmp_dir: Path | None = None
+    layout: LayoutOrder | None = None  # hinted data first, in hint order (layout.py)
 
 
 @dataclass
@@ -329,6 +331,7 @@ class _Converter:
             self.table_for(plan, lower),
             self.progress,
             self.options.tmp_dir,
+            self.options.layout,
         )
 
 

@@ -37,6 +37,7 @@ from weenvfs.store.repository import Repository
 
 from .chunker import Chunker, ChunkOptions, ChunkStats, DedupTable
 from .entries import DataStream, Entry, Kind, refuse, show
+from .layout import LayoutOrder
 from .progress import Progress
 from .publish import store_group
 from .reader import ChunkReader
@@ -267,13 +268,14 @@ def build_group_untagged(
     table: DedupTable,
     progress: Progress,
     tmp_dir: Path | None = None,
+    layout: LayoutOrder | None = None,
 ) -> StoredGroup:
     """Apply the layers (each a function feeding a StackedTree and a Chunker) into one
     group, store its blobs and its index, and return what was stored."""
     tree = StackedTree(lower)
     workdir = Path(tempfile.mkdtemp(prefix="weenv-convert-", dir=tmp_dir))
     try:
-        chunker = Chunker(chunk, workdir, table)
+        chunker = Chunker(chunk, workdir, table, order=layout)  # layout: hinted data first
         try:
             for read_layer in read_layers:
                 tree.begin_layer()

@@ -34,9 +34,20 @@ COMMAND_MODULES: tuple[str, ...] = (
     "weenvfs.tools.cli_read",
     "weenvfs.fuse.commands",
     "weenvfs.core.commands",
+    "weenvfs.hints",
     "weenvfs.store.commands",
     "weenvfs.demo",
 )
+
+# Commands whose module is known without importing every module: `weenv mount` must answer
+# in milliseconds (DESIGN.md budgets), and its daemon starts the interpreter again, so neither
+# may wait for imports that only `build` or `convert` need (requests, the builder). Any command
+# not listed here is parsed with every module registered, as before.
+FAST_COMMANDS: dict[str, str] = {
+    "mount": "weenvfs.fuse.commands",
+    "umount": "weenvfs.fuse.commands",
+    "stats": "weenvfs.fuse.commands",
+}
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE from sysexits.h
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
@@ -127,8 +138,9 @@ def _register_builtin(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the complete `weenv` parser from the built-in and registered commands."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Build the complete `weenv` parser from the built-in and registered commands; with
+    `command` one of FAST_COMMANDS, register only the module that provides it."""
     parser = argparse.ArgumentParser(
         prog="weenv",
         description=(
@@ -142,13 +154,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.set_defaults(func=None, command_parser=parser)
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     _register_builtin(subparsers)
-    for name in COMMAND_MODULES:
+    fast = FAST_COMMANDS.get(command or "")
+    for name in (fast,) if fast in COMMAND_MODULES else COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
     examples = ["weenv --help", "weenv COMMAND --help"]
     for sub in subparsers.choices.values():
         examples.extend(getattr(sub, "weenv_examples", ())[:1])
     parser.epilog = _examples_epilog(examples)
     return parser
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand named in `argv` (the first word that is not a global option)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--log-file":
+            next(words, None)
+        elif word == "--" or not word.startswith("-"):
+            return None if word == "--" else word
+    return None
 
 
 class _LogSetup:
@@ -243,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv  # until the arguments are parsed
     logs = _LogSetup()
     try:
-        args = _parse(build_parser(), argv)
+        args = _parse(build_parser(_command_of(argv)), argv)
         debug = args.debug
         _setup_logging(logs, args.verbose, args.log_file)
         return _dispatch(args)

@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from weenvfs.cli import main
-from weenvfs.core.cache import ChunkCache, default_cache_dir
+from weenvfs.core.cache import TRUST_XATTR, ChunkCache, current_boot_id, default_cache_dir
 from weenvfs.core.commands import format_size, parse_size
 from weenvfs.core.fetcher import Fetcher
 from weenvfs.format.digest import digest_bytes
@@ -123,7 +123,7 @@ def test_a_damaged_cached_chunk_is_refetched_not_served(
     root = tmp_path / "cache"
     ChunkCache(root).insert(loc.digest, plain)
     damage(ChunkCache(root).path(loc.digest))  # as a power loss might leave it
-    cache = ChunkCache(root)  # a new process: nothing is trusted yet
+    cache = ChunkCache(root, boot_id=b"after-the-power-loss")  # nothing is trusted yet
     store = FaultyStore(small_group.repo.store)
     with assert_logs(r"cached chunk [0-9a-f]{12} is damaged", count=1):
         data = trio.run(Fetcher(store, cache).read, [(loc, 0, loc.ulen)])
@@ -143,6 +143,39 @@ def test_a_verified_file_replaced_behind_our_back_is_verified_again(
     os.replace(bad, path)  # a new inode
     with assert_logs("is damaged", count=1):
         assert chunk_cache.open(digest, CHUNK) is None
+    assert not path.exists()
+
+
+def test_chunks_verified_in_this_boot_are_trusted_by_later_processes(
+    chunk_cache: ChunkCache, pattern
+) -> None:
+    plain = pattern(3, CHUNK)
+    digest = _insert(chunk_cache, plain)
+    path = chunk_cache.path(digest)
+    boot = os.getxattr(path, TRUST_XATTR)
+    assert boot == current_boot_id() != b""
+    later = ChunkCache(chunk_cache.root)  # another mount, same boot: no need to hash again
+    assert later.is_trusted(digest) and not later.is_verified(digest)
+    with later.open(digest, CHUNK) as handle:
+        assert handle.read() == plain
+    after_reboot = ChunkCache(chunk_cache.root, boot_id=b"the-next-boot")
+    assert not after_reboot.is_trusted(digest)
+    with after_reboot.open(digest, CHUNK) as handle:  # verified, then marked for that boot
+        assert handle.read() == plain
+    assert os.getxattr(path, TRUST_XATTR) == b"the-next-boot"
+
+
+def test_a_damaged_file_from_an_earlier_boot_is_not_marked(
+    chunk_cache: ChunkCache, pattern, assert_logs
+) -> None:
+    digest = _insert(chunk_cache, pattern(4, CHUNK))
+    path = chunk_cache.path(digest)
+    data = bytearray(path.read_bytes())
+    data[7] ^= 1
+    path.write_bytes(bytes(data))  # same inode, still marked with the boot that wrote it
+    after_reboot = ChunkCache(chunk_cache.root, boot_id=b"the-next-boot")
+    with assert_logs("is damaged", count=1):
+        assert after_reboot.open(digest, CHUNK) is None
     assert not path.exists()
 
 

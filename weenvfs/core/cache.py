@@ -19,14 +19,18 @@ Crash safety without an fsync per chunk. A chunk is written to a temp file (floc
 writer while it is written) and renamed into place, so a `kill -9` leaves at worst a temp file,
 which is never read and is removed by the next `ChunkCache` (or `prune`) once its lock is
 free. A power loss may leave a renamed file empty or torn (the rename reached the disk before
-the data). So every process verifies a cached chunk the first time it uses it: size, then the
-BLAKE3 of the whole file; it then remembers (digest, device, inode) and trusts that file for
-the rest of its life. Only this process's own earlier check, or its own write of bytes it had
-verified, makes a file trusted; a file replaced by another process has a new inode and is
-verified again. A damaged file is logged, removed and treated as a miss, never served. A
-reboot starts new processes, so nothing written before it is trusted unchecked. (Residual
-risk: a file damaged by hand in place, or at a reused inode number, while a process that
-already trusts that chunk keeps running; crashes cannot produce that.)
+the data). So a chunk file is trusted only if it was verified since the last boot: its writer
+verified the bytes before writing them, and a reader that checks an older file verifies its
+size, then the BLAKE3 of the whole file. That fact is recorded on the file as the xattr
+`user.weenv.verified` = the kernel's boot id (/proc/sys/kernel/random/boot_id), so the next
+process of the same boot (every new mount) trusts the file without reading it again, while
+after a reboot (the only way a power loss can tear a file) the marker no longer matches and the
+file is verified again on first use. Within a process, (digest, device, inode) of a trusted
+file is remembered; a file replaced by another process has a new inode and is checked again.
+Where xattrs are not supported, every process verifies each chunk on its first use instead. A
+damaged file is logged, removed and treated as a miss, never served. (Residual risk: a file
+damaged by hand in place, or at a reused inode number, during the boot that verified it;
+crashes cannot produce that.)
 
 One fetch per chunk across processes. The fetching process holds `flock(LOCK_EX)` on
 `locks/<hex>`; others block on the same file (in a thread), then find the chunk cached. The
@@ -59,11 +63,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-
-import trio
+from typing import TYPE_CHECKING
 
 from weenvfs.errors import WeenvError
 from weenvfs.format.digest import digest_bytes, short
+
+if TYPE_CHECKING:
+    import trio
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +82,12 @@ _RESCAN_DIVISOR = 8  # rescan after inserting max_bytes / this
 _HEX = frozenset("0123456789abcdef")
 # Threads blocked waiting for another process's chunk lock get their own limiter, so that many
 # of them never starve trio's default thread limiter (decoding, the FUSE layer's calls).
-_LOCK_WAITS: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("weenv_lock_waits")
+# trio is imported on first use only: `weenv mount`'s parent process needs this module for
+# `default_cache_dir` and must not pay trio's import (about 0.1 s of the mount budget).
+_LOCK_WAITS: trio.lowlevel.RunVar[trio.CapacityLimiter] | None = None
 _MAX_LOCK_WAITS = 256
+TRUST_XATTR = "user.weenv.verified"  # value: the boot id of the boot that verified the file
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _CACHEDIR_TAG = (
     "Signature: 8a477f597d28d172789f06886806bc55\n"
     "# This file marks the WeEnv chunk cache; backup tools may skip this folder.\n"
@@ -214,6 +224,7 @@ class ChunkCache:
         *,
         create: bool = True,
         touch_interval: float = TOUCH_INTERVAL,
+        boot_id: bytes | None = None,
     ) -> None:
         self.root = Path(root).absolute()
         self.max_bytes = max_bytes
@@ -226,6 +237,8 @@ class ChunkCache:
         self._pins: Counter[bytes] = Counter()
         self._estimate: int | None = None  # bytes, from the last scan plus own inserts
         self._added = 0  # bytes inserted since the last scan
+        # What a file verified in this boot carries in TRUST_XATTR (b"": no markers at all).
+        self._boot = current_boot_id() if boot_id is None else boot_id
         self._setup(create)
         if create:
             cleaned = self.clean()
@@ -263,15 +276,41 @@ class ChunkCache:
         """True if this process already verified (or wrote) `digest`, so `open` is cheap."""
         return digest in self._verified
 
+    def is_trusted(self, digest: bytes) -> bool:
+        """True if `digest` is cached and was verified in this boot (by any process), so `open`
+        reads no data (one getxattr: for deciding whether to open in a thread)."""
+        if not self._boot:
+            return False
+        try:
+            return os.getxattr(self._chunk_path(digest.hex()), TRUST_XATTR) == self._boot
+        except OSError:
+            return False
+
     def contains(self, digest: bytes) -> bool:
         """Whether a file for `digest` exists (not verified: a hint for prefetch only)."""
         return os.path.exists(self._chunk_path(digest.hex()))
 
+    def advise(self, digest: bytes) -> bool:
+        """Ask the kernel to read the cached chunk `digest` into memory in the background
+        (read-ahead across chunk files); False if it is not cached."""
+        try:
+            fd = os.open(self._chunk_path(digest.hex()), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass  # only a hint
+        finally:
+            os.close(fd)
+        return True
+
     def open(self, digest: bytes, ulen: int) -> ChunkHandle | None:
         """A handle on the cached chunk `digest` of `ulen` bytes, or None if it is not cached.
 
-        The first use in this process reads and hashes the whole file (run it in a thread for
-        big chunks); a damaged file is removed, logged and reported as None.
+        The first use of a file not verified in this boot reads and hashes the whole file (run
+        it in a thread for big chunks, unless `is_trusted`); a damaged file is removed, logged
+        and reported as None.
         """
         path = self._chunk_path(digest.hex())
         try:
@@ -304,14 +343,38 @@ class ChunkCache:
             self._discard(path, ident, digest, f"{st.st_size} bytes, expected {ulen}")
             return False
         if self._verified.get(digest) != ident:
-            if digest_bytes(os.pread(fd, ulen, 0) if ulen else b"") != digest:
-                self._discard(path, ident, digest, "content does not match its digest")
-                return False
+            if not self._marked(fd):
+                if digest_bytes(os.pread(fd, ulen, 0) if ulen else b"") != digest:
+                    self._discard(path, ident, digest, "content does not match its digest")
+                    return False
+                self._mark(fd)
             self._verified[digest] = ident
         if time.time() - st.st_mtime > self.touch_interval:
             with contextlib.suppress(OSError):  # read-only or foreign files: LRU is best effort
                 os.utime(fd)
         return True
+
+    def _marked(self, fd: int) -> bool:
+        """Whether the open file carries this boot's trust marker."""
+        if not self._boot:
+            return False
+        try:
+            return os.getxattr(fd, TRUST_XATTR) == self._boot
+        except OSError:
+            return False
+
+    def _mark(self, fd: int) -> None:
+        """Record on the open file that it was verified in this boot (best effort: without
+        xattr support, or on a file of another user, later processes verify it again)."""
+        if not self._boot:
+            return
+        try:
+            os.setxattr(fd, TRUST_XATTR, self._boot)
+        except OSError as e:
+            if e.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                self._boot = b""  # this file system has no xattrs: stop trying
+                log.info("chunk cache %s: no xattrs, chunks are verified by every process",
+                         self.root)
 
     def _discard(self, path: str, ident: tuple[int, int], digest: bytes, why: str) -> None:
         log.warning("cached chunk %s is damaged (%s); removing it", short(digest), why)
@@ -342,6 +405,7 @@ class ChunkCache:
             # The lock marks the temp file as live; clean() removes only unlocked ones.
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             _write_all(fd, memoryview(plain))
+            self._mark(fd)  # the caller verified these bytes, in this boot
             st = os.fstat(fd)
             os.rename(tmp, self._chunk_path(hexd))
         except BaseException:
@@ -373,15 +437,12 @@ class ChunkCache:
         lock = self.try_lock(digest)
         if lock is not None:
             return lock
+        import trio
+
         waiter = _LockWaiter(self, digest)
         try:
-            limiter = _LOCK_WAITS.get()
-        except LookupError:
-            limiter = trio.CapacityLimiter(_MAX_LOCK_WAITS)
-            _LOCK_WAITS.set(limiter)
-        try:
             return await trio.to_thread.run_sync(
-                waiter.run, abandon_on_cancel=True, limiter=limiter
+                waiter.run, abandon_on_cancel=True, limiter=_lock_wait_limiter()
             )
         except BaseException:
             waiter.abandon()
@@ -535,6 +596,29 @@ class ChunkCache:
     def close(self) -> None:
         """Forget in-process state (open handles stay valid until closed)."""
         self._verified.clear()
+
+
+def current_boot_id() -> bytes:
+    """This boot's id (changes at every boot), or b"" where the kernel does not tell."""
+    try:
+        return _BOOT_ID.read_bytes().strip()
+    except OSError:
+        return b""
+
+
+def _lock_wait_limiter() -> trio.CapacityLimiter:
+    """The limiter of lock-waiting threads of the current trio run (made on first use)."""
+    import trio
+
+    global _LOCK_WAITS
+    if _LOCK_WAITS is None:
+        _LOCK_WAITS = trio.lowlevel.RunVar("weenv_lock_waits")
+    try:
+        return _LOCK_WAITS.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(_MAX_LOCK_WAITS)
+        _LOCK_WAITS.set(limiter)
+        return limiter
 
 
 def _write_all(fd: int, view: memoryview) -> None:

@@ -230,8 +230,13 @@ class Fetcher:
         """Start `prefetch(locs)` in the background (read-ahead) and return at once.
 
         Needs `serve()` running; returns False (and counts a drop) when it is not, or when
-        MAX_BACKGROUND_PREFETCH batches are already queued.
+        MAX_BACKGROUND_PREFETCH batches are already queued. Chunks already cached cost no
+        task: the kernel is asked to read their files into memory in the background instead,
+        so that a reader streaming a cached file does not wait for the disk chunk by chunk.
         """
+        locs = [c for c in locs if c.blob is not None and not self.cache.advise(c.digest)]
+        if not locs:
+            return True
         if self._nursery is None or self._background >= MAX_BACKGROUND_PREFETCH:
             self.stats.prefetch_dropped += 1
             return False
@@ -314,7 +319,13 @@ class Fetcher:
             self.stats.cache_misses += 1
 
     async def _open_cached(self, loc: ChunkLoc) -> ChunkHandle | None:
-        if loc.ulen <= INLINE_CODEC_BYTES or self.cache.is_verified(loc.digest):
+        # Opening reads and hashes the chunk only if nobody verified it in this boot: only
+        # then is it worth a thread (a hop costs more than a trusted open).
+        if (
+            loc.ulen <= INLINE_CODEC_BYTES
+            or self.cache.is_verified(loc.digest)
+            or self.cache.is_trusted(loc.digest)
+        ):
             return self.cache.open(loc.digest, loc.ulen)
         return await trio.to_thread.run_sync(self.cache.open, loc.digest, loc.ulen)
 
@@ -326,6 +337,8 @@ class Fetcher:
         await flight.event.wait()
         if flight.plain is not None:
             out[loc.digest] = flight.plain
+            if priority == Priority.DEMAND and flight.priority == Priority.PREFETCH:
+                self.stats.record_demand_use(loc.digest)  # prefetch got there first: a hit
         elif flight.error is not None and (
             isinstance(flight.error, ChunkCorrupt) or flight.priority <= priority
         ):
@@ -565,7 +578,7 @@ class Fetcher:
             self.stats.chunks_fetched += 1
             self.stats.bytes_decompressed += len(plain)
             if priority == Priority.PREFETCH:
-                self.stats.record_prefetched(loc.digest)
+                self.stats.record_prefetched(loc.digest, len(plain))
             if cache_error is not None:
                 self._cache_error("cannot write the chunk cache", cache_error)
         await self._schedule_maintenance()

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 from weenvfs.format.index import file_spans
 
 from .fetcher import ChunkLoc, Fetcher, chunk_loc
 from .tree import Tree
+
+if TYPE_CHECKING:
+    from .hints import HintRecorder
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,8 @@ class Reader:
         self.tree = tree
         self.fetcher = fetcher
         self.readahead = readahead
+        # Set by a mount that records a prefetch hint (core/hints.py): sees every chunk read.
+        self.recorder: HintRecorder | None = None
         # inode -> (end of the last read, highest chunk position queued for read-ahead)
         self._positions: OrderedDict[int, tuple[int, int]] = OrderedDict()
 
@@ -43,10 +49,10 @@ class Reader:
         """The chunk pieces holding bytes [offset, offset + size) of regular file `inode`,
         clipped at end of file (empty past it)."""
         index, ino = self.tree.file(inode)
-        return [
-            (chunk_loc(index, span.chunk), span.start, span.end)
-            for span in file_spans(index, ino, offset, size)
-        ]
+        spans = file_spans(index, ino, offset, size)
+        if self.recorder is not None:
+            self.recorder.note(inode, spans)
+        return [(chunk_loc(index, span.chunk), span.start, span.end) for span in spans]
 
     async def read(self, inode: int, offset: int, size: int) -> bytes:
         """Bytes [offset, offset + size) of regular file `inode` (short at end of file)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 # Demand reads that hit a chunk brought in by prefetch count as hint hits. Remembering every
@@ -95,8 +96,8 @@ class Stats:
         self.latency = LatencyHistogram()  # of successful store requests
         self.prefetch_requests = 0
         self.prefetched_chunks = 0
+        self.prefetched_bytes = 0  # plaintext bytes of those chunks
         self.prefetch_hint_hits = 0  # demand reads served by a chunk prefetch brought
-        self.prefetch_waste = 0  # reserved: prefetched chunks never used (issue 6)
         self.prefetch_dropped = 0  # read-ahead batches dropped (too many in flight)
         self._prefetched: OrderedDict[bytes, None] = OrderedDict()
 
@@ -109,9 +110,10 @@ class Stats:
         """One failure of `kind` (e.g. 'timeout', 'unavailable', 'corrupt', 'missing')."""
         self.errors[kind] += 1
 
-    def record_prefetched(self, digest: bytes) -> None:
-        """A chunk that prefetch brought into the cache."""
+    def record_prefetched(self, digest: bytes, nbytes: int = 0) -> None:
+        """A chunk (`nbytes` of plaintext) that prefetch brought into the cache."""
         self.prefetched_chunks += 1
+        self.prefetched_bytes += nbytes
         self._prefetched[digest] = None
         if len(self._prefetched) > _PREFETCH_MEMORY:
             self._prefetched.popitem(last=False)
@@ -120,6 +122,13 @@ class Stats:
         """A demand read used `digest`: a hint hit if prefetch brought it (counted once)."""
         if self._prefetched and self._prefetched.pop(digest, 0) is None:
             self.prefetch_hint_hits += 1
+
+    def unused_prefetched(self, digests: Iterable[bytes] | None = None) -> int:
+        """Waste: prefetched chunks no demand read has used (yet), among `digests` if given.
+        Computed when asked; chunks forgotten beyond the bounded memory do not count."""
+        if digests is None:
+            return len(self._prefetched)
+        return sum(1 for d in digests if d in self._prefetched)
 
     def snapshot(self) -> dict[str, Any]:
         """All counters as a JSON-able dict (a copy: later updates do not change it)."""
@@ -140,8 +149,9 @@ class Stats:
             "prefetch": {
                 "requests": self.prefetch_requests,
                 "chunks": self.prefetched_chunks,
+                "bytes": self.prefetched_bytes,
                 "hint_hits": self.prefetch_hint_hits,
-                "waste": self.prefetch_waste,
+                "waste": self.unused_prefetched(),
                 "dropped": self.prefetch_dropped,
             },
         }

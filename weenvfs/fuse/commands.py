@@ -1,11 +1,15 @@
 """The `weenv mount`, `weenv umount` and `weenv stats` commands.
 
-Owns: their arguments, defaults and output. `mount` without `--foreground` checks the store
-(fail fast) and starts the daemon (`daemon.spawn`), returning once the mount answers; with
+Owns: their arguments, defaults and output. `mount` without `--foreground` starts the daemon
+(`daemon.spawn`), which checks the store before it mounts (fail fast: its one-line error is
+reported by this process), and returns once the mount answers; with
 `--foreground` it loads the environment and serves it in this process (mount.py), reporting
 readiness on `--ready-fd` when a parent waits for it. `stats` reads the virtual xattr
 `user.weenv.stats` of the mount's root (see ops.py). Must not: serve requests or manage
 processes itself.
+
+Start-up cost matters here (DESIGN.md: mount to first `stat /` under 300 ms): the parent of a
+background mount imports neither the store nor the core nor pyfuse3; the daemon does.
 """
 
 from __future__ import annotations
@@ -23,12 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from weenvfs.cli import add_command
 from weenvfs.errors import UsageError, WeenvError
-from weenvfs.store import open_store
 
 from . import STATS_XATTR, daemon
 
 if TYPE_CHECKING:
-    from .mount import MountConfig
+    from .config import MountConfig
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +90,8 @@ def _register_mount(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
             "weenv mount debian:12 /mnt/env --store /srv/weenv --cache /var/cache/weenv "
             "--cache-size 20G",
             "weenv mount debian:12 /mnt/env --store /srv/weenv --foreground -v  # debugging",
+            "weenv mount debian:12 /mnt/env --store /srv/weenv --fetch-all  # survive outages",
+            "weenv mount debian:12 /mnt/env --store /srv/weenv --hint none --record-hints",
         ],
         func=_cmd_mount,
     )
@@ -106,6 +111,23 @@ def _register_mount(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
                    help="let other users in (default: yes when run as root; the kernel still "
                    "checks modes)")
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    # Debugging and benchmarks/store.py: one ranged GET per chunk.
+    p.add_argument("--no-coalesce", dest="coalesce", action="store_false", help=argparse.SUPPRESS)
+    _add_hint_options(p)
+
+
+def _add_hint_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hint", default="latest", metavar="TAG|DIGEST|none",
+                   help="prefetch hint to replay in the background: a hint tag of this "
+                   "environment, a hint digest, or none (default: tag latest, if it exists)")
+    p.add_argument("--fetch-all", action="store_true",
+                   help="after the hint, fetch every chunk into the cache, so that the mount "
+                   "keeps working if the store goes away")
+    p.add_argument("--record-hints", nargs="?", const="latest", default=None, metavar="TAG",
+                   help="record what is read and, on unmount, merge it into the hint TAG "
+                   "(default latest) and publish it (the store must be writable)")
+    p.add_argument("--record-result", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--record-replace", action="store_true", help=argparse.SUPPRESS)
 
 
 def _register_umount(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -139,7 +161,7 @@ def _register_stats(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
 
 
 def _config(args: argparse.Namespace) -> MountConfig:
-    from .mount import MountConfig  # pyfuse3 and trio only for commands that mount
+    from .config import MountConfig
 
     mountpoint = daemon.mount_path(args.mountpoint)
     if daemon.is_mounted(mountpoint):
@@ -147,12 +169,25 @@ def _config(args: argparse.Namespace) -> MountConfig:
     if not mountpoint.is_dir():
         raise UsageError(f"mount point {mountpoint} is not a directory")
     allow_other = os.geteuid() == 0 if args.allow_other is None else args.allow_other
+    if args.hint != MountConfig.hint or args.record_hints is not None:
+        # core.hints imports the format and the store: only when there is something to check.
+        from weenvfs.core.hints import check_hint_spec
+
+        check_hint_spec(args.hint)
+        if args.record_hints is not None:
+            check_hint_spec(args.record_hints, "--record-hints", allow_none=False)
     return MountConfig(
         mountpoint=mountpoint,
         cache_dir=(args.cache or default_cache_dir()).absolute(),
         cache_size=args.cache_size,
         deadline=args.deadline,
         allow_other=allow_other,
+        hint=args.hint,
+        fetch_all=args.fetch_all,
+        record_tag=args.record_hints,
+        record_result=None if args.record_result is None else args.record_result.absolute(),
+        record_replace=args.record_replace,
+        coalesce=args.coalesce,
     )
 
 
@@ -160,8 +195,6 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     if args.foreground:
         return _mount_foreground(args)
     config = _config(args)
-    with open_store(args.store) as store:
-        store.check()  # fail fast here, before starting anything
     config.cache_dir.mkdir(parents=True, exist_ok=True)
     log_file = Path(args.log_file or _default_log_file(config)).absolute()
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -184,6 +217,12 @@ def _child_args(args: argparse.Namespace, config: MountConfig, log_file: Path) -
         "--cache", str(config.cache_dir), "--cache-size", str(config.cache_size),
         "--deadline", repr(config.deadline), "--foreground",
         "--allow-other" if config.allow_other else "--no-allow-other",
+        "--hint", config.hint,
+        *(["--fetch-all"] if config.fetch_all else []),
+        *(["--record-hints", config.record_tag] if config.record_tag is not None else []),
+        *(["--record-result", str(config.record_result)] if config.record_result else []),
+        *(["--record-replace"] if config.record_replace else []),
+        *([] if config.coalesce else ["--no-coalesce"]),
     ]
 
 

@@ -5,12 +5,15 @@ Owns, in order:
    environment, fetch its manifest and group indexes (nothing else) and compose the tree
    (core/environment.py);
 2. `serve`: build the chunk cache, fetcher, reader and `Operations`, mount read-only with
-   pyfuse3 and run its main loop under trio, together with read-ahead and signal handling;
-   once the kernel has answered a `stat` of the mount point through this very loop, call
-   `ready()` (the daemon reports readiness through a pipe then);
+   pyfuse3 and run its main loop under trio, together with read-ahead, hint replay
+   (core/prefetch.py: the hint `config.hint` names, then everything with `fetch_all`) and
+   signal handling; once the kernel has answered a `stat` of the mount point through this
+   very loop, call `ready()` (the daemon reports readiness through a pipe then);
 3. teardown: SIGTERM/SIGINT end the main loop (`pyfuse3.terminate`), then
    `pyfuse3.close(unmount=True)` unmounts (a no-op if `fusermount3 -u` already did), the
-   fetcher is closed and the pid file removed.
+   fetcher is closed and the pid file removed. A mount that recorded a hint
+   (`config.record_tag`) merges it into the environment's hint and publishes it after
+   unmounting, and writes what it published to `config.record_result` if set.
 
 Must not: parse the command line (commands.py), fork or daemonize (daemon.py), or decide what
 the file system looks like (core/tree.py).
@@ -18,12 +21,13 @@ the file system looks like (core/tree.py).
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import os
 import signal
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,27 +37,24 @@ import trio
 from weenvfs.core.cache import ChunkCache
 from weenvfs.core.environment import Environment, open_environment
 from weenvfs.core.fetcher import Fetcher
+from weenvfs.core.hints import HintRecorder, env_hint_lookup, publish_env_run
+from weenvfs.core.prefetch import Prefetcher
 from weenvfs.core.reader import Reader
 from weenvfs.core.stats import Stats
+from weenvfs.core.tree import FormatError
 from weenvfs.errors import WeenvError
 from weenvfs.store import open_store
 
+from .config import MountConfig
 from .ops import Operations
 
 log = logging.getLogger(__name__)
 
 FSNAME = "weenv"
-
-
-@dataclass(frozen=True)
-class MountConfig:
-    """Everything a mount needs besides the environment itself."""
-
-    mountpoint: Path
-    cache_dir: Path
-    cache_size: int
-    deadline: float
-    allow_other: bool = False
+# The kernel's read-ahead for the mount. Its default, 128 KiB, turns a sequential read of one
+# 1 MiB chunk into 8 requests through this process; a chunk per request reads 2-3 times faster
+# (benchmarks/read.py), and the kernel still starts small for readers that do not stream.
+READAHEAD_BYTES = 1 << 20
 
 
 def load(store_url: str, ref: str) -> Environment:
@@ -98,25 +99,46 @@ async def serve(env: Environment, config: MountConfig, ready: Callable[[], None]
     """Mount `env` at `config.mountpoint` and serve it until unmounted or signalled."""
     cache = ChunkCache(config.cache_dir, config.cache_size)
     stats = Stats()
-    fetcher = Fetcher(env.store, cache, stats, deadline=config.deadline)
+    no_merge = {} if config.coalesce else {"coalesce_gap": -1}  # -1: never merge chunks
+    fetcher = Fetcher(env.store, cache, stats, deadline=config.deadline, **no_merge)
     reader = Reader(env.tree, fetcher)
+    recorder = reader.recorder = HintRecorder() if config.record_tag is not None else None
+    prefetcher = Prefetcher(env.tree.groups, fetcher, fetch_all=config.fetch_all)
+    lookup = env_hint_lookup(env, config.hint)
     started = time.monotonic()
-    ops = Operations(env.tree, reader, lambda: stats_document(env, config, stats, started))
+
+    def document() -> dict[str, Any]:
+        doc = stats_document(env, config, stats, started)
+        doc["hints"] = prefetcher.progress()
+        doc["hints"]["recorded_chunks"] = None if recorder is None else len(recorder)
+        return doc
+
+    ops = Operations(env.tree, reader, document)
     try:
         pyfuse3.init(ops, str(config.mountpoint), mount_options(config.allow_other))
     except RuntimeError as error:
         fetcher.close()
         raise WeenvError(f"cannot mount {config.mountpoint}: {error}") from None
     try:
-        await _run(config.mountpoint, fetcher, ready)
+        await _run(config.mountpoint, fetcher, ready, functools.partial(prefetcher.run, lookup))
     finally:
         _teardown(fetcher, config.mountpoint)
+    if recorder is not None:
+        await trio.to_thread.run_sync(_publish_recorded, env, config, recorder)
 
 
-async def _run(mountpoint: Path, fetcher: Fetcher, ready: Callable[[], None]) -> None:
-    """pyfuse3's main loop with read-ahead, signal handling and the readiness probe."""
+async def _run(
+    mountpoint: Path,
+    fetcher: Fetcher,
+    ready: Callable[[], None],
+    prefetch: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """pyfuse3's main loop with read-ahead, hint replay, signal handling and the readiness
+    probe."""
     async with trio.open_nursery() as nursery:
         await nursery.start(fetcher.serve)  # read-ahead and cache eviction
+        if prefetch is not None:
+            nursery.start_soon(prefetch)
         nursery.start_soon(_terminate_on_signals)
         nursery.start_soon(_announce_ready, mountpoint, ready)
         await pyfuse3.main()
@@ -134,9 +156,23 @@ async def _terminate_on_signals() -> None:
 
 async def _announce_ready(mountpoint: Path, ready: Callable[[], None]) -> None:
     """Call `ready()` once a stat of the mount point has gone through this very process."""
-    await trio.to_thread.run_sync(os.stat, mountpoint)
+    st = await trio.to_thread.run_sync(os.stat, mountpoint)
+    set_readahead(st.st_dev, READAHEAD_BYTES)
     log.info("mounted at %s", mountpoint)
     ready()
+
+
+def set_readahead(st_dev: int, nbytes: int) -> bool:
+    """Set the kernel's read-ahead of the mount with device number `st_dev` to `nbytes`
+    (through sysfs: root only; False, logged at debug level, where that is not allowed)."""
+    path = f"/sys/class/bdi/{os.major(st_dev)}:{os.minor(st_dev)}/read_ahead_kb"
+    try:
+        with open(path, "w") as f:
+            f.write(str(nbytes // 1024))
+    except OSError as e:
+        log.debug("cannot set the read-ahead in %s: %s", path, e.strerror or e)
+        return False
+    return True
 
 
 def _teardown(fetcher: Fetcher, mountpoint: Path) -> None:
@@ -146,3 +182,25 @@ def _teardown(fetcher: Fetcher, mountpoint: Path) -> None:
     finally:
         fetcher.close()
         log.info("unmounted %s", mountpoint)
+
+
+def _publish_recorded(env: Environment, config: MountConfig, recorder: HintRecorder) -> None:
+    """Merge what this mount read into the environment's hint `config.record_tag` and
+    publish it; a failure is logged (the mount itself went fine). Writes the outcome to
+    `config.record_result` when set."""
+    assert config.record_tag is not None
+    run = recorder.records()
+    outcome: dict[str, Any] = {"manifest": env.digest, "tag": config.record_tag,
+                               "recorded": len(run), "hint": None, "records": 0}
+    try:
+        published = publish_env_run(env, run, config.record_tag, replace=config.record_replace)
+    except (WeenvError, FormatError, OSError) as e:
+        log.warning("cannot publish the recorded hint: %s", e)
+        outcome["error"] = str(e)
+    else:
+        if published is not None:
+            outcome["hint"], outcome["records"] = published[0], len(published[1].records)
+    if config.record_result is not None:
+        tmp = config.record_result.with_name(f".{config.record_result.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(outcome, sort_keys=True))
+        tmp.replace(config.record_result)

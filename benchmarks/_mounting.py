@@ -1,0 +1,215 @@
+"""What the mount benchmarks (mount.py, coldstart_ref.py, read.py) share: published stores
+cached between runs, the real `weenv` CLI in a subprocess, mounts that are always undone,
+dropping the page cache, walking a tree.
+
+Owns: the benchmark work folder (`BENCH_DIR`, default /var/tmp/weenv-bench, or
+$WEENV_BENCH_DIR): generated trees and stores built from them are kept there and reused while
+their recipe (a key written next to them) is unchanged, so a run pays for a build only once.
+`Mounts` mounts with `weenv mount` exactly as a user does and unmounts everything it mounted
+in `close()` (`weenv umount`, then `fusermount3 -u -z` if that failed).
+
+Must not: time anything or print tables (the scripts and _common.py do), or kill a process
+it did not start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from weenvfs.store import open_store
+from weenvfs.store.repository import Repository
+from weenvfs.tools.builder import build_group, open_source
+from weenvfs.tools.inspect import inspect_env
+from weenvfs.tools.publish import compose_env
+
+BENCH_DIR = Path(os.environ.get("WEENV_BENCH_DIR") or "/var/tmp/weenv-bench")
+CLI_TIMEOUT = 600.0
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+
+def weenv_argv(*args: str) -> list[str]:
+    """The command line of `weenv ARGS` run with this interpreter."""
+    return [sys.executable, "-m", "weenvfs", *args]
+
+
+def weenv(*args: str) -> str:
+    """Run `weenv ARGS` in a subprocess; its stdout, or exit with its error line."""
+    done = subprocess.run(
+        weenv_argv(*args), capture_output=True, text=True, timeout=CLI_TIMEOUT, check=False
+    )
+    if done.returncode != 0:
+        sys.exit(f"weenv {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout
+
+
+def can_drop_caches() -> bool:
+    """Whether this process may drop the kernel's page cache (root, writable /proc/sys)."""
+    return os.access(DROP_CACHES, os.W_OK)
+
+
+def drop_caches() -> None:
+    """`sync; echo 3 > /proc/sys/vm/drop_caches`: page cache, dentries and inodes."""
+    os.sync()
+    DROP_CACHES.write_text("3\n")
+
+
+def _fresh(path: Path, key: dict[str, Any]) -> bool:
+    """Whether `path` was completed from the recipe `key` (its `.key` file says so)."""
+    stamp = path.with_name(path.name + ".key")
+    try:
+        return path.exists() and json.loads(stamp.read_text()) == key
+    except (OSError, ValueError):
+        return False
+
+
+def _stamp(path: Path, key: dict[str, Any]) -> None:
+    path.with_name(path.name + ".key").write_text(json.dumps(key, sort_keys=True))
+
+
+def _clear(path: Path) -> None:
+    path.with_name(path.name + ".key").unlink(missing_ok=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def generated_tree(dirs: int, files_per_dir: int, file_bytes: int = 200) -> Path:
+    """A tree of `dirs` folders of `files_per_dir` small files each (distinct contents, so no
+    file deduplicates away), built once under BENCH_DIR/trees."""
+    path = BENCH_DIR / "trees" / f"gen-{dirs}x{files_per_dir}x{file_bytes}"
+    key = {"dirs": dirs, "files_per_dir": files_per_dir, "file_bytes": file_bytes, "v": 1}
+    if _fresh(path, key):
+        return path
+    _clear(path)
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for d in range(dirs):
+        sub = tmp / f"d{d // 100:02d}" / f"dir{d:04d}"
+        sub.mkdir(parents=True)
+        for f in range(files_per_dir):
+            line = b"file %d of directory %d\n" % (f, d)
+            data = (line * (file_bytes // len(line) + 1))[:file_bytes]
+            (sub / f"file{f:03d}.txt").write_bytes(data)
+    tmp.rename(path)
+    _stamp(path, key)
+    return path
+
+
+@dataclass(frozen=True)
+class Published:
+    """An environment published from one tree into a cached local store."""
+
+    store: Path
+    ref: str
+    image_bytes: int  # bytes of file data in the composed tree
+    stored_bytes: int  # bytes in the store: chunk frames plus indexes
+    entries: int  # entries of the composed tree
+
+
+def published(name: str, tree: Path) -> Published:
+    """Tree `tree` built as group `<name>-tree` and composed as environment `<name>:bench` in
+    the store BENCH_DIR/stores/<name>, built once and reused while the tree's top-level
+    modification time and path are unchanged."""
+    store_dir = BENCH_DIR / "stores" / name
+    st = tree.stat()
+    key = {"tree": str(tree), "mtime_ns": st.st_mtime_ns, "v": 1}
+    if not _fresh(store_dir, key):
+        _clear(store_dir)
+        print(f"building {name} from {tree} (once; kept in {store_dir})", flush=True)
+        repo = Repository(open_store(str(store_dir), create=True))
+        try:
+            build_group(open_source(tree), repo, f"{name}-tree", "bench")
+            compose_env(repo, name, "bench", [f"{name}-tree:bench"])
+        finally:
+            repo.store.close()
+        _stamp(store_dir, key)
+    ref = f"{name}:bench"
+    repo = Repository(open_store(str(store_dir)))
+    try:
+        _, report = inspect_env(repo, ref)
+    finally:
+        repo.store.close()
+    size = report["size"]
+    return Published(
+        store_dir, ref, int(size["file_bytes"]), int(size["stored_bytes"]), int(size["entries"])
+    )
+
+
+def is_mounted(mountpoint: Path) -> bool:
+    """Whether something is mounted at `mountpoint` (per /proc/self/mounts)."""
+    target = os.fsencode(os.path.abspath(mountpoint))
+    with open("/proc/self/mounts", "rb") as f:
+        return any(line.split()[1] == target for line in f if len(line.split()) > 1)
+
+
+class Mounts:
+    """Mounts made with the real `weenv mount`; `close()` (call it in `finally`) undoes all."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.mountpoints: list[Path] = []
+
+    def mount(
+        self, pub: Published, mountpoint: Path, cache: Path, *extra: str
+    ) -> float:
+        """`weenv mount` `pub` at `mountpoint` with node cache `cache`, then `stat` the mount
+        point; return the wall-clock seconds of both (mount to first `stat /`)."""
+        mountpoint.mkdir(parents=True, exist_ok=True)
+        log_file = self.work / "mount.log"
+        argv = weenv_argv(
+            "--log-file", str(log_file), "mount", pub.ref, str(mountpoint),
+            "--store", str(pub.store), "--cache", str(cache), *extra,
+        )
+        self.mountpoints.append(mountpoint)
+        start = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=CLI_TIMEOUT)
+        if done.returncode == 0:
+            os.stat(mountpoint)
+        seconds = time.perf_counter() - start
+        if done.returncode != 0:
+            sys.exit(f"weenv mount failed ({done.returncode}): {done.stderr.strip()}")
+        return seconds
+
+    def unmount(self, mountpoint: Path) -> None:
+        """Unmount `mountpoint` (waiting for its daemon); lazily if a plain unmount fails."""
+        if not is_mounted(mountpoint):
+            return
+        done = subprocess.run(
+            weenv_argv("umount", str(mountpoint)), capture_output=True, timeout=CLI_TIMEOUT
+        )
+        if done.returncode != 0 and is_mounted(mountpoint):
+            subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False)
+
+    def close(self) -> None:
+        """Unmount every mount this object made."""
+        for mountpoint in reversed(self.mountpoints):
+            self.unmount(mountpoint)
+        self.mountpoints.clear()
+
+
+def walk_stat(root: Path) -> int:
+    """`find ROOT -exec stat`: lstat every entry below `root` (not following symlinks) and
+    list every directory; return the number of entries."""
+    count = 0
+    stack = [os.fsencode(root)]
+    while stack:
+        top = stack.pop()
+        with os.scandir(top) as it:
+            for entry in it:
+                st = os.lstat(entry.path)
+                count += 1
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(entry.path)
+    return count
+
+
+def copy_tree(src: Path, dst: Path) -> None:
+    """`cp -a SRC DST` (hardlinks, xattrs, modes, times kept)."""
+    subprocess.run(["cp", "-a", str(src), str(dst)], check=True)

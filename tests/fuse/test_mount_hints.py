@@ -1,0 +1,180 @@
+"""Prefetch hints through real mounts (the real `weenv` CLI and daemon): a mount replays its
+hint while files are read, `--fetch-all` survives the store going away, `--record-hints`
+publishes on unmount, and `weenv hints record` runs a command in the minbase sample and
+publishes what it read; `weenv stats` shows replay progress, hint hits and waste."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mounts import Mount, Mounter, publish, run_weenv
+from support import trees
+from support.trees import file
+
+from weenvfs.core.hints import publish_run
+from weenvfs.format.hints import HintRecord
+from weenvfs.store import open_store
+from weenvfs.store.repository import Repository
+from weenvfs.tools import sample
+
+pytestmark = pytest.mark.requires_fuse
+
+KIB = 1 << 10
+CHUNK = 64 * KIB
+WAIT = 60.0  # seconds a condition may take before the test fails (a hang guard only)
+
+
+def wait_for_state(mount: Mount, *states: str) -> dict[str, Any]:
+    """Poll `weenv stats` until the replay is in one of `states`; return the stats."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        stats = mount.stats()
+        if stats["hints"]["state"] in states:
+            return stats
+        if time.monotonic() > deadline:
+            pytest.fail(f"replay still {stats['hints']['state']!r}, not in {states}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    """A store with environment env:t of varied files (64 KiB chunks); their contents."""
+    rng = random.Random(9)
+    contents = {f"lib/big{n}": rng.randbytes(5 * CHUNK + n * 999) for n in range(6)}
+    contents.update({f"etc/s{n:03d}": rng.randbytes(rng.randrange(1, 9000)) for n in range(80)})
+    src = trees.make_tree(tmp_path / "src", *[file(p, d) for p, d in contents.items()])
+    store = tmp_path / "store"
+    publish(store, [src], env="env:t", chunk_size=CHUNK, batch_threshold=16 * KIB)
+    return store, contents
+
+
+def publish_hint(store: Path, ref: str, paths: list[str], tag: str = "latest") -> int:
+    """Publish a hint of the chunks of `paths` (in order) for `ref`; return its chunk count."""
+    with open_store(str(store)) as s:
+        repo = Repository(s)
+        digest, manifest = repo.resolve_env(ref)
+        indexes = [repo.get_index(g.index) for g in manifest.groups]
+        index = indexes[-1]
+        inodes = [index.resolve(p.encode()) for p in paths]
+        chunks = dict.fromkeys(c for ino in inodes for c in index.file_chunks(ino))
+        run = [HintRecord(len(indexes) - 1, c, t) for t, c in enumerate(chunks)]
+        publish_run(repo, digest, manifest, indexes, run, tag)
+    return len(chunks)
+
+
+def test_reads_are_correct_while_the_hint_replays(env, mounter: Mounter) -> None:
+    store, contents = env
+    hinted = sorted(contents)[::2]
+    count = publish_hint(store, "env:t", hinted)
+    mount = mounter.mount("env:t", store)
+    for path in sorted(contents, reverse=True):  # against the replay's order
+        assert (mount.mountpoint / path).read_bytes() == contents[path], path
+    stats = wait_for_state(mount, "done")
+    hints, prefetch = stats["hints"], stats["fetch"]["prefetch"]
+    assert hints["source"] == "tag latest" and hints["chunks"] == count
+    assert hints["chunks_done"] == count and hints["chunks_missing"] == 0
+    # Every hinted chunk was read; each came from prefetch (a hint hit) or demand got it first.
+    assert hints["waste"] == 0
+    assert prefetch["chunks"] == prefetch["hint_hits"]
+    assert stats["fetch"]["bytes_served"] >= sum(map(len, contents.values()))
+
+
+def test_stats_show_hint_hits_and_waste(env, mounter: Mounter) -> None:
+    store, contents = env
+    paths = ["lib/big1", "lib/big4", "etc/s005"]
+    count = publish_hint(store, "env:t", paths)
+    mount = mounter.mount("env:t", store)
+    stats = wait_for_state(mount, "done")
+    assert stats["fetch"]["prefetch"]["chunks"] == count == stats["hints"]["waste"]
+    assert stats["fetch"]["prefetch"]["bytes"] == stats["hints"]["bytes"]
+    assert (mount.mountpoint / "lib/big4").read_bytes() == contents["lib/big4"]
+    stats = mount.stats()
+    big4 = 6  # 5 chunks of 64 KiB + a partial one
+    assert stats["fetch"]["prefetch"]["hint_hits"] == big4
+    assert stats["hints"]["waste"] == count - big4
+    assert stats["fetch"]["cache_misses"] == 0
+    assert run_weenv("stats", str(mount.mountpoint)).stdout.count("hints.") >= 8
+
+
+def test_fetch_all_then_store_removed_every_file_reads(env, mounter: Mounter) -> None:
+    store, contents = env
+    mount = mounter.mount("env:t", store, extra=["--fetch-all", "--hint", "none"])
+    stats = wait_for_state(mount, "done")
+    assert stats["hints"]["fetch_all"]["missing"] == 0
+    shutil.move(store, store.with_name("gone"))  # the store goes away
+    for path, data in contents.items():
+        assert (mount.mountpoint / path).read_bytes() == data, path
+    assert mount.stats()["fetch"]["requests"] == stats["fetch"]["requests"]
+
+
+def test_a_broken_hint_is_ignored(env, mounter: Mounter) -> None:
+    store, contents = env
+    mount = mounter.mount("env:t", store, extra=["--hint", "ab" * 32])
+    mount.expect_log_lines(r"hint abababababab \(hint abababababab\) is missing")
+    assert wait_for_state(mount, "no hint")["fetch"]["prefetch"]["chunks"] == 0
+    assert (mount.mountpoint / "lib/big0").read_bytes() == contents["lib/big0"]
+
+
+def test_record_hints_publishes_on_unmount(env, mounter: Mounter) -> None:
+    store, contents = env
+    mount = mounter.mount("env:t", store, extra=["--record-hints", "rec", "--hint", "none"])
+    for path in ("etc/s010", "lib/big2"):
+        assert (mount.mountpoint / path).read_bytes() == contents[path]
+    assert mount.stats()["hints"]["recorded_chunks"] == 1 + 6
+    run_weenv("umount", str(mount.mountpoint))
+    shown = json.loads(run_weenv("hints", "show", "env:t", "--store", str(store), "--hint",
+                                 "rec", "--json", "--records").stdout)
+    assert shown["records"] == 7 and shown["source"] == "tag rec"
+    with open_store(str(store)) as s:
+        repo = Repository(s)
+        _, manifest = repo.resolve_env("env:t")
+        index = repo.get_index(manifest.groups[0].index)
+    expected = [index.file_chunks(index.resolve(b"etc/s010"))[0]]
+    expected += list(index.file_chunks(index.resolve(b"lib/big2")))
+    assert [c for _, c, _ in shown["record_list"]] == expected
+
+
+@pytest.fixture(scope="module")
+def minbase(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store holding the minbase sample as environment minbase:t."""
+    store = tmp_path_factory.mktemp("minbase") / "store"
+    publish(store, [sample.sample_tree(None, "minbase", progress=False)], env="minbase:t")
+    return store
+
+
+def test_hints_record_end_to_end_on_minbase(minbase: Path, tmp_path: Path, mounter) -> None:
+    command = "ls /usr/bin >/dev/null; cat /etc/os-release"
+    done = run_weenv("hints", "record", "minbase:t", "--store", str(minbase), "--cache",
+                     str(tmp_path / "rec-cache"), "--", "/bin/sh", "-c", command)
+    assert 'ID=debian' in done.stdout
+    assert "hint " in done.stdout and "-> " in done.stdout
+    assert "cannot" not in done.stderr  # /dev/null works inside
+    shown = json.loads(run_weenv("hints", "show", "minbase:t", "--store", str(minbase),
+                                 "--json").stdout)
+    assert shown["chunks"] >= 3  # /bin/sh, ls and their libraries, os-release
+    mount = mounter.mount("minbase:t", minbase, cache=tmp_path / "cold")
+    stats = wait_for_state(mount, "done")
+    assert stats["hints"]["hint"] == shown["hint"]
+    assert stats["fetch"]["prefetch"]["chunks"] == shown["chunks"]
+    chroot = shutil.which("chroot", path="/usr/sbin:/usr/bin:/sbin:/bin")
+    assert chroot is not None
+    import subprocess
+
+    ran = subprocess.run([chroot, str(mount.mountpoint), "/bin/cat", "/etc/os-release"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert ran.returncode == 0 and "ID=debian" in ran.stdout
+    stats = mount.stats()
+    assert stats["fetch"]["prefetch"]["hint_hits"] > 0
+    assert stats["hints"]["waste"] < shown["chunks"]
+    # A second recorded run merges into the same tag: no new chunks, same count.
+    run_weenv("hints", "record", "minbase:t", "--store", str(minbase), "--cache",
+              str(tmp_path / "rec-cache"), "--", "/bin/sh", "-c", command)
+    again = json.loads(run_weenv("hints", "show", "minbase:t", "--store", str(minbase),
+                                 "--json").stdout)
+    assert again["chunks"] == shown["chunks"]

@@ -1,0 +1,280 @@
+"""Prefetch hints on the node: recording what a mount reads, merging runs, finding and
+publishing an environment's hint.
+
+Owns:
+- `HintRecorder`: the first access of every chunk, in order, with the milliseconds since the
+  mount started; fed from the reader's read path, so it must stay cheap (one dict lookup per
+  chunk piece, nothing allocated for a chunk seen before);
+- the pure functions `merge_runs` (union of runs ordered by earliest median access, bounded
+  in size) and `check_hint` (SPEC.md 9.2: a hint is used only with its manifest and only if
+  every record names an existing chunk);
+- `find_hint` (`--hint TAG|DIGEST|none`: a tag under `tags/hints/<manifest digest>/`, a hint
+  digest, or nothing; the manifest's own `hints` field as a fallback, SPEC.md 9.3) and
+  `publish_run` (merge a recorded run into the hint a tag points at, store the hint object,
+  then move the tag).
+
+Hints are advisory: a missing, damaged or mismatched hint is logged and ignored, never a
+mount failure. Publishing never changes a group or the manifest.
+
+Must not: fetch chunks (core/prefetch.py replays hints), know FUSE, or decide the layout of
+blobs (tools/layout.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from weenvfs.errors import ObjectMissing, RefNotFound, StoreError, UsageError, WeenvError
+from weenvfs.format.digest import digest_hex, short
+from weenvfs.format.errors import FormatError
+from weenvfs.format.hints import Hint, HintRecord, encode_hint
+from weenvfs.format.index import GroupIndex, Span
+from weenvfs.format.manifest import Manifest, encode_manifest
+from weenvfs.format.refs import DEFAULT_TAG, check_tag
+from weenvfs.store.repository import Repository
+
+from .environment import Environment
+from .tree import FIRST_INODE, GROUP_SHIFT
+
+log = logging.getLogger(__name__)
+
+NO_HINT = "none"
+# Upper bound of a merged hint. A 5 GB environment has some 10k chunks of 1 MiB; runs that
+# touch more than this many chunks keep the ones most runs share, earliest first.
+DEFAULT_MAX_RECORDS = 1 << 18
+_HEX64 = re.compile(r"(?:blake3:)?([0-9a-f]{64})")
+
+
+class HintRecorder:
+    """Records the first access of every chunk since `start` (a `clock()` reading)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.start = clock()
+        # (group << 32) | chunk -> ms (an int key: no tuple per access); insertion order is
+        # first-access order
+        self._seen: dict[int, int] = {}
+
+    def note(self, inode: int, spans: Iterable[Span]) -> None:
+        """A read of file `inode` (a tree inode number) touched the chunks of `spans`."""
+        base = ((inode - FIRST_INODE) >> GROUP_SHIFT) << GROUP_SHIFT  # core/tree.py numbering
+        seen = self._seen
+        for span in spans:
+            key = base | span.chunk
+            if key not in seen:
+                seen[key] = int((self._clock() - self.start) * 1000)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def records(self) -> list[HintRecord]:
+        """What was recorded, in first-access order (times non-decreasing)."""
+        mask = (1 << GROUP_SHIFT) - 1
+        return [HintRecord(k >> GROUP_SHIFT, k & mask, t) for k, t in self._seen.items()]
+
+
+# -- merging (pure) -------------------------------------------------------------------------
+
+
+@dataclass
+class _Seen:
+    times: list[int]
+    first: tuple[int, int]  # (run, position) of the earliest sighting: keeps a run's order
+
+
+def merge_runs(
+    runs: Sequence[Sequence[HintRecord]], max_records: int = DEFAULT_MAX_RECORDS
+) -> tuple[HintRecord, ...]:
+    """The union of `runs` (each in first-access order), ordered by the median of each
+    chunk's access times over the runs that read it (the lower median, so times stay whole
+    milliseconds), ties in the order of the earliest run that read it. Beyond `max_records`
+    the chunks read by the fewest runs go first, then the latest. One run comes back as is
+    (minus duplicates)."""
+    seen: dict[tuple[int, int], _Seen] = {}
+    for r, run in enumerate(runs):
+        for position, rec in enumerate(run):
+            key = (rec.group, rec.chunk)
+            found = seen.get(key)
+            if found is None:
+                seen[key] = _Seen([rec.time_ms], (r, position))
+            elif found.first[0] != r:  # a chunk counts once per run
+                found.times.append(rec.time_ms)
+    ranked = [(key, _lower_median(s.times), s) for key, s in seen.items()]
+    if len(ranked) > max_records:
+        ranked.sort(key=lambda item: (-len(item[2].times), item[1], item[2].first))
+        del ranked[max_records:]
+    ranked.sort(key=lambda item: (item[1], item[2].first))
+    return tuple(HintRecord(g, c, median) for (g, c), median, _ in ranked)
+
+
+def _lower_median(values: list[int]) -> int:
+    ordered = sorted(values)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def check_hint(hint: Hint, manifest_digest: str, indexes: Sequence[GroupIndex]) -> str | None:
+    """Why `hint` must not be used with this manifest and its group indexes, or None."""
+    if hint.manifest != manifest_digest:
+        return f"it is bound to manifest {short(hint.manifest)}, not {short(manifest_digest)}"
+    counts = [index.header.chunk_count for index in indexes]
+    for rec in hint.records:
+        if rec.group >= len(counts) or rec.chunk >= counts[rec.group]:
+            return f"record {tuple(rec)} names no chunk of this environment"
+    return None
+
+
+# -- finding and publishing (store I/O) ----------------------------------------------------
+
+
+def check_hint_spec(spec: str, what: str = "--hint", allow_none: bool = True) -> str:
+    """Validate a hint tag, a hint digest or (if `allow_none`) `none`; UsageError if bad.
+    `none` is never a tag: `--hint none` could not name it."""
+    if spec == NO_HINT:
+        if allow_none:
+            return spec
+    elif _HEX64.fullmatch(spec):
+        return spec
+    else:
+        with contextlib.suppress(FormatError):
+            return check_tag(spec)
+    expected = "a tag, a hint digest or none" if allow_none else "a tag other than none"
+    raise UsageError(f"{what}: {spec!r:.80} is not {expected}")
+
+
+@dataclass(frozen=True)
+class FoundHint:
+    """A usable hint and where it came from (a tag, a digest, or the manifest)."""
+
+    digest: str
+    source: str
+    hint: Hint
+
+
+def find_hint(
+    repo: Repository,
+    manifest_digest: str,
+    manifest: Manifest,
+    indexes: Sequence[GroupIndex],
+    spec: str = DEFAULT_TAG,
+) -> FoundHint | None:
+    """The hint `spec` names for this environment: `none`; a hint digest; or a tag (default
+    `latest`), falling back to the manifest's own `hints` field when that tag does not exist.
+    Returns None when there is no usable hint (a bad one is logged and ignored); raises only
+    for a malformed `spec`."""
+    if spec == NO_HINT:
+        return None
+    match = _HEX64.fullmatch(spec)
+    if match is not None:
+        return _load(repo, match.group(1), f"hint {short(match.group(1))}", manifest_digest,
+                     indexes)
+    check_tag(spec)
+    try:
+        digest = repo.get_tag("hints", manifest_digest, spec)
+    except RefNotFound:
+        digest = None
+    except (StoreError, FormatError) as e:
+        log.warning("cannot read hint tag %s of %s: %s", spec, short(manifest_digest), e)
+        return None
+    if digest is not None:
+        return _load(repo, digest, f"tag {spec}", manifest_digest, indexes)
+    if manifest.hints is not None:
+        # SPEC.md 9.3: bound to the same manifest without its `hints` field.
+        bound = digest_hex(encode_manifest(dataclasses.replace(manifest, hints=None)))
+        return _load(repo, manifest.hints, "the manifest", bound, indexes)
+    log.info("no hint %s for %s", spec, short(manifest_digest))
+    return None
+
+
+def _load(
+    repo: Repository, digest: str, source: str, bound: str, indexes: Sequence[GroupIndex]
+) -> FoundHint | None:
+    try:
+        hint = repo.get_hint(digest)
+    except ObjectMissing:
+        log.warning("hint %s (%s) is missing from the store; ignored", short(digest), source)
+        return None
+    except (WeenvError, FormatError) as e:
+        log.warning("hint %s (%s) cannot be used: %s", short(digest), source, e)
+        return None
+    why = check_hint(hint, bound, indexes)
+    if why is not None:
+        log.warning("hint %s (%s) ignored: %s", short(digest), source, why)
+        return None
+    return FoundHint(digest, source, hint)
+
+
+def publish_hint(repo: Repository, hint: Hint, tag: str) -> str:
+    """Store `hint`, then point `tags/hints/<its manifest>/<tag>` at it; return its digest."""
+    digest = repo.put_object("hints", encode_hint(hint))
+    repo.set_tag("hints", hint.manifest, tag, digest)
+    log.info("published hint %s (%d chunks) as %s:%s", short(digest), len(hint.records),
+             short(hint.manifest), tag)
+    return digest
+
+
+def publish_run(
+    repo: Repository,
+    manifest_digest: str,
+    manifest: Manifest,
+    indexes: Sequence[GroupIndex],
+    run: Sequence[HintRecord],
+    tag: str = DEFAULT_TAG,
+    *,
+    replace: bool = False,
+    max_records: int = DEFAULT_MAX_RECORDS,
+) -> tuple[str, Hint] | None:
+    """Merge the recorded `run` into the hint `tag` points at (unless `replace`), publish the
+    result under `tag` and return (digest, hint); None when there is nothing to publish.
+
+    The earlier hint counts as one run, so the merged order leans towards recent runs. Two
+    mounts publishing under one tag at once: the last one wins (a lost run, never a broken
+    hint)."""
+    check_tag(tag)
+    if not run:
+        log.info("nothing was read: no hint published")
+        return None
+    runs: list[Sequence[HintRecord]] = [run]
+    if not replace:
+        earlier = _earlier(repo, manifest_digest, indexes, tag)
+        if earlier is not None:
+            runs.insert(0, earlier.records)
+    hint = Hint(manifest_digest, merge_runs(runs, max_records))
+    return publish_hint(repo, hint, tag), hint
+
+
+def _earlier(
+    repo: Repository, manifest_digest: str, indexes: Sequence[GroupIndex], tag: str
+) -> Hint | None:
+    try:
+        digest = repo.get_tag("hints", manifest_digest, tag)
+    except RefNotFound:
+        return None
+    found = _load(repo, digest, f"tag {tag}", manifest_digest, indexes)
+    return None if found is None else found.hint
+
+
+# -- for a mounted environment --------------------------------------------------------------
+
+
+def env_hint_lookup(env: Environment, spec: str = DEFAULT_TAG) -> Callable[[], FoundHint | None]:
+    """A call (for a thread) that finds the hint `spec` names for `env` (see `find_hint`)."""
+    return functools.partial(
+        find_hint, Repository(env.store), env.digest, env.manifest, env.tree.groups, spec
+    )
+
+
+def publish_env_run(
+    env: Environment, run: Sequence[HintRecord], tag: str = DEFAULT_TAG, *, replace: bool = False
+) -> tuple[str, Hint] | None:
+    """`publish_run` for the environment `env` was loaded as."""
+    return publish_run(
+        Repository(env.store), env.digest, env.manifest, env.tree.groups, run, tag,
+        replace=replace,
+    )

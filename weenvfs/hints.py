@@ -1,0 +1,292 @@
+"""The `weenv hints record` and `weenv hints show` commands.
+
+Owns:
+- `record`: mount an environment through the mount daemon with recording on and prefetch off
+  (`weenv mount --hint none --record-hints TAG`), run one command inside it with chroot(8)
+  (the sandbox of weenvfs/runtime can take over once it exists), unmount, and report the hint
+  the daemon merged and published on unmount (it writes the outcome to a result file). The
+  command's exit status becomes ours; its run is published even when it failed (a failing
+  task still shows what it reads), with a warning.
+- `show`: an environment's hint (by tag or digest): size, groups, how many ranged requests a
+  replay costs (the fetcher's own coalescing), and optionally every record.
+
+Must not: record or publish anything itself (core/hints.py and fuse/mount.py do), or serve a
+mount (fuse/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from weenvfs.cli import add_command
+from weenvfs.core.fetcher import DEFAULT_COALESCE_GAP, DEFAULT_MAX_REQUEST_BYTES, plan_requests
+from weenvfs.core.hints import check_hint_spec, find_hint
+from weenvfs.core.prefetch import hint_locs
+from weenvfs.errors import RefNotFound, UsageError, WeenvError
+from weenvfs.format.digest import short
+from weenvfs.format.refs import DEFAULT_TAG
+from weenvfs.fuse import daemon
+from weenvfs.store import open_store
+from weenvfs.store.repository import Repository
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `hints` with its subcommands `record` and `show`."""
+    group = add_command(
+        subparsers,
+        "hints",
+        help="record and inspect prefetch hints (what a task reads, replayed at mount)",
+        description=(
+            "Prefetch hints list the chunks a workload reads, in first-access order. A mount\n"
+            "replays its environment's hint (tag latest) in the background."
+        ),
+        examples=[
+            "weenv hints record py:3.11 --store /srv/weenv -- python3 -c 'import numpy'",
+            "weenv hints show py:3.11 --store /srv/weenv",
+        ],
+        func=None,
+    )
+    sub = group.add_subparsers(title="hints commands", metavar="COMMAND")
+    _register_record(sub)
+    _register_show(sub)
+
+
+def _register_record(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_command(
+        sub,
+        "record",
+        help="run a command in an environment and publish what it read as its hint",
+        description=(
+            "Mount REF with recording on, run COMMAND in it with chroot (as root), unmount,\n"
+            "and merge the chunks it read (first access, in order) into the environment's\n"
+            "hint TAG: the union of runs, ordered by median first access. Exits with\n"
+            "COMMAND's status."
+        ),
+        examples=[
+            "weenv hints record py:3.11 --store /srv/weenv -- python3 -c 'import numpy'",
+            "weenv hints record py:3.11 --store s3://envs --tag train --replace -- ./run.sh",
+        ],
+        func=_cmd_record,
+    )
+    # argparse cannot take options between REF and `-- COMMAND` with a list positional, so
+    # REF, those options and the command arrive as one remainder that _split() takes apart.
+    p.add_argument("rest", nargs=argparse.REMAINDER, metavar="REF [OPTIONS] -- COMMAND...",
+                   help="environment NAME[:TAG] or manifest digest, then the command")
+    p.add_argument("--store", metavar="URL", help="store URL or directory (required)")
+    p.add_argument("--tag", default=DEFAULT_TAG, help="hint tag to merge into (default latest)")
+    p.add_argument("--replace", action="store_true",
+                   help="publish this run alone instead of merging it into the tag's hint")
+    p.add_argument("--cache", type=Path, metavar="DIR", help="node chunk cache folder")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(ref=None)
+
+
+def _register_show(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_command(
+        sub,
+        "show",
+        help="show an environment's prefetch hint",
+        description="Show the hint of environment REF that a mount would replay.",
+        examples=[
+            "weenv hints show py:3.11 --store /srv/weenv",
+            "weenv hints show py:3.11 --store /srv/weenv --hint train --json --records",
+        ],
+        func=_cmd_show,
+    )
+    p.add_argument("ref", metavar="REF", help="environment NAME[:TAG] or manifest digest")
+    p.add_argument("--store", required=True, metavar="URL", help="store URL or directory")
+    p.add_argument("--hint", default=DEFAULT_TAG, metavar="TAG|DIGEST",
+                   help="hint tag or digest (default latest)")
+    p.add_argument("--records", action="store_true", help="also list every record")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+# -- record ---------------------------------------------------------------------------------
+
+
+def _split(args: argparse.Namespace) -> list[str]:
+    """Set `args.ref` and the options given after it; return the command."""
+    rest = list(args.rest)
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    if not rest or rest[0].startswith("-"):
+        raise UsageError("usage: weenv hints record REF --store URL [OPTIONS] -- COMMAND...")
+    args.ref, rest = rest[0], rest[1:]
+    if "--" in rest:
+        cut = rest.index("--")
+        options, command = rest[:cut], rest[cut + 1 :]
+        try:
+            args.command_parser.parse_args(options, namespace=args)
+        except SystemExit:  # argparse printed the problem
+            raise UsageError(f"bad options for weenv hints record: {' '.join(options)}") from None
+    else:
+        command = rest
+    if not command:
+        raise UsageError("no command given (weenv hints record REF --store URL -- COMMAND...)")
+    if not args.store:
+        raise UsageError("--store is required")
+    return command
+
+
+def _cmd_record(args: argparse.Namespace) -> int:
+    command = _split(args)
+    check_hint_spec(args.tag, "--tag", allow_none=False)
+    if os.geteuid() != 0:
+        raise UsageError("weenv hints record runs the command with chroot: run it as root")
+    from weenvfs.core.cache import default_cache_dir
+
+    cache = (args.cache or default_cache_dir()).absolute()
+    store = args.store if "://" in args.store else os.path.abspath(args.store)
+    with open_store(store) as s:
+        s.check(write=True)  # the daemon publishes on unmount: fail now, not then
+        _, manifest = Repository(s).resolve_env(args.ref)
+    env_vars = dict(v.split("=", 1) for v in manifest.config.env if "=" in v)
+    env_vars.setdefault("PATH", DEFAULT_PATH)
+    work = Path(tempfile.mkdtemp(prefix="weenv-hints-"))
+    try:
+        status, outcome = _record_in(work, args, store, cache, command, env_vars)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _report(outcome, status, args.json)
+    return status
+
+
+def _record_in(
+    work: Path, args: argparse.Namespace, store: str, cache: Path, command: list[str],
+    env_vars: dict[str, str],
+) -> tuple[int, dict[str, Any]]:
+    mountpoint, result = work / "root", work / "result.json"
+    mountpoint.mkdir()
+    cache.mkdir(parents=True, exist_ok=True)
+    log_file = Path(args.log_file or cache / "logs" / f"hints-record-{os.getpid()}.log").absolute()
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    daemon.spawn(
+        [
+            "--log-file", str(log_file), "mount", args.ref, str(mountpoint), "--store", store,
+            "--cache", str(cache), "--foreground", "--allow-other", "--hint", "none",
+            "--record-hints", args.tag, "--record-result", str(result),
+            *(["--record-replace"] if args.replace else []),
+        ],
+        log_file,
+    )
+    try:
+        status = _run_chroot(mountpoint, command, env_vars)
+    finally:
+        daemon.unmount(mountpoint, lazy=True)
+    try:
+        outcome = json.loads(result.read_text())
+    except (OSError, ValueError):
+        raise WeenvError(f"the mount daemon reported no recorded hint; see {log_file}") from None
+    if outcome.get("error"):
+        raise WeenvError(f"cannot publish the recorded hint: {outcome['error']}")
+    return status, outcome
+
+
+# In a private mount namespace (gone with the command, so nothing to clean up): the host's
+# /dev and a fresh /proc over the image's own (a FUSE mount is nodev, so the image's device
+# nodes cannot be opened), then chroot. Arguments: MOUNTPOINT COMMAND...
+_SANDBOX_SCRIPT = (
+    'root=$1; shift; '
+    'if [ -d "$root/dev" ]; then {mount} --rbind /dev "$root/dev" || exit 125; fi; '
+    'if [ -d "$root/proc" ]; then {mount} -t proc proc "$root/proc" || exit 125; fi; '
+    'exec {chroot} "$root" "$@"'
+)
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin:/usr/bin:/bin")
+    if path is None:
+        raise WeenvError(f"{name} not found (Debian packages util-linux, mount, coreutils)")
+    return path
+
+
+def _run_chroot(mountpoint: Path, command: list[str], env_vars: dict[str, str]) -> int:
+    """Run `command` chrooted into `mountpoint` (with /dev and /proc); its exit status."""
+    script = _SANDBOX_SCRIPT.format(mount=_tool("mount"), chroot=_tool("chroot"))
+    argv = [_tool("unshare"), "--mount", "--propagation", "private", "/bin/sh", "-c", script,
+            "sh", str(mountpoint), *command]
+    log.info("running %s in %s", command, mountpoint)
+    try:
+        done = subprocess.run(argv, env=env_vars, check=False)
+    except OSError as e:
+        raise WeenvError(f"cannot run the command: {e.strerror}") from None
+    if done.returncode:
+        log.warning("the command exited with status %d; its run is recorded anyway",
+                    done.returncode)
+    return done.returncode
+
+
+def _report(outcome: dict[str, Any], status: int, as_json: bool) -> None:
+    outcome = {**outcome, "status": status}
+    if as_json:
+        print(json.dumps(outcome, indent=2, sort_keys=True))
+    elif outcome.get("hint") is None:
+        print("nothing was read: no hint published", file=sys.stderr)
+    else:
+        print(f"hint {outcome['hint']} ({outcome['records']} chunks; this run read "
+              f"{outcome['recorded']}) -> {short(outcome['manifest'])}:{outcome['tag']}")
+
+
+# -- show -----------------------------------------------------------------------------------
+
+
+def describe_hint(repo: Repository, ref: str, spec: str, records: bool) -> dict[str, Any]:
+    """What `weenv hints show` prints, as a JSON-able dict."""
+    check_hint_spec(spec, allow_none=False)
+    digest, manifest = repo.resolve_env(ref)
+    indexes = [repo.get_index(g.index) for g in manifest.groups]
+    found = find_hint(repo, digest, manifest, indexes, spec)
+    if found is None:
+        raise RefNotFound(f"no usable hint {spec} for {ref} ({short(digest)})")
+    recs = found.hint.records
+    locs = hint_locs(recs, indexes)
+    runs = plan_requests(locs, DEFAULT_COALESCE_GAP, DEFAULT_MAX_REQUEST_BYTES)
+    per_group = Counter(r.group for r in recs)
+    out: dict[str, Any] = {
+        "env": ref,
+        "manifest": digest,
+        "hint": found.digest,
+        "source": found.source,
+        "records": len(recs),
+        "chunks": len(locs),
+        "bytes": sum(c.ulen for c in locs),
+        "stored_bytes": sum(c.clen for c in locs),
+        "blobs": len({c.blob for c in locs}),
+        "ranged_requests": len(runs),
+        "span_ms": recs[-1].time_ms if recs else 0,
+        "groups": {g.name: per_group.get(i, 0) for i, g in enumerate(manifest.groups)},
+    }
+    if records:
+        out["record_list"] = [[r.group, r.chunk, r.time_ms] for r in recs]
+    return out
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    with open_store(args.store) as store:
+        info = describe_hint(Repository(store), args.ref, args.hint, args.records)
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+        return 0
+    print(f"hint {info['hint']} ({info['source']}) of {info['env']} ({short(info['manifest'])})")
+    print(f"  {info['records']} records, {info['chunks']} chunks to fetch: {info['bytes']} bytes "
+          f"({info['stored_bytes']} stored) in {info['blobs']} blob(s), "
+          f"{info['ranged_requests']} ranged requests; read over {info['span_ms']} ms")
+    groups = ", ".join(f"{name} {n}" for name, n in info["groups"].items())
+    print(f"  records per group: {groups}")
+    for g, c, t in info.get("record_list", []):
+        print(f"  {t:>8} ms  group {g} chunk {c}")
+    return 0
