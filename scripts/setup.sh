@@ -11,6 +11,8 @@ DEBIAN_PACKAGES=(
     fuse3 libfuse3-dev pkg-config gcc  # FUSE, and building pyfuse3 from source
     debootstrap zstd attr              # sample environments, inspecting blobs and xattrs
     docker-registry skopeo umoci       # weenv convert tests: a real registry, pushing, unpacking
+    iproute2                           # network namespaces and veths (distributed store tests)
+    runc catatonit bubblewrap          # sandboxes: OCI runtime, its init; bwrap as a benchmark baseline
 )
 PYTHON=${PYTHON:-python3}
 VENV=.venv

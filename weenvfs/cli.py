@@ -36,6 +36,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "weenvfs.core.commands",
     "weenvfs.hints",
     "weenvfs.store.commands",
+    "weenvfs.runtime.commands",
     "weenvfs.provision.commands",
     "weenvfs.demo",
 )

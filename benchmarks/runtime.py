@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""Benchmark the sandbox runtime (issue 7) next to its competitors, in the same run.
+
+Owns these measurements (results summarized in docs/benchmarks.md):
+1. Time to ready: create a sandbox of an environment whose mount is warm (another sandbox
+   holds it) and run `true` in it (`Environment.open` + `exec`), against `bwrap` running
+   `true` over a local directory holding the same tree (read-only bind, new pid/net/ipc/uts
+   namespaces: no writable layer, no cgroup, so a lower bound), and against `docker run --rm`
+   of the same image only when a Docker daemon answers (the script says when it does not).
+2. One more command in a running sandbox (`exec true`) against one more `bwrap ... true`.
+3. Reset (back to the pristine tree, after the episode wrote files) against tearing the
+   sandbox down and creating a new one; with the writable layer on disk and on tmpfs.
+4. For reference: teardown, and a cold start (no mount yet, chunks cached) to `true`.
+The environment is the cached Debian minbase sample (tools/sample.py), built into a
+temporary local store, unless --store and --ref name another one.
+
+Must not: assert anything about the numbers; it reports them (table on stdout, JSON file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    Timing,
+    add_common_args,
+    describe_machine,
+    measure,
+    measure_interleaved,
+    paired_ratio,
+    print_table,
+    repeats_for,
+    write_json,
+)
+
+from weenvfs.runtime.environment import Environment
+from weenvfs.store import open_store
+from weenvfs.store.repository import Repository
+from weenvfs.tools.builder import build_group, open_source
+from weenvfs.tools.publish import compose_env
+from weenvfs.tools.sample import sample_tree
+
+NAME = "runtime"
+FULL_REPEATS = 15
+DIRTY_FILES = 200  # files an episode writes before a reset (so the upper is not empty)
+BWRAP = ("bwrap --ro-bind {tree} / --proc /proc --dev /dev --tmpfs /tmp --unshare-pid "
+         "--unshare-net --unshare-ipc --unshare-uts --die-with-parent true")
+EXAMPLES = """\
+examples:
+  # full run (15 rounds) on the Debian minbase sample
+  .venv/bin/python benchmarks/runtime.py
+  # smoke run: 1 round
+  .venv/bin/python benchmarks/runtime.py --quick
+  # another environment of an existing store
+  .venv/bin/python benchmarks/runtime.py --store /srv/weenv --ref py:3.11
+"""
+
+
+def publish_sample(work: Path) -> tuple[str, Path, Path]:
+    """Build the minbase sample into a new local store under `work`; (ref, store, tree)."""
+    tree = sample_tree(None, "minbase", progress=False)
+    store_dir = work / "store"
+    store = open_store(str(store_dir), create=True)
+    try:
+        repo = Repository(store)
+        build_group(open_source(tree), repo, "minbase", "bench")
+        compose_env(repo, "bench-minbase", "latest", ["minbase:bench"])
+    finally:
+        store.close()
+    return "bench-minbase:latest", store_dir, tree
+
+
+def export(ref: str, store: Path, dest: Path) -> Path:
+    """`weenv export` of `ref` into `dest` (the local directory bwrap and Docker use)."""
+    subprocess.run([sys.executable, "-m", "weenvfs", "export", ref, str(dest), "--store",
+                    str(store)], check=True)
+    return dest
+
+
+def docker_status() -> str | None:
+    """None when a Docker daemon answers, else why not (printed and recorded)."""
+    if shutil.which("docker") is None:
+        return "no docker client installed"
+    done = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"],
+                          capture_output=True, text=True, check=False, timeout=30)
+    if done.returncode != 0:
+        return "no Docker daemon is running on this machine: not measured"
+    return None
+
+
+class Bench:
+    """The environment under test."""
+
+    def __init__(self, ref: str, store: Path, cache: Path) -> None:
+        self.ref, self.store, self.cache = ref, store, cache
+
+    def open(self, tmpfs: bool = False) -> Environment:
+        return Environment.open(self.ref, store=self.store, cache=self.cache,
+                                tmpfs_upper=tmpfs)
+
+    def create_and_true(self) -> None:
+        env = self.open()
+        try:
+            env.exec(["true"])
+        finally:
+            env.close()
+
+    def dirty(self, env: Environment) -> None:
+        """What an episode might leave: new files, a deleted directory."""
+        env.exec(f"mkdir -p /root/ep && for i in $(seq {DIRTY_FILES}); do "
+                 "echo $i > /root/ep/$i; done; rm -rf /etc/apt")
+
+
+def _clock(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_ready(b: Bench, tree: Path, repeats: int) -> dict[str, Any]:
+    """1 and 2: create + true on a warm mount, and exec true, against bwrap (and Docker)."""
+    bwrap = BWRAP.format(tree=tree).split()
+    holder = b.open()  # keeps the environment mounted (its chunks are cached already)
+    try:
+        contenders: dict[str, Callable[[], object]] = {
+            "weenv create + true": b.create_and_true,
+            "bwrap true": lambda: subprocess.run(bwrap, check=True),
+        }
+        if docker_status() is None:
+            contenders["docker run --rm true"] = _docker_contender(tree)
+        ready = measure_interleaved(contenders, repeats)
+        exec_true = measure_interleaved(
+            {"weenv exec true": lambda: holder.exec(["true"]),
+             "bwrap true": lambda: subprocess.run(bwrap, check=True)}, repeats)
+        close = []
+        for _ in range(repeats):
+            env = b.open()
+            close.append(_clock(env.close))
+    finally:
+        holder.close()
+    out = {
+        "create_and_true": {k: v.as_dict() for k, v in ready.items()},
+        "create_vs_bwrap": paired_ratio(ready["weenv create + true"], ready["bwrap true"]),
+        "exec_true": {k: v.as_dict() for k, v in exec_true.items()},
+        "exec_vs_bwrap": paired_ratio(exec_true["weenv exec true"], exec_true["bwrap true"]),
+        "close": Timing(tuple(close)).as_dict(),
+        "bwrap_command": BWRAP.format(tree=tree),
+    }
+    if "docker run --rm true" in ready:
+        out["create_vs_docker"] = paired_ratio(ready["weenv create + true"],
+                                               ready["docker run --rm true"])
+    return out
+
+
+def _docker_contender(tree: Path) -> Callable[[], object]:
+    """Import `tree` as an image once; return `docker run --rm` of it (not run here: this
+    machine has no Docker daemon)."""
+    image = "weenv-bench-runtime:latest"
+    tar = subprocess.Popen(["tar", "-C", str(tree), "-cf", "-", "."], stdout=subprocess.PIPE)
+    subprocess.run(["docker", "import", "-", image], stdin=tar.stdout, check=True,
+                   capture_output=True)
+    tar.wait()
+    command = ["docker", "run", "--rm", "--network", "none", image, "true"]
+    return lambda: subprocess.run(command, check=True)
+
+
+def bench_reset(b: Bench, repeats: int, tmpfs: bool) -> dict[str, Any]:
+    """3: reset after an episode that wrote files, against close + create of a new sandbox
+    (after the same episode). Each round times one of each, in alternating order."""
+    holder = b.open()
+    env, fresh = b.open(tmpfs), b.open(tmpfs)
+    reset, recreate = [], []
+    try:
+        for r in range(max(1, repeats)):
+            b.dirty(env)
+            b.dirty(fresh)
+
+            def renew() -> None:
+                nonlocal fresh
+                fresh.close()
+                fresh = b.open(tmpfs)
+
+            if r % 2:
+                recreate.append(_clock(renew))
+                reset.append(_clock(env.reset))
+            else:
+                reset.append(_clock(env.reset))
+                recreate.append(_clock(renew))
+    finally:
+        for e in (env, fresh, holder):
+            e.close()
+    reset_t, recreate_t = Timing(tuple(reset)), Timing(tuple(recreate))
+    return {
+        "upper": "tmpfs" if tmpfs else "disk",
+        "reset": reset_t.as_dict(),
+        "close_and_create": recreate_t.as_dict(),
+        "reset_vs_recreate": paired_ratio(reset_t, recreate_t),
+    }
+
+
+def bench_cold(b: Bench, repeats: int) -> dict[str, Any]:
+    """4: no mount yet (chunks cached): the first sandbox mounts, then runs `true`."""
+    return {"cold_mount_create_and_true": measure(b.create_and_true, repeats).as_dict()}
+
+
+def report(results: dict[str, Any], repeats: int) -> None:
+    ready, rows = results["ready"], []
+    for name, t in ready["create_and_true"].items():
+        rows.append((name, t["median_s"] * 1000, t["spread"]))
+    for name, t in ready["exec_true"].items():
+        rows.append((f"(running) {name}", t["median_s"] * 1000, t["spread"]))
+    rows.append(("weenv close (teardown)", ready["close"]["median_s"] * 1000,
+                 ready["close"]["spread"]))
+    for r in results["reset"]:
+        rows.append((f"reset, {r['upper']} upper", r["reset"]["median_s"] * 1000,
+                     r["reset"]["spread"]))
+        rows.append((f"close + create, {r['upper']} upper",
+                     r["close_and_create"]["median_s"] * 1000, r["close_and_create"]["spread"]))
+    cold = results["cold"]["cold_mount_create_and_true"]
+    rows.append(("cold: mount + create + true", cold["median_s"] * 1000, cold["spread"]))
+    print_table(f"sandbox runtime, {repeats} rounds (median)", ["what", "ms", "spread"], rows)
+    ratios = [("weenv create + true / bwrap true", ready["create_vs_bwrap"]),
+              ("weenv exec true / bwrap true", ready["exec_vs_bwrap"])]
+    if "create_vs_docker" in ready:
+        ratios.append(("weenv create + true / docker run --rm true", ready["create_vs_docker"]))
+    ratios += [(f"reset / (close + create), {r['upper']}", r["reset_vs_recreate"])
+               for r in results["reset"]]
+    print_table("ratios (paired, median over rounds)", ["ratio", "x"], ratios)
+    print(f"\ndocker run --rm: {results['docker']}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="benchmarks/runtime.py",
+        description=(__doc__ or "").split("\n\nMust not")[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_common_args(parser, FULL_REPEATS)
+    parser.add_argument("--store", help="an existing store (default: build the sample)")
+    parser.add_argument("--ref", help="environment in --store (with --store)")
+    parser.add_argument("--work", type=Path, metavar="DIR",
+                        help="scratch folder (default: a new temporary folder, removed after)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    repeats = repeats_for(args, FULL_REPEATS)
+    for tool in ("runc", "bwrap", "catatonit"):
+        if shutil.which(tool) is None:
+            sys.exit(f"runtime.py: {tool} not found (Debian packages runc, bubblewrap, catatonit)")
+    if args.store and not args.ref:
+        sys.exit("runtime.py: --store needs --ref")
+    print(describe_machine())
+    work = Path(tempfile.mkdtemp(prefix="weenv-bench-runtime-", dir=args.work))
+    try:
+        if args.store:
+            ref, store = args.ref, Path(args.store).absolute()
+            tree = export(ref, store, work / "tree")
+        else:
+            ref, store, tree = publish_sample(work)
+        bench = Bench(ref, store, work / "cache")
+        results: dict[str, Any] = {"ref": ref, "docker": docker_status() or "measured"}
+        results["cold"] = bench_cold(bench, 1)  # fills the chunk cache; then mounts are warm
+        results["ready"] = bench_ready(bench, tree, repeats)
+        results["reset"] = [bench_reset(bench, repeats, tmpfs) for tmpfs in (False, True)]
+        results["cold"] = bench_cold(bench, repeats)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report(results, repeats)
+    path = write_json(NAME, args.out, {"quick": args.quick, "repeats": repeats,
+                                       "dirty_files": DIRTY_FILES}, results)
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Fixtures for the runtime tests: real mounts, real overlayfs, real runc and cgroups.
+
+- `minbase_store` (session): the cached Debian minbase sample (tools/sample.py) built once with
+  the real builder into a LocalStore under the session's tmp folder, as group `minbase:t`;
+- `make_env(config=None)`: composes a new environment of that group with a unique provenance,
+  so every test gets its own manifest digest (its own shared mount, whatever else runs on the
+  node); returns an `EnvRef` (ref, store, digest, cache);
+- `env_ref`: one such environment;
+- autouse `node_clean`: snapshots what sandboxes leave on the node before the test; after it,
+  fails the test if anything new of the test's environments is left (mounts, cgroups, runc
+  containers, processes, upper dirs, env folders), or anything of a sandbox without state,
+  and removes it (real teardown). Sandboxes of other jobs on the node are ignored.
+
+Every test here needs root, runc, catatonit and FUSE: without them it skips with the reason
+(or fails, with WEENVFS_TEST_STRICT=1 / WEENVFS_TEST_FUSE=1).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from rt_support import NodeSnapshot, force_cleanup, leaks
+
+from weenvfs.format.manifest import RuntimeConfig
+from weenvfs.store import open_store
+from weenvfs.store.repository import Repository
+from weenvfs.tools.builder import build_group, open_source
+from weenvfs.tools.publish import compose_env
+from weenvfs.tools.sample import sample_tree
+
+GROUP = "minbase:t"
+
+
+def _unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "sandboxes need root"
+    for tool, package in (("runc", "runc"), ("catatonit", "catatonit")):
+        if shutil.which(tool) is None:
+            return f"{tool} not found (Debian package {package})"
+    if "overlay" not in Path("/proc/filesystems").read_text():
+        return "the kernel has no overlayfs"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _runtime_requirements(
+    requires_fuse: None, require_or_skip: Callable[[object, str], None]
+) -> None:
+    reason = _unavailable()
+    require_or_skip(reason is None, reason or "")
+
+
+@pytest.fixture(scope="session")
+def minbase_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A LocalStore holding group `minbase:t` built from the Debian minbase sample."""
+    if _unavailable() is not None:
+        pytest.skip(_unavailable() or "")
+    tree = sample_tree(None, "minbase", progress=False)
+    path = tmp_path_factory.mktemp("runtime-store") / "store"
+    store = open_store(str(path), create=True)
+    try:
+        build_group(open_source(tree), Repository(store), "minbase", "t")
+    finally:
+        store.close()
+    return path
+
+
+@dataclass(frozen=True)
+class EnvRef:
+    """An environment published for one test."""
+
+    ref: str
+    store: Path
+    digest: str
+    cache: Path
+
+
+@pytest.fixture
+def test_digests() -> set[str]:
+    """Digests of the environments this test made (what `node_clean` checks)."""
+    return set()
+
+
+@pytest.fixture
+def make_env(
+    minbase_store: Path, tmp_path: Path, test_digests: set[str]
+) -> Callable[..., EnvRef]:
+    """`make_env(config=None, name="rt")`: a new environment of the minbase group."""
+    count = [0]
+
+    def make(config: RuntimeConfig | None = None, name: str = "rt") -> EnvRef:
+        count[0] += 1
+        tag = f"t{count[0]}"
+        store = open_store(str(minbase_store))
+        try:
+            digest = compose_env(Repository(store), name, tag, [GROUP], config,
+                                 {"test-nonce": uuid.uuid4().hex})
+        finally:
+            store.close()
+        test_digests.add(digest)
+        return EnvRef(f"{name}:{tag}", minbase_store, digest, tmp_path / "cache")
+
+    return make
+
+
+@pytest.fixture
+def env_ref(make_env: Callable[..., EnvRef]) -> EnvRef:
+    """One fresh environment (its own digest, an empty chunk cache)."""
+    return make_env()
+
+
+@pytest.fixture(autouse=True)
+def node_clean(_runtime_requirements: None, test_digests: set[str]) -> Iterator[None]:
+    """Fail the test if it leaves anything of a sandbox behind (after removing it). Only
+    what belongs to the test's environments counts: other jobs may run sandboxes too."""
+    before = NodeSnapshot.take()
+    try:
+        yield
+    finally:
+        left = leaks(before, NodeSnapshot.take(), test_digests)
+        if left:
+            force_cleanup(before, test_digests)
+    if left:
+        pytest.fail(f"the test left sandbox state behind: {left}", pytrace=False)

@@ -1,0 +1,156 @@
+"""Helpers for the runtime tests: what the node holds for sandboxes, and a forced clean-up.
+
+Owns: `NodeSnapshot` (sandbox folders, runc containers, cgroups under /weenv, mounts under
+/run/weenv, upper dirs, env folders, and processes inside sandbox cgroups), `leaks(before,
+after)` and `force_cleanup(ids)`, which removes sandboxes a failed test left (through the
+real `Sandbox.destroy` and `weenv sandbox gc`), plus `run_weenv` for CLI tests.
+
+Must not: touch anything that was there before the test began.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from weenvfs.runtime import cgroups, mounts, sandbox
+from weenvfs.runtime.launcher import RUNC_ROOT
+
+CLI_TIMEOUT = 120.0
+
+
+def run_weenv(*args: str, check: bool = True, timeout: float = CLI_TIMEOUT,
+              input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    """`python -m weenvfs ARGS` in a subprocess."""
+    done = subprocess.run([sys.executable, "-m", "weenvfs", *args], capture_output=True,
+                          timeout=timeout, check=False, input=input)
+    if check and done.returncode != 0:
+        raise AssertionError(f"weenv {' '.join(args)} failed ({done.returncode}):\n"
+                             f"{done.stderr.decode(errors='replace')}")
+    return done
+
+
+def _names(folder: Path) -> set[str]:
+    try:
+        return {p.name for p in folder.iterdir()}
+    except FileNotFoundError:
+        return set()
+
+
+def _weenv_mounts() -> set[str]:
+    with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+        targets = {line.split()[1] for line in f if len(line.split()) > 1}
+    return {t for t in targets if t.startswith("/run/weenv/")}
+
+
+def _sandbox_cgroups() -> set[str]:
+    found = set()
+    for parent in cgroups.cgroup_dirs(f"/{cgroups.CGROUP_PARENT}"):
+        found |= {str(p) for p in parent.iterdir() if p.is_dir()}
+    return found
+
+
+def _sandbox_processes(cgroup_dirs: set[str]) -> set[tuple[int, str]]:
+    """(pid, sandbox id) of every process in a sandbox cgroup."""
+    pids: set[tuple[int, str]] = set()
+    for folder in cgroup_dirs:
+        with contextlib.suppress(OSError, ValueError):
+            text = (Path(folder) / "cgroup.procs").read_text()
+            pids |= {(int(x), Path(folder).name) for x in text.split()}
+    return pids
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    """Everything sandboxes leave on a node."""
+
+    sandboxes: frozenset[str]
+    containers: frozenset[str]
+    cgroups: frozenset[str]
+    mounts: frozenset[str]
+    uppers: frozenset[str]
+    envs: frozenset[str]
+    processes: frozenset[tuple[int, str]]
+
+    @classmethod
+    def take(cls) -> NodeSnapshot:
+        groups = _sandbox_cgroups()
+        return cls(
+            frozenset(_names(sandbox.SANDBOXES_ROOT)), frozenset(_names(RUNC_ROOT)),
+            frozenset(groups), frozenset(_weenv_mounts()),
+            frozenset(_names(sandbox.UPPERS_ROOT)), frozenset(_names(mounts.ENVS_ROOT)),
+            frozenset(_sandbox_processes(groups)),
+        )
+
+
+def _digest_of(sandbox_id: str) -> str | None:
+    """The environment digest in a sandbox's state, or None without a state."""
+    try:
+        state = json.loads((sandbox.SANDBOXES_ROOT / sandbox_id / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return str(state.get("env", {}).get("digest"))
+
+
+def _sandbox_id(kind: str, item: object) -> str:
+    """The sandbox a sandbox item (not an environment's) belongs to."""
+    if kind == "processes":
+        return str(item[1])  # type: ignore[index]
+    text = str(item)
+    if kind == "cgroups":
+        return Path(text).name
+    if kind == "mounts":
+        return Path(text).parts[4]  # /run/weenv/sandboxes/ID/rootfs
+    if kind == "uppers" and text.startswith(".trash-"):
+        return text[len(".trash-"):].rsplit("-", 1)[0]
+    return text
+
+
+def _ours(kind: str, item: object, digests: set[str]) -> bool:
+    """Whether a new item belongs to this test: its environment is one of the test's, or it
+    has no sandbox state any more (a sandbox's state outlives everything else it has, so a
+    leftover without a state is a leak, whoever made it). Other users of the node (other
+    sandboxes running meanwhile) are left out."""
+    if kind == "envs":
+        return str(item) in digests
+    parts = Path(str(item)).parts
+    if kind == "mounts" and parts[3] == "envs":  # /run/weenv/envs/DIGEST/root
+        return parts[4] in digests
+    digest = _digest_of(_sandbox_id(kind, item))
+    return digest is None or digest in digests
+
+
+def leaks(before: NodeSnapshot, after: NodeSnapshot, digests: set[str]) -> dict[str, list[object]]:
+    """What `after` has that `before` had not and belongs to this test, by kind."""
+    found: dict[str, list[object]] = {}
+    for kind in ("sandboxes", "containers", "cgroups", "mounts", "uppers", "envs",
+                 "processes"):
+        new = [item for item in getattr(after, kind) - getattr(before, kind)
+               if _ours(kind, item, digests)]
+        if new:
+            found[kind] = sorted(new, key=str)
+    return found
+
+
+def force_cleanup(before: NodeSnapshot, digests: set[str]) -> None:
+    """Remove this test's leftovers: its sandboxes (the real teardown), then upper dirs and
+    environment mounts of its environments."""
+    for sandbox_id in sorted(set(_names(sandbox.SANDBOXES_ROOT)) - before.sandboxes):
+        if _digest_of(sandbox_id) not in digests:
+            continue
+        try:
+            sandbox.Sandbox.load(sandbox_id).destroy(keep_upper=False)
+        except Exception as error:  # keep cleaning; the leak report says what is left
+            print(f"cleanup of {sandbox_id} failed: {error}", file=sys.stderr)
+    for digest in sorted(digests & (set(_names(mounts.ENVS_ROOT)) - before.envs)):
+        mounts.expire(digest, sandbox.exists, now=float("inf"))
+
+
+def pid_visible(pid: int) -> bool:
+    """Whether `pid` still exists (zombies included) on the host."""
+    return os.path.exists(f"/proc/{pid}")

@@ -1,0 +1,133 @@
+"""`weenv run` and `weenv sandbox ...` end to end (subprocesses), plus the pure parts: the OCI
+spec we generate and user resolution against an image's /etc/passwd and /etc/group."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import EnvRef
+from rt_support import run_weenv
+
+from weenvfs.errors import UsageError
+from weenvfs.runtime import rootfs
+from weenvfs.runtime.cgroups import Limits, oci_resources
+from weenvfs.runtime.launcher import CgroupSpec, LaunchSpec, ProcessSpec, runtime_spec
+from weenvfs.runtime.sandbox import UPPERS_ROOT
+
+
+def _base(env: EnvRef) -> tuple[str, ...]:
+    return ("--store", str(env.store), "--cache", str(env.cache))
+
+
+def test_run_passes_stdio_and_exits_with_the_status(env_ref: EnvRef) -> None:
+    done = run_weenv("run", env_ref.ref, *_base(env_ref), "--", "sh", "-c",
+                     "cat; echo to-err >&2; exit 5", check=False, input=b"from stdin\n")
+    assert done.returncode == 5
+    assert done.stdout == b"from stdin\n" and done.stderr == b"to-err\n"
+
+
+def test_run_options(env_ref: EnvRef) -> None:
+    done = run_weenv("run", env_ref.ref, *_base(env_ref), "--tmpfs-upper", "--memory", "300M",
+                     "--cpus", "1.5", "--pids", "99", "-e", "A=b", "-u", "nobody", "-w", "/tmp",
+                     "--", "sh", "-c", 'echo $A; id -un; pwd; cat /proc/net/dev | wc -l')
+    assert done.stdout.decode().split() == ["b", "nobody", "/tmp", "3"]  # 2 headers + lo
+    host = run_weenv("run", env_ref.ref, "--network", "host", *_base(env_ref), "--", "cat",
+                     "/proc/net/dev")
+    assert len(_interfaces(host.stdout)) > 1  # the node's interfaces, not only lo
+
+
+def _interfaces(text: bytes) -> set[str]:
+    return {line.split(":")[0].strip() for line in text.decode().splitlines()[2:]}
+
+
+def test_sandbox_lifecycle(env_ref: EnvRef) -> None:
+    sid = run_weenv("sandbox", "create", env_ref.ref, *_base(env_ref), "--name",
+                    "weenv-clitest", "--memory", "128M").stdout.decode().strip()
+    assert sid == "weenv-clitest"
+    try:
+        run_weenv("sandbox", "exec", sid, "--", "sh", "-c", "echo x > /root/x")
+        assert run_weenv("sandbox", "exec", sid, "--", "cat", "/root/x").stdout == b"x\n"
+        assert run_weenv("sandbox", "exec", sid, "--", "false", check=False).returncode == 1
+        listed = json.loads(run_weenv("sandbox", "ls", "--json").stdout)
+        mine = next(b for b in listed["sandboxes"] if b["id"] == sid)
+        assert mine["status"] == "running" and mine["owner"] is None
+        assert mine["limits"]["memory"] == 128 << 20 and mine["digest"] == env_ref.digest
+        assert sid.encode() in run_weenv("sandbox", "ls").stdout
+        reset = run_weenv("sandbox", "reset", sid)
+        assert b"reset" in reset.stderr
+        assert run_weenv("sandbox", "exec", sid, "--", "test", "-e", "/root/x",
+                         check=False).returncode == 1
+        again = run_weenv("sandbox", "create", env_ref.ref, *_base(env_ref), "--name", sid,
+                          check=False)
+        assert again.returncode == 2 and b"exists already" in again.stderr
+    finally:
+        run_weenv("sandbox", "rm", sid)
+    gone = run_weenv("sandbox", "exec", sid, "--", "true", check=False)
+    assert gone.returncode == 2 and b"no sandbox" in gone.stderr
+    assert not (UPPERS_ROOT / sid).exists()
+
+
+def test_usage_errors_are_one_line(env_ref: EnvRef) -> None:
+    no_store = run_weenv("run", env_ref.ref, "--", "true", check=False)
+    assert no_store.returncode == 2 and no_store.stderr.count(b"\n") == 1
+    assert b"--store" in no_store.stderr
+    no_env = run_weenv("run", "nope:x", *_base(env_ref), "--", "true", check=False)
+    assert no_env.returncode != 0 and no_env.stderr.startswith(b"weenv: error:")
+    no_cmd = run_weenv("run", env_ref.ref, *_base(env_ref), check=False)
+    assert no_cmd.returncode == 2 and b"entrypoint" in no_cmd.stderr
+
+
+def test_help_shows_examples() -> None:
+    for command in (("run",), ("sandbox",), ("sandbox", "create"), ("sandbox", "exec"),
+                    ("sandbox", "reset"), ("sandbox", "rm"), ("sandbox", "ls"),
+                    ("sandbox", "gc")):
+        done = run_weenv(*command, "--help")
+        assert b"examples:" in done.stdout, command
+
+
+def test_runtime_spec_namespaces_mounts_and_limits(tmp_path: Path) -> None:
+    process = ProcessSpec(("sh",), ("PATH=/bin",), "/w", 5, 6, (7,))
+    cgroup = CgroupSpec("/weenv/x", oci_resources(Limits(cpus=2, memory=1 << 30, pids=10)))
+    spec = runtime_spec(LaunchSpec("x", tmp_path / "r", tmp_path / "b", process, cgroup))
+    kinds = {n["type"] for n in spec["linux"]["namespaces"]}
+    assert kinds == {"pid", "ipc", "uts", "mount", "network"}
+    assert spec["linux"]["resources"]["memory"] == {"limit": 1 << 30}
+    assert spec["linux"]["resources"]["cpu"] == {"quota": 200_000, "period": 100_000}
+    assert spec["linux"]["resources"]["pids"] == {"limit": 10}
+    assert spec["linux"]["cgroupsPath"] == "/weenv/x"
+    assert spec["process"]["user"] == {"uid": 5, "gid": 6, "additionalGids": [7]}
+    assert spec["process"]["args"] == ["/dev/.weenv-init", "-P"]
+    destinations = {m["destination"] for m in spec["mounts"]}
+    assert {"/proc", "/dev", "/dev/pts", "/dev/shm", "/sys", "/dev/.weenv-init"} <= destinations
+    sys_mount = next(m for m in spec["mounts"] if m["destination"] == "/sys")
+    assert "ro" in sys_mount["options"]
+    host = runtime_spec(LaunchSpec("x", tmp_path, tmp_path, process, cgroup, network="host"))
+    assert "network" not in {n["type"] for n in host["linux"]["namespaces"]}
+
+
+def test_resolve_user_forms(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "passwd").write_text(
+        "root:x:0:0:root:/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/sh\n"
+        "bob:x:1001:1001::/home/bob:/bin/sh\n")
+    (tmp_path / "etc" / "group").write_text(
+        "root:x:0:\nalice:x:1000:\nbob:x:1001:\ndocker:x:999:alice,bob\nvideo:x:44:alice\n")
+    assert rootfs.resolve_user(tmp_path, "") == rootfs.User(0, 0, (), "/root")
+    assert rootfs.resolve_user(tmp_path, "alice") == rootfs.User(1000, 1000, (44, 999),
+                                                                 "/home/alice")
+    assert rootfs.resolve_user(tmp_path, "1001") == rootfs.User(1001, 1001, (999,), "/home/bob")
+    assert rootfs.resolve_user(tmp_path, "alice:docker") == rootfs.User(1000, 999, (),
+                                                                        "/home/alice")
+    assert rootfs.resolve_user(tmp_path, "4242:7") == rootfs.User(4242, 7, (), "/")
+    assert rootfs.resolve_user(tmp_path, "4242") == rootfs.User(4242, 0, (), "/")
+    with pytest.raises(UsageError, match="no user"):
+        rootfs.resolve_user(tmp_path, "mallory")
+    with pytest.raises(UsageError, match="no group"):
+        rootfs.resolve_user(tmp_path, "alice:nogroup")
+    # /etc/passwd as a symlink out of the root is resolved inside it.
+    (tmp_path / "etc" / "passwd").unlink()
+    (tmp_path / "etc" / "passwd").symlink_to("/etc/passwd")
+    with pytest.raises(UsageError):
+        rootfs.resolve_user(tmp_path, "root")  # the host's passwd is not read

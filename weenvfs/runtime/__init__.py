@@ -1,0 +1,34 @@
+"""The environment runtime: sandboxes over shared lazy mounts, `weenv run`, and the Python API.
+
+Modules, bottom up:
+- `rootfs`: overlay/tmpfs mounts through libc, safe file access inside a root, image users;
+- `launcher`: the one interface over the isolating program (runc, with a generated OCI spec);
+- `mounts`: one FUSE mount per environment digest per node, shared and reference-counted;
+- `cgroups`: limits, the cgroup hook the provisioner takes over, cgroup files;
+- `sandbox`: one sandbox's state, build, reset and teardown;
+- `environment`: `Environment` / `AsyncEnvironment`, the API for RL frameworks;
+- `gc`: removal of what crashed controllers left; `commands`: `weenv run` and `weenv sandbox`.
+
+Importing this package is cheap: the names below load their module on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["AsyncEnvironment", "Environment", "ExecResult", "Limits", "Sandbox"]
+
+_WHERE = {
+    "AsyncEnvironment": "environment",
+    "Environment": "environment",
+    "ExecResult": "environment",
+    "Limits": "cgroups",
+    "Sandbox": "sandbox",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,145 @@
+"""Sandbox cgroups: the hook that creates them, their limits, and the files we read.
+
+Owns: `Limits` (what `--cpus/--memory/--pids` ask for), their OCI form (`oci_resources`), the
+hook every sandbox start goes through (`cgroup_factory`, replaced by `set_cgroup_factory`),
+and the few cgroup file operations the runtime needs whatever the version: the directories
+of a cgroup in every mounted hierarchy (`cgroup_dirs`; v1 has one per controller, v2 one),
+its pids, killing one session in it, and forced removal (kill what is left, rmdir).
+
+The default hook, `create_cgroup`, names `/weenv/ID` and lets runc create it (memory, cpu,
+pids and the other v1 controllers, or one v2 directory) and write the limits. The
+provisioner (issue 8) takes over with `set_cgroup_factory`: its factory creates the cgroup
+with its own driver, sets the first limits, and returns the path with empty resources, so
+that runc only joins it. The hook runs at every start of a sandbox's init (create and
+reset), since a reset kills the init and runc removes the cgroup with it.
+
+Must not: decide limits over time (weenvfs.provision) or know sandboxes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .launcher import CgroupSpec
+
+log = logging.getLogger(__name__)
+
+CGROUP_PARENT = "weenv"
+DEFAULT_PIDS = 4096  # a fork bomb must not take the node down even when no limit is asked
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Static limits of one sandbox (None: unlimited)."""
+
+    cpus: float | None = None
+    memory: int | None = None
+    pids: int | None = DEFAULT_PIDS
+
+
+def oci_resources(limits: Limits) -> dict[str, Any]:
+    """OCI `linux.resources` for `limits` (runc maps them to v1 or v2 files)."""
+    resources: dict[str, Any] = {}
+    if limits.memory:
+        resources["memory"] = {"limit": int(limits.memory)}
+    if limits.cpus:
+        period = 100_000
+        resources["cpu"] = {"quota": max(1000, int(limits.cpus * period)), "period": period}
+    if limits.pids:
+        resources["pids"] = {"limit": int(limits.pids)}
+    return resources
+
+
+def create_cgroup(sandbox_id: str, limits: Limits) -> CgroupSpec:
+    """The default cgroup hook: `/weenv/ID`, created and limited by the runtime."""
+    return CgroupSpec(f"/{CGROUP_PARENT}/{sandbox_id}", oci_resources(limits))
+
+
+CgroupFactory = Callable[[str, Limits], CgroupSpec]
+cgroup_factory: CgroupFactory = create_cgroup
+
+
+def set_cgroup_factory(factory: CgroupFactory) -> CgroupFactory:
+    """Make `factory` create every new sandbox cgroup; return the previous one."""
+    global cgroup_factory
+    previous, cgroup_factory = cgroup_factory, factory
+    return previous
+
+
+def cgroup_dirs(path: str) -> list[Path]:
+    """The existing directories of cgroup `path` in every mounted hierarchy (v1 and v2)."""
+    found = []
+    with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 2 and fields[2] in ("cgroup", "cgroup2"):
+                candidate = Path(fields[1]) / path.lstrip("/")
+                if candidate.is_dir():
+                    found.append(candidate)
+    return found
+
+
+def cgroup_pids(path: str) -> list[int]:
+    """Pids in cgroup `path` (from the first hierarchy that has it)."""
+    for folder in cgroup_dirs(path):
+        try:
+            return [int(x) for x in (folder / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return []
+
+
+def remove_cgroup(path: str, timeout: float = 10.0) -> list[Path]:
+    """Kill what is left in cgroup `path` and remove its directories; return those removed."""
+    dirs = cgroup_dirs(path)
+    deadline = time.monotonic() + timeout
+    removed = []
+    for folder in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+        while True:
+            for pid in cgroup_pids(path):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            try:
+                folder.rmdir()
+                removed.append(folder)
+                break
+            except FileNotFoundError:
+                break
+            except OSError as error:  # EBUSY until the killed tasks have exited
+                if time.monotonic() > deadline:
+                    log.warning("cannot remove cgroup %s: %s", folder, error.strerror)
+                    break
+                time.sleep(0.01)
+    return removed
+
+
+def kill_session(path: str, leader: int, rounds: int = 200) -> int:
+    """SIGKILL every process of cgroup `path` in session `leader` (a host pid), again until
+    none is left: a fork bomb forks while we kill. Returns how many signals were sent."""
+    killed = 0
+    for _ in range(rounds):
+        victims = [p for p in cgroup_pids(path) if _session(p) == leader]
+        if not victims:
+            break
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        killed += len(victims)
+        time.sleep(0.005)
+    return killed
+
+
+def _session(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[3])
+    except (OSError, IndexError, ValueError):
+        return None

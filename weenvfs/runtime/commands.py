@@ -1,0 +1,431 @@
+"""The `weenv run` and `weenv sandbox create|exec|reset|rm|ls|gc` commands.
+
+Owns: their arguments, defaults and output. `run` makes a sandbox owned by itself, runs one
+command with this terminal's stdin/stdout/stderr, removes the sandbox (also on SIGTERM, SIGHUP
+or Ctrl-C) and exits with the command's status. `sandbox create` makes a detached sandbox
+that lives until `sandbox rm`; the other subcommands find it by id through its state folder,
+from any process. Must not: build sandboxes or capture output itself (sandbox.py,
+environment.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from weenvfs.cli import add_command
+from weenvfs.errors import UsageError
+
+if TYPE_CHECKING:
+    from .sandbox import Sandbox
+
+Sub = argparse._SubParsersAction  # type: ignore[type-arg]
+
+
+def register(subparsers: Sub) -> None:
+    """Add `run` and `sandbox` with its subcommands."""
+    _register_run(subparsers)
+    group = add_command(
+        subparsers, "sandbox",
+        help="long-lived sandboxes: create, exec, reset, rm, ls, gc",
+        description="Manage sandboxes that outlive one command (see `weenv run` for one).",
+        examples=[
+            "weenv sandbox create debian:12 --store /srv/weenv   # prints the id",
+            "weenv sandbox exec weenv-0a1b2c3d4e -- python3 -V",
+            "weenv sandbox reset weenv-0a1b2c3d4e",
+            "weenv sandbox rm weenv-0a1b2c3d4e",
+        ],
+        func=None,
+    )
+    sub = group.add_subparsers(title="sandbox commands", metavar="COMMAND")
+    _register_create(sub)
+    _register_exec(sub)
+    _register_reset(sub)
+    _register_rm(sub)
+    _register_ls(sub)
+    _register_gc(sub)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
+    return value
+
+
+def _size(text: str) -> int:
+    from weenvfs.fuse.commands import parse_size
+
+    return parse_size(text)
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def _add_sandbox_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", metavar="URL", help="store URL or directory (required)")
+    p.add_argument("--cache", type=Path, metavar="DIR",
+                   help="node chunk cache (default: as `weenv mount`)")
+    p.add_argument("--cpus", type=_positive_float, metavar="N", help="CPU quota in cores")
+    p.add_argument("--memory", type=_size, metavar="SIZE", help="memory limit, e.g. 2G")
+    p.add_argument("--pids", type=int, metavar="N",
+                   help="most processes at once (default 4096)")
+    p.add_argument("--tmpfs-upper", action="store_true",
+                   help="keep the writable layer in RAM (tmpfs) instead of on disk")
+    p.add_argument("--network", choices=("none", "host"), default="none",
+                   help="none: loopback only (default); host: the node's network")
+    p.add_argument("--keep-warm", type=_non_negative, default=0.0, metavar="SECS",
+                   help="keep the environment mounted SECS after its last sandbox ends")
+    _add_process_options(p)
+
+
+def _add_process_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-e", "--env", type=_env_pair, action="append", default=[],
+                   metavar="KEY=VALUE", help="set an environment variable (repeatable)")
+    p.add_argument("-w", "--workdir", metavar="DIR", help="working directory inside")
+    p.add_argument("-u", "--user", metavar="USER[:GROUP]",
+                   help="run as this user (name or uid, as Docker)")
+
+
+def _register_run(subparsers: Sub) -> None:
+    p = add_command(
+        subparsers, "run",
+        help="run one command in a fresh sandbox of an environment",
+        description=(
+            "Run CMD in a new sandbox of environment REF and exit with its status.\n"
+            "The sandbox is a writable overlay over the environment's shared lazy mount, in\n"
+            "its own pid, mount, ipc, uts and (by default) network namespaces and cgroup.\n"
+            "Without CMD the environment's entrypoint and cmd run. Everything is removed at\n"
+            "exit (--keep keeps the writable layer for inspection)."
+        ),
+        examples=[
+            "weenv run debian:12 --store /srv/weenv -- cat /etc/os-release",
+            "weenv run py:3.11 --store s3://envs/weenv --cpus 2 --memory 4G -- python3 -V",
+            "weenv run task:1234 --store /srv/weenv --tmpfs-upper -e SEED=7 -- ./run.sh",
+        ],
+        func=_cmd_run,
+    )
+    _add_rest(p, "REF [OPTIONS] -- CMD...",
+              "environment NAME[:TAG] or manifest digest, options, `--`, the command")
+    _add_sandbox_options(p)
+    p.add_argument("--keep", action="store_true",
+                   help="keep the writable layer on disk and print where")
+
+
+def _register_create(sub: Sub) -> None:
+    p = add_command(
+        sub, "create",
+        help="create a sandbox that lives until `weenv sandbox rm`; prints its id",
+        description="Create a detached sandbox of REF and print its id.",
+        examples=[
+            "weenv sandbox create debian:12 --store /srv/weenv",
+            "weenv sandbox create py:3.11 --store /srv/weenv --memory 2G --name episode-7",
+        ],
+        func=_cmd_create,
+    )
+    _add_rest(p, "REF [OPTIONS]", "environment NAME[:TAG] or manifest digest, then options")
+    _add_sandbox_options(p)
+    p.add_argument("--name", metavar="ID", help="the sandbox id (default: weenv-<random>)")
+
+
+def _register_exec(sub: Sub) -> None:
+    p = add_command(
+        sub, "exec",
+        help="run a command in a sandbox; exits with its status",
+        description="Run CMD in sandbox ID with this terminal's stdin, stdout and stderr.",
+        examples=["weenv sandbox exec weenv-0a1b2c3d4e -- ls -l /",
+                  "weenv sandbox exec -u nobody -w /tmp weenv-0a1b2c3d4e -- id"],
+        func=_cmd_exec,
+    )
+    _add_rest(p, "ID [OPTIONS] -- CMD...", "sandbox id, options, `--`, the command")
+    _add_process_options(p)
+
+
+def _register_reset(sub: Sub) -> None:
+    p = add_command(
+        sub, "reset",
+        help="discard every change: back to the pristine environment",
+        description="Kill the sandbox's processes, discard its writable layer, start afresh.",
+        examples=["weenv sandbox reset weenv-0a1b2c3d4e"],
+        func=_cmd_reset,
+    )
+    p.add_argument("id", metavar="ID")
+
+
+def _register_rm(sub: Sub) -> None:
+    p = add_command(
+        sub, "rm",
+        help="remove sandboxes",
+        description="Kill and remove sandboxes: processes, mounts, cgroup, writable layer.",
+        examples=["weenv sandbox rm weenv-0a1b2c3d4e",
+                  "weenv sandbox rm --keep weenv-0a1b2c3d4e  # keep the writable layer"],
+        func=_cmd_rm,
+    )
+    p.add_argument("ids", nargs="+", metavar="ID")
+    p.add_argument("--keep", action="store_true", help="keep the writable layer on disk")
+
+
+def _register_ls(sub: Sub) -> None:
+    p = add_command(
+        sub, "ls",
+        help="list sandboxes and environment mounts on this node",
+        description="List the sandboxes of this node (and, with --json, environment mounts).",
+        examples=["weenv sandbox ls", "weenv sandbox ls --json | jq '.sandboxes[].id'"],
+        func=_cmd_ls,
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _register_gc(sub: Sub) -> None:
+    p = add_command(
+        sub, "gc",
+        help="remove sandboxes whose controlling process died, and their leftovers",
+        description=(
+            "Remove orphans: sandboxes whose owner process is gone (e.g. after kill -9), their\n"
+            "processes, overlays, cgroups and upper dirs, and environment mounts no sandbox\n"
+            "uses. Sandboxes of live owners and `sandbox create`d ones are left alone."
+        ),
+        examples=["weenv sandbox gc", "weenv sandbox gc --json"],
+        func=_cmd_gc,
+    )
+    p.add_argument("--json", action="store_true", help="print what was removed as JSON")
+    p.add_argument("--mounts-only", action="store_true",
+                   help="only unmount environments no sandbox uses")
+    p.add_argument("--after", type=_non_negative, default=0.0, help=argparse.SUPPRESS)
+
+
+# -- handlers ---------------------------------------------------------------------------------
+
+
+def _add_rest(p: argparse.ArgumentParser, metavar: str, help: str) -> None:
+    # argparse cannot take options between a positional and `-- CMD` with a list positional
+    # (it matches the empty list early), so the positional, the options after it and the
+    # command arrive as one remainder that _split() takes apart (as `weenv hints record`).
+    p.add_argument("rest", nargs=argparse.REMAINDER, metavar=metavar, help=help)
+
+
+def _split(args: argparse.Namespace, name: str) -> list[str]:
+    """Set `args.<name>` from the remainder, parse the options after it; return the command
+    (what follows `--`)."""
+    rest = list(args.rest)
+    if rest[:1] == ["--"]:
+        rest = rest[1:]
+    if not rest or rest[0].startswith("-"):
+        raise UsageError(f"{name.upper()} is missing (see --help)")
+    setattr(args, name, rest[0])
+    rest = rest[1:]
+    cut = rest.index("--") if "--" in rest else len(rest)
+    options, command = rest[:cut], rest[cut + 1 :]
+    if options:
+        try:
+            args.command_parser.parse_args(options, namespace=args)
+        except SystemExit:  # argparse printed the problem
+            raise UsageError(f"bad options: {' '.join(options)}") from None
+    if hasattr(args, "store") and not args.store:
+        raise UsageError("--store is required")
+    return command
+
+
+def _options(args: argparse.Namespace, **extra: Any) -> Any:
+    from .cgroups import DEFAULT_PIDS, Limits
+    from .sandbox import SandboxOptions
+
+    limits = Limits(args.cpus, args.memory, DEFAULT_PIDS if args.pids is None else args.pids)
+    return SandboxOptions(
+        limits=limits, tmpfs_upper=args.tmpfs_upper, network=args.network,
+        keep_warm=args.keep_warm, env=dict(args.env), user=args.user, cwd=args.workdir,
+        **extra,
+    )
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt, so `finally` blocks clean up."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """Let a teardown finish: a second Ctrl-C or SIGTERM must not cut it in half."""
+    old = {s: signal.signal(s, signal.SIG_IGN)
+           for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .environment import resolve_source
+    from .sandbox import Sandbox
+
+    command = _split(args, "ref")
+    source = resolve_source(args.ref, args.store, args.cache)
+    if not command:
+        command = list(source.command)
+    if not command:
+        raise UsageError("no command given and the environment has no entrypoint or cmd")
+    with _signals_interrupt():
+        box = Sandbox.create(source, _options(args, keep_upper=args.keep),
+                             owner_pid=os.getpid())
+        try:
+            return _run_attached(box, command, {}, None, None)
+        finally:
+            with _signals_ignored():
+                box.destroy()
+            if args.keep:
+                print(f"weenv: upper layer kept in {box.upper_root / 'upper'}",
+                      file=sys.stderr)
+
+
+def _run_attached(box: Sandbox, command: list[str], env: dict[str, str], cwd: str | None,
+                  user: str | None) -> int:
+    """Run `command` with this process's stdio; on interrupt kill it and re-raise."""
+    from .launcher import check_args, parse_exec_failure
+
+    spec = box.command(check_args(command), env=env, cwd=cwd, user=user)
+    proc, pid_file = box.exec(spec)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        box.kill_session(pid_file)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+        raise
+    finally:
+        box.forget_exec(pid_file)
+    return parse_exec_failure(code, b"")
+
+
+def _cmd_create(args: argparse.Namespace) -> int:
+    from .environment import resolve_source
+    from .sandbox import Sandbox
+
+    if _split(args, "ref"):
+        raise UsageError("sandbox create takes no command (use sandbox exec)")
+    source = resolve_source(args.ref, args.store, args.cache)
+    with _signals_interrupt():
+        box = Sandbox.create(source, _options(args, name=args.name), owner_pid=None)
+    print(box.id)
+    return 0
+
+
+def _cmd_exec(args: argparse.Namespace) -> int:
+    from .sandbox import Sandbox
+
+    command = _split(args, "id")
+    if not command:
+        raise UsageError("no command given (weenv sandbox exec ID -- CMD...)")
+    box = Sandbox.load(args.id)
+    with _signals_interrupt():
+        return _run_attached(box, command, dict(args.env), args.workdir, args.user)
+
+
+def _cmd_reset(args: argparse.Namespace) -> int:
+    from .sandbox import Sandbox
+
+    seconds = Sandbox.load(args.id).reset()
+    print(f"reset {args.id} in {seconds * 1000:.0f} ms", file=sys.stderr)
+    return 0
+
+
+def _cmd_rm(args: argparse.Namespace) -> int:
+    from .sandbox import Sandbox
+
+    boxes = [Sandbox.load(i) for i in args.ids]  # all exist, or nothing is removed
+    for box in boxes:
+        with _signals_ignored():
+            box.destroy(keep_upper=args.keep or None)
+        if args.keep:
+            print(f"{box.id}: upper layer kept in {box.upper_root / 'upper'}")
+    return 0
+
+
+def _describe(box: Sandbox) -> dict[str, Any]:
+    state = box.state
+    return {
+        "id": box.id,
+        "status": box.status(),
+        "env": state["env"]["ref"],
+        "digest": state["env"]["digest"],
+        "owner": (state.get("owner") or {}).get("pid"),
+        "created": state.get("created"),
+        "resets": state.get("resets", 0),
+        "rootfs": str(box.rootfs),
+        "upper": str(box.upper_root / "upper"),
+        "tmpfs_upper": state.get("tmpfs_upper"),
+        "network": state.get("network"),
+        "limits": state.get("limits"),
+        "cgroup": (state.get("cgroup") or {}).get("path"),
+        "init_pid": state.get("init_pid"),
+    }
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    from . import mounts, sandbox
+
+    boxes = []
+    for sandbox_id in sandbox.list_ids():
+        with contextlib.suppress(UsageError):
+            boxes.append(_describe(sandbox.Sandbox.load(sandbox_id)))
+    if args.json:
+        document = {"sandboxes": boxes, "environments": [e.to_json() for e in mounts.list_envs()]}
+        print(json.dumps(document, indent=2, sort_keys=True))
+        return 0
+    print(f"{'ID':<24} {'STATUS':<10} {'OWNER':>7} {'AGE':>8}  ENV")
+    now = time.time()
+    for b in boxes:
+        age = f"{now - b['created']:.0f}s" if b["created"] else "-"
+        print(f"{b['id']:<24} {b['status']:<10} {b['owner'] or '-':>7} {age:>8}  {b['env']}")
+    return 0
+
+
+def _cmd_gc(args: argparse.Namespace) -> int:
+    from . import gc
+
+    report = gc.collect_after(args.after) if args.after else gc.collect(
+        mounts_only=args.mounts_only)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2, sort_keys=True))
+    else:
+        for kind, items in report.to_json().items():
+            for item in items:
+                print(f"{kind}: {item}")
+    return 1 if report.errors else 0

@@ -1,0 +1,157 @@
+"""`weenv sandbox gc`: remove what crashed controllers left behind.
+
+Owns the rules for what is an orphan, and their removal:
+- a sandbox whose owner process is gone (pid dead, or reused: the start time differs), or a
+  detached one (`weenv sandbox create`) whose init is gone (the node rebooted, or someone
+  killed it): `Sandbox.destroy` kills its
+  processes, unmounts its overlay and tmpfs, removes its cgroup and upper dir and drops its
+  hold on the environment mount;
+- runc containers and cgroups under `/weenv/` with no sandbox folder (a crash between
+  steps of create or destroy);
+- upper dirs with no sandbox that were not kept on purpose, and trash left by a reset;
+- environment mounts: holders whose sandbox is gone are dropped, and a mount with no holder
+  that is not kept warm is unmounted.
+A sandbox still being created or reset by a live owner is never touched.
+
+Must not: remove a sandbox whose owner runs, or an upper kept with `--keep`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from weenvfs.errors import UsageError, WeenvError
+
+from . import cgroups, mounts, sandbox
+from .cgroups import CGROUP_PARENT
+from .launcher import Launcher, default_launcher
+from .sandbox import KEPT_MARKER, UPPERS_ROOT, Sandbox
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GcReport:
+    """What one collection removed."""
+
+    sandboxes: list[str] = field(default_factory=list)
+    containers: list[str] = field(default_factory=list)
+    cgroups: list[str] = field(default_factory=list)
+    uppers: list[str] = field(default_factory=list)
+    holders: list[str] = field(default_factory=list)
+    mounts: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, list[str]]:
+        """A JSON-able dict (`weenv sandbox gc --json`)."""
+        return asdict(self)
+
+    @property
+    def removed(self) -> int:
+        """How many things were removed (errors not counted)."""
+        return sum(len(v) for k, v in asdict(self).items() if k != "errors")
+
+
+def is_orphan(box: Sandbox) -> bool:
+    """Whether `box` has lost its owner; or, for a detached sandbox (no owner), its init."""
+    owner = box.state.get("owner")
+    if owner is not None:
+        return not sandbox.owner_alive(owner)
+    # A live owner deals with its own dead sandbox; a detached one has nobody else.
+    return box.state.get("status") == "running" and box.launcher.status(box.id) != "running"
+
+
+def collect(*, mounts_only: bool = False, launcher: Launcher | None = None) -> GcReport:
+    """Find and remove orphans on this node (see the module docstring)."""
+    sandbox.require_root()
+    report = GcReport()
+    if not mounts_only:
+        launcher = launcher or default_launcher()
+        _sandboxes(report, launcher)
+        _containers(report, launcher)
+        _cgroups(report)
+        _uppers(report)
+    _env_mounts(report)
+    if report.removed:
+        log.info("gc removed %s", {k: v for k, v in report.to_json().items() if v})
+    return report
+
+
+def _sandboxes(report: GcReport, launcher: Launcher) -> None:
+    for sandbox_id in sandbox.list_ids():
+        try:
+            box = Sandbox.load(sandbox_id, launcher)
+        except UsageError:
+            continue  # removed meanwhile, or a folder that never got a state file
+        if not is_orphan(box):
+            continue
+        try:
+            box.destroy(keep_upper=bool(box.state.get("keep_upper")))
+            report.sandboxes.append(sandbox_id)
+        except (OSError, WeenvError) as error:
+            report.errors.append(f"sandbox {sandbox_id}: {error}")
+
+
+def _containers(report: GcReport, launcher: Launcher) -> None:
+    for container in launcher.list_ids():
+        if sandbox.exists(container):
+            continue
+        try:
+            launcher.destroy(container)
+            report.containers.append(container)
+        except WeenvError as error:
+            report.errors.append(f"container {container}: {error}")
+
+
+def _cgroups(report: GcReport) -> None:
+    for parent in cgroups.cgroup_dirs(f"/{CGROUP_PARENT}"):
+        for child in sorted(p for p in parent.iterdir() if p.is_dir()):
+            if sandbox.exists(child.name):
+                continue
+            removed = cgroups.remove_cgroup(f"/{CGROUP_PARENT}/{child.name}")
+            report.cgroups.extend(str(p) for p in removed if str(p) not in report.cgroups)
+
+
+def _uppers(report: GcReport) -> None:
+    try:
+        folders = sorted(UPPERS_ROOT.iterdir())
+    except FileNotFoundError:
+        return
+    for folder in folders:
+        name = folder.name
+        kept = (folder / KEPT_MARKER).exists()
+        if name.startswith(".trash-") or (not kept and not sandbox.exists(name)):
+            if not name.startswith(".trash-") and _mounted_below(folder):
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
+            report.uppers.append(str(folder))
+
+
+def _mounted_below(folder: Path) -> bool:
+    prefix = str(folder) + "/"
+    with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+        return any(line.split()[1].startswith(prefix) for line in f if len(line.split()) > 1)
+
+
+def _env_mounts(report: GcReport) -> None:
+    for env in mounts.list_envs():
+        with mounts.locked(env.digest) as folder:
+            stale = mounts.prune_holders(folder, sandbox.exists)
+        report.holders.extend(f"{env.digest[:12]}/{h}" for h in stale)
+        try:
+            if mounts.expire(env.digest, sandbox.exists):
+                report.mounts.append(env.digest)
+        except (OSError, WeenvError) as error:
+            report.errors.append(f"environment {env.digest[:12]}: {error}")
+
+
+def collect_after(seconds: float) -> GcReport:
+    """Sleep, then collect expired environment mounts only (the keep-warm timer)."""
+    with contextlib.suppress(KeyboardInterrupt):
+        time.sleep(seconds)
+    return collect(mounts_only=True)

@@ -1,0 +1,395 @@
+"""The one interface between a sandbox and the program that isolates it: runc (OCI).
+
+Owns: `ProcessSpec` (what runs: argv, env, cwd, uid/gid/groups), `CgroupSpec` (the cgroup path
+and the OCI resources the runtime applies), `LaunchSpec` (everything a sandbox's init needs),
+the OCI runtime spec we generate (`runtime_spec`, `process_spec`), and `Launcher`, whose only
+implementation `RuncLauncher` drives Debian's `runc` with its state under `RUNC_ROOT`.
+docs/runtime.md explains why runc and not bubblewrap (measured there).
+
+The container's pid 1 is `catatonit -P` (Debian `catatonit`, statically linked), bind-mounted
+from the host at `INIT_PATH` inside the container's private /dev tmpfs: it works whatever the
+image contains, reaps zombies, and nothing of it lands in the sandbox's upper layer. Commands
+run through `runc exec --process FILE`, so every exec carries the full process spec (user,
+groups, capabilities, rlimits) and nothing is inherited from runc's defaults by accident.
+
+Must not: mount anything on the host, manage upper layers or state files (sandbox.py), or
+decide limits (the cgroup hook in sandbox.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import select
+import shutil
+import signal
+import subprocess
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from weenvfs.errors import WeenvError
+
+log = logging.getLogger(__name__)
+
+RUNC_ROOT = Path("/run/weenv/runc")
+INIT_PATH = "/dev/.weenv-init"
+INIT_BINARY = "catatonit"
+COMMAND_TIMEOUT = 60.0  # seconds for one runc start/kill/delete
+
+# Docker's default capability set: what root in a container needs to install packages
+# (chown, setuid for apt's _apt user, ...) and nothing that reaches the host.
+DEFAULT_CAPS = (
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
+    "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+)
+NOFILE = 65536  # at most: raising past our own hard limit needs CAP_SYS_RESOURCE
+MASKED_PATHS = (
+    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+    "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+    "/sys/firmware", "/sys/devices/virtual/powercap",
+)
+READONLY_PATHS = (
+    "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+)
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One process of a sandbox: argv, environment (`K=V`), working directory, identity."""
+
+    args: tuple[str, ...]
+    env: tuple[str, ...]
+    cwd: str = "/"
+    uid: int = 0
+    gid: int = 0
+    groups: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (kept in the sandbox state)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ProcessSpec:
+        """The inverse of `to_json`."""
+        return cls(
+            tuple(data["args"]), tuple(data["env"]), data["cwd"], int(data["uid"]),
+            int(data["gid"]), tuple(int(g) for g in data["groups"]),
+        )
+
+
+@dataclass(frozen=True)
+class CgroupSpec:
+    """A sandbox's cgroup: its path below each hierarchy's root (e.g. `/weenv/ID`) and the
+    OCI `linux.resources` the runtime writes there (empty when someone else sets limits)."""
+
+    path: str
+    resources: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything needed to start a sandbox's init."""
+
+    sandbox_id: str
+    rootfs: Path
+    bundle: Path
+    process: ProcessSpec
+    cgroup: CgroupSpec
+    network: str = "none"  # "none": own network namespace with lo only; "host": the node's
+    hostname: str = "weenv"
+
+
+def process_spec(process: ProcessSpec) -> dict[str, Any]:
+    """The OCI `process` object of `process` (also the `runc exec --process` file)."""
+    caps = list(DEFAULT_CAPS)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    nofile = NOFILE if hard == resource.RLIM_INFINITY else min(NOFILE, hard)
+    return {
+        "terminal": False,
+        "user": {"uid": process.uid, "gid": process.gid,
+                 "additionalGids": list(process.groups)},
+        "args": list(process.args),
+        "env": list(process.env),
+        "cwd": process.cwd,
+        "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+        "rlimits": [{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile}],
+        "noNewPrivileges": False,  # as Docker: setuid tools (sudo, su) keep working
+    }
+
+
+def _mounts(network: str) -> list[dict[str, Any]]:
+    sys_options = ["nosuid", "noexec", "nodev", "ro"]
+    mounts = [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+         "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]},
+        {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": sys_options},
+        {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+         "options": [*sys_options, "relatime"]},
+        {"destination": INIT_PATH, "type": "bind", "source": init_binary(),
+         "options": ["rbind", "ro", "nosuid", "nodev"]},
+    ]
+    if network == "host" and os.path.exists("/etc/resolv.conf"):
+        # The node's resolver, as Docker does with --network host; read-only.
+        mounts.append({"destination": "/etc/resolv.conf", "type": "bind",
+                       "source": os.path.realpath("/etc/resolv.conf"),
+                       "options": ["rbind", "ro", "nosuid", "nodev"]})
+    return mounts
+
+
+def runtime_spec(spec: LaunchSpec) -> dict[str, Any]:
+    """The OCI runtime spec (config.json) of a sandbox whose init is `catatonit -P`."""
+    namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
+    if spec.network == "none":
+        namespaces.append({"type": "network"})  # runc brings up lo, nothing else
+    init = ProcessSpec((INIT_PATH, "-P"), spec.process.env, "/", spec.process.uid,
+                       spec.process.gid, spec.process.groups)
+    return {
+        "ociVersion": "1.0.2",
+        "process": process_spec(init),
+        "root": {"path": str(spec.rootfs), "readonly": False},
+        "hostname": spec.hostname,
+        "mounts": _mounts(spec.network),
+        "linux": {
+            "namespaces": namespaces,
+            "cgroupsPath": spec.cgroup.path,
+            "resources": {"devices": [{"allow": False, "access": "rwm"}],
+                          **spec.cgroup.resources},
+            "maskedPaths": list(MASKED_PATHS),
+            "readonlyPaths": list(READONLY_PATHS),
+        },
+    }
+
+
+def init_binary() -> str:
+    """Path of the static init bound into every sandbox."""
+    path = shutil.which(INIT_BINARY) or "/usr/libexec/podman/catatonit"
+    if not os.path.exists(path):
+        raise WeenvError("catatonit not found (install the Debian package catatonit)")
+    return path
+
+
+class Launcher(ABC):
+    """Starts, enters and destroys sandboxes. Sandbox ids are the launcher's container ids."""
+
+    name: str
+
+    @abstractmethod
+    def start(self, spec: LaunchSpec) -> int:
+        """Start the sandbox's init detached; return its host pid once it runs."""
+
+    @abstractmethod
+    def exec(
+        self, sandbox_id: str, bundle: Path, process: ProcessSpec, *, pid_file: Path,
+        stdin: int | IO[Any] | None, stdout: int | IO[Any] | None,
+        stderr: int | IO[Any] | None,
+    ) -> subprocess.Popen[bytes]:
+        """Start `process` inside the running sandbox; its host pid is written to `pid_file`.
+
+        The launcher's own process is returned: it exits with the command's status
+        (128 + N when killed by signal N, 255 when the command could not start)."""
+
+    @abstractmethod
+    def destroy(self, sandbox_id: str) -> None:
+        """Kill every process of the sandbox and forget it (idempotent)."""
+
+    @abstractmethod
+    def status(self, sandbox_id: str) -> str | None:
+        """'running', 'stopped', ... or None when the launcher does not know the sandbox."""
+
+    @abstractmethod
+    def list_ids(self) -> list[str]:
+        """Ids of every sandbox the launcher knows on this node."""
+
+
+class RuncLauncher(Launcher):
+    """`runc` with its state under `root` (default RUNC_ROOT)."""
+
+    name = "runc"
+
+    def __init__(self, root: Path = RUNC_ROOT) -> None:
+        binary = shutil.which("runc")
+        if binary is None:
+            raise WeenvError("runc not found (install the Debian package runc)")
+        self.binary = binary
+        self.root = root
+
+    def _base(self) -> list[str]:
+        return [self.binary, "--root", str(self.root)]
+
+    def _run(self, *args: str, output: IO[Any] | None = None) -> tuple[int, str]:
+        """Run `runc ARGS`; (status, stderr). With `output`, stdout and stderr go there."""
+        proc = subprocess.Popen(
+            [*self._base(), *args], stdin=subprocess.DEVNULL,
+            stdout=output or subprocess.DEVNULL, stderr=output or subprocess.PIPE, text=True,
+        )
+        wait_exit(proc, COMMAND_TIMEOUT, f"runc {args[0]}")
+        _, err = proc.communicate()
+        return proc.returncode, err or ""
+
+    def start(self, spec: LaunchSpec) -> int:
+        spec.bundle.mkdir(parents=True, exist_ok=True)
+        _write_json(spec.bundle / "config.json", runtime_spec(spec))
+        pid_file = spec.bundle / "init.pid"
+        # The detached init inherits runc's stdout and stderr: a pipe would never reach EOF,
+        # so both go to a file, which also keeps what the init may say later.
+        log_path = spec.bundle / "init.log"
+        with open(log_path, "wb") as log_file:
+            code, _ = self._run("run", "--detach", "--bundle", str(spec.bundle),
+                                "--pid-file", str(pid_file), spec.sandbox_id, output=log_file)
+        if code != 0:
+            self.destroy(spec.sandbox_id)  # runc may leave a created container behind
+            message = _runc_message(log_path.read_text(errors="replace"))
+            raise WeenvError(f"runc could not start sandbox {spec.sandbox_id}: {message}")
+        return int(pid_file.read_text().strip())
+
+    def exec(
+        self, sandbox_id: str, bundle: Path, process: ProcessSpec, *, pid_file: Path,
+        stdin: int | IO[Any] | None, stdout: int | IO[Any] | None,
+        stderr: int | IO[Any] | None,
+    ) -> subprocess.Popen[bytes]:
+        spec_file = pid_file.with_suffix(".json")
+        _write_json(spec_file, process_spec(process))
+        return subprocess.Popen(
+            [*self._base(), "exec", "--process", str(spec_file), "--pid-file", str(pid_file),
+             sandbox_id],
+            stdin=stdin, stdout=stdout, stderr=stderr,
+        )
+
+    def destroy(self, sandbox_id: str) -> None:
+        # `runc delete --force` sleeps 100 ms before it first checks that the init died;
+        # killing the init ourselves (the kernel then kills the whole pid namespace) and
+        # deleting the stopped container costs a few ms.
+        self._kill_init(sandbox_id)
+        code, err = self._run("delete", "--force", sandbox_id)
+        if code != 0 and "does not exist" not in err:
+            raise WeenvError(f"runc could not delete sandbox {sandbox_id}: {_runc_message(err)}")
+
+    def _kill_init(self, sandbox_id: str, timeout: float = 10.0) -> None:
+        try:
+            state = json.loads((self.root / sandbox_id / "state.json").read_text())
+            pid, start = int(state["init_process_pid"]), int(state["init_process_start"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if _start_time(pid) != start:
+            return  # gone already, or the pid was reused: not ours to kill
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            select.select([pidfd], [], [], timeout)  # readable once the process has exited
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(pidfd)
+
+    def status(self, sandbox_id: str) -> str | None:
+        try:
+            state = json.loads((self.root / sandbox_id / "state.json").read_text())
+        except (OSError, ValueError):
+            return None
+        pid = state.get("init_process_pid")
+        # runc's state file says nothing about liveness; the init's /proc entry does.
+        return "running" if isinstance(pid, int) and _alive(pid) else "stopped"
+
+    def list_ids(self) -> list[str]:
+        try:
+            return sorted(p.name for p in self.root.iterdir() if p.is_dir())
+        except FileNotFoundError:
+            return []
+
+
+def wait_exit(proc: subprocess.Popen[Any], timeout: float | None, what: str) -> int | None:
+    """Wait until `proc` exits, at most `timeout` seconds (None: no limit); its status, or
+    None on timeout (WeenvError then, after killing it, if `what` names the command).
+
+    `Popen.wait(timeout)` polls with sleeps growing to 50 ms, which adds up to half again to
+    a 30 ms runc call; a pidfd wakes us the moment the process exits."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:  # reaped already
+        return proc.wait()
+    try:
+        ready, _, _ = select.select([pidfd], [], [], timeout)
+    finally:
+        os.close(pidfd)
+    if ready:
+        return proc.wait()
+    if what:
+        proc.kill()
+        proc.wait()
+        raise WeenvError(f"{what} did not finish within {timeout:g} s")
+    return None
+
+
+def _start_time(pid: int) -> int | None:
+    """The start time of `pid` in clock ticks (runc records it as init_process_start)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def _write_json(path: Path, document: Mapping[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(document, indent=1))
+    tmp.replace(path)
+
+
+def _runc_message(stderr: str) -> str:
+    """The `msg="..."` of runc's last error line, else its last line."""
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    if not lines:
+        return "no message"
+    last = lines[-1]
+    if 'msg="' in last:
+        return last.split('msg="', 1)[1].rsplit('"', 1)[0].replace('\\"', '"')
+    return last
+
+
+def default_launcher() -> Launcher:
+    """The launcher this node uses."""
+    return RuncLauncher()
+
+
+def parse_exec_failure(code: int, stderr: bytes) -> int:
+    """Map runc's 255 for a command that could not start to the shell's 127/126."""
+    if code != 255:
+        return code
+    tail = stderr[-600:].decode(errors="replace")
+    if "exec failed" not in tail:
+        return code
+    if "not found" in tail or "no such file" in tail:
+        return 127
+    if "permission denied" in tail:
+        return 126
+    return code
+
+
+def check_args(argv: Sequence[str]) -> tuple[str, ...]:
+    """A non-empty argv of strings."""
+    args = tuple(argv)
+    if not args or not all(isinstance(a, str) for a in args):
+        raise WeenvError("a command needs at least one argument, all strings")
+    return args

@@ -1,0 +1,303 @@
+"""One lazy FUSE mount per environment digest per node, shared by every sandbox of it.
+
+Owns the folder `/run/weenv/envs/<digest>/`:
+
+    lock            flock'ed by whoever changes anything below (any process)
+    root/           the mount point (`weenv mount <digest>`, daemon started by fuse/daemon.py)
+    holders/<id>    one empty file per sandbox that uses the mount: the reference count
+    mount.json      store URL, cache folder, log file, and `warm_until` / `timer_pid` while
+                    the mount is kept warm with no holder
+
+The count is the set of holder files, not a number, so a crashed process can never leave it
+wrong: a holder whose sandbox folder is gone is stale, and `prune_holders` (run by every
+acquire and by `weenv sandbox gc`) drops it. When the last holder releases, the mount is
+unmounted at once, or kept warm for `keep_warm` seconds: a detached `weenv sandbox gc
+--mounts-only --after SECS` timer unmounts it then unless a sandbox took it again.
+
+Must not: serve the mount (fuse/), or create sandboxes (sandbox.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from weenvfs.errors import UsageError, WeenvError
+from weenvfs.fuse import daemon
+
+log = logging.getLogger(__name__)
+
+ENVS_ROOT = Path("/run/weenv/envs")
+DIGEST_LEN = 64
+
+
+@dataclass(frozen=True)
+class EnvInfo:
+    """What `weenv sandbox ls` and gc need to know about one environment mount."""
+
+    digest: str
+    mountpoint: Path
+    mounted: bool
+    holders: tuple[str, ...]
+    warm_until: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (`weenv sandbox ls --json`)."""
+        return {"digest": self.digest, "mountpoint": str(self.mountpoint),
+                "mounted": self.mounted, "holders": list(self.holders),
+                "warm_until": self.warm_until}
+
+
+def env_dir(digest: str) -> Path:
+    """The folder of environment `digest`."""
+    if len(digest) != DIGEST_LEN or not all(c in "0123456789abcdef" for c in digest):
+        raise UsageError(f"not an environment digest: {digest!r}")
+    return ENVS_ROOT / digest
+
+
+def mountpoint(digest: str) -> Path:
+    """Where environment `digest` is mounted on this node."""
+    return env_dir(digest) / "root"
+
+
+@contextlib.contextmanager
+def locked(digest: str) -> Iterator[Path]:
+    """Hold the environment's lock (blocking); yields its folder.
+
+    A teardown removes the folder, lock file included, while holding the lock. A waiter that
+    then wakes holds a lock on an unlinked file, so it checks that the path still names the
+    file it locked and starts over otherwise (as the chunk cache's locks do)."""
+    folder = env_dir(digest)
+    while True:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            continue  # a teardown removed the folder between our mkdir and open
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = os.stat(path).st_ino
+            except FileNotFoundError:
+                current = -1
+            if current != os.fstat(fd).st_ino:
+                continue  # finally closes fd
+            yield folder
+            return
+        finally:
+            os.close(fd)
+
+
+def _read_info(folder: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((folder / "mount.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_info(folder: Path, info: dict[str, Any]) -> None:
+    tmp = folder / ".mount.json.tmp"
+    tmp.write_text(json.dumps(info))
+    tmp.replace(folder / "mount.json")
+
+
+def _holders(folder: Path) -> list[str]:
+    try:
+        return sorted(p.name for p in (folder / "holders").iterdir())
+    except FileNotFoundError:
+        return []
+
+
+def _alive_mount(mp: Path) -> bool:
+    """Mounted and answering (a dead daemon leaves a mount that fails with ENOTCONN)."""
+    if not daemon.is_mounted(mp):
+        return False
+    try:
+        os.stat(mp)
+    except OSError as error:
+        log.warning("environment mount %s is dead (%s); remounting", mp, error.strerror)
+        _force_unmount(mp)
+        return False
+    return True
+
+
+def acquire(
+    digest: str, holder: str, *, store_url: str, cache_dir: Path,
+    is_live: Callable[[str], bool],
+) -> Path:
+    """Register `holder` as a user of environment `digest`, mounting it if needed; return the
+    mount point. `is_live(holder_id)` tells stale holders (crashed sandboxes) apart."""
+    with locked(digest) as folder:
+        prune_holders(folder, is_live)
+        mp = folder / "root"
+        info = _read_info(folder)
+        if not _alive_mount(mp):
+            mp.mkdir(exist_ok=True)
+            info = _mount(digest, mp, store_url, cache_dir)
+        _stop_timer(info)
+        info.pop("warm_until", None)
+        _write_info(folder, info)
+        (folder / "holders").mkdir(exist_ok=True)
+        (folder / "holders" / holder).touch()
+        return mp
+
+
+def _mount(digest: str, mp: Path, store_url: str, cache_dir: Path) -> dict[str, Any]:
+    cache_dir = cache_dir.absolute()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    log_file = cache_dir / "logs" / f"env-{digest[:12]}.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    args = ["--log-file", str(log_file), "mount", digest, str(mp), "--store", store_url,
+            "--cache", str(cache_dir), "--foreground", "--allow-other"]
+    started = time.monotonic()
+    pid = daemon.spawn(args, log_file)
+    log.info("mounted environment %s at %s in %.0f ms (daemon %d)", digest[:12], mp,
+             (time.monotonic() - started) * 1000, pid)
+    return {"store": store_url, "cache": str(cache_dir), "log_file": str(log_file), "pid": pid}
+
+
+def release(digest: str, holder: str, keep_warm: float = 0.0) -> None:
+    """Drop `holder`; unmount when no holder is left, now or after `keep_warm` seconds."""
+    with locked(digest) as folder:
+        (folder / "holders" / holder).unlink(missing_ok=True)
+        if _holders(folder):
+            return
+        if keep_warm > 0 and daemon.is_mounted(folder / "root"):
+            info = _read_info(folder)
+            _stop_timer(info)
+            info["warm_until"] = time.time() + keep_warm
+            info["timer_pid"] = _start_timer(keep_warm)
+            _write_info(folder, info)
+            return
+        _teardown(folder)
+
+
+def prune_holders(folder: Path, is_live: Callable[[str], bool]) -> list[str]:
+    """Remove holder files of sandboxes that no longer exist; return their ids."""
+    stale = [h for h in _holders(folder) if not is_live(h)]
+    for holder in stale:
+        (folder / "holders" / holder).unlink(missing_ok=True)
+        log.info("dropped stale holder %s of environment %s", holder, folder.name[:12])
+    return stale
+
+
+def expire(digest: str, is_live: Callable[[str], bool], now: float | None = None) -> bool:
+    """Unmount environment `digest` if it has no live holder and is not kept warm past `now`;
+    return whether it was torn down."""
+    with locked(digest) as folder:
+        prune_holders(folder, is_live)
+        if _holders(folder):
+            return False
+        warm_until = _read_info(folder).get("warm_until")
+        if isinstance(warm_until, int | float) and warm_until > (now or time.time()):
+            return False
+        _teardown(folder)
+        return True
+
+
+def _teardown(folder: Path) -> None:
+    """Unmount (lazily if an overlay still pins it) and remove the folder but its lock."""
+    mp = folder / "root"
+    info = _read_info(folder)
+    _stop_timer(info)
+    if daemon.is_mounted(mp):
+        try:
+            daemon.unmount(mp)
+        except WeenvError as error:
+            log.info("unmounting %s lazily: %s", mp, error)
+            _force_unmount(mp)
+            _wait_daemon(info)
+        log.info("unmounted environment %s", folder.name[:12])
+    _reap(info.get("pid"))
+    # Everything goes, the lock file last while still held (see `locked`).
+    for child in folder.iterdir():
+        if child.name == "lock":
+            continue
+        if child.is_dir() and not child.is_symlink():
+            if child == mp:
+                with contextlib.suppress(OSError):
+                    mp.rmdir()  # never rmtree a mount point, even one detached lazily
+            else:
+                shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
+    (folder / "lock").unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+
+
+def _force_unmount(mp: Path) -> None:
+    subprocess.run([daemon.fusermount(), "-u", "-z", str(mp)], capture_output=True,
+                   check=False)
+
+
+def _wait_daemon(info: dict[str, Any]) -> None:
+    pid = info.get("pid")
+    if isinstance(pid, int):
+        with contextlib.suppress(WeenvError):
+            daemon.wait_exit(pid, daemon.EXIT_TIMEOUT)
+
+
+def _reap(pid: object) -> None:
+    """Collect the exit status of a mount daemon this process started (daemon.spawn does
+    not wait for it), so that it does not stay a zombie for as long as we run."""
+    if isinstance(pid, int):
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def _start_timer(seconds: float) -> int:
+    """A detached `weenv sandbox gc --mounts-only --after SECS`; returns its pid.
+
+    Started through a shell that exits at once, so the timer is not our child: a process
+    that opens environments for hours must not collect zombies."""
+    command = [sys.executable, "-m", "weenvfs", "sandbox", "gc", "--mounts-only",
+               "--after", repr(seconds)]
+    done = subprocess.run(
+        ["/bin/sh", "-c", '"$@" > /dev/null 2>&1 < /dev/null & echo $!', "sh", *command],
+        capture_output=True, text=True, check=True, start_new_session=True, cwd="/",
+    )
+    return int(done.stdout.strip())
+
+
+def _stop_timer(info: dict[str, Any]) -> None:
+    """Stop the keep-warm timer recorded in `info` (only if it still is our timer)."""
+    pid = info.pop("timer_pid", None)
+    if not isinstance(pid, int) or pid == os.getpid():
+        return  # none, or we are the timer (expiring the mount it was started for)
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return
+    if b"--mounts-only" in cmdline and b"weenvfs" in cmdline:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+
+
+def list_envs() -> list[EnvInfo]:
+    """Every environment folder on this node."""
+    try:
+        folders = sorted(p for p in ENVS_ROOT.iterdir() if len(p.name) == DIGEST_LEN)
+    except FileNotFoundError:
+        return []
+    out = []
+    for folder in folders:
+        warm = _read_info(folder).get("warm_until")
+        out.append(EnvInfo(folder.name, folder / "root", daemon.is_mounted(folder / "root"),
+                           tuple(_holders(folder)),
+                           float(warm) if isinstance(warm, int | float) else None))
+    return out

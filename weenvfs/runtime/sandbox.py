@@ -1,0 +1,456 @@
+"""A sandbox: a writable, isolated root over a shared environment mount, and its lifecycle.
+
+Owns, per sandbox `ID` (`weenv-<10 hex>` unless named):
+
+    /run/weenv/sandboxes/ID/state.json   owner pid (+ start time), environment, paths,
+                                         cgroup, default process; read by ls/exec/gc
+    /run/weenv/sandboxes/ID/lock         flock'ed while the sandbox changes (reset, rm)
+    /run/weenv/sandboxes/ID/rootfs/      overlayfs: the shared environment mount as lower
+    /run/weenv/sandboxes/ID/scratch/     with --tmpfs-upper: a tmpfs holding upper/ and work/
+    /run/weenv/sandboxes/ID/bundle/      the OCI bundle (config.json) and exec files
+    /var/lib/weenv/sandboxes/ID/         on-disk upper/ and work/ (the default)
+
+and the order of things: state first (so gc can undo a half-made sandbox), then the
+environment mount (mounts.py), the upper, the overlay, the rootfs fixes (working directory,
+/tmp) and the init (launcher.py). Teardown runs the same steps backwards, each one tolerant
+of the previous ones never having happened, so `destroy` also cleans up after crashes.
+
+Every start of the init (create and reset) gets its cgroup from `cgroups.cgroup_factory`, the
+hook the provisioner takes over.
+
+Must not: parse arguments (commands.py), capture output or apply timeouts (environment.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Any
+
+from weenvfs.errors import UsageError, WeenvError
+
+from . import cgroups, mounts, rootfs
+from .cgroups import Limits, cgroup_pids, remove_cgroup
+from .launcher import Launcher, LaunchSpec, ProcessSpec, default_launcher
+
+log = logging.getLogger(__name__)
+
+SANDBOXES_ROOT = Path("/run/weenv/sandboxes")
+UPPERS_ROOT = Path("/var/lib/weenv/sandboxes")
+KEPT_MARKER = "KEPT"
+STATE_VERSION = 1
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class CommandNotFound(WeenvError):
+    """The command is not an executable file in the sandbox."""
+
+    exit_code = 127  # what a shell returns for a command it cannot find
+
+
+@dataclass(frozen=True)
+class SandboxOptions:
+    """How to make a sandbox, besides the environment."""
+
+    limits: Limits = field(default_factory=Limits)
+    tmpfs_upper: bool = False
+    tmpfs_size: int | None = None
+    network: str = "none"
+    keep_upper: bool = False
+    keep_warm: float = 0.0
+    env: dict[str, str] = field(default_factory=dict)
+    user: str | None = None
+    cwd: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class EnvSource:
+    """A resolved environment: where to mount it from and how to run it."""
+
+    ref: str
+    digest: str
+    store_url: str
+    cache_dir: Path
+    env: tuple[str, ...] = ()  # the manifest's runtime config, as in format/manifest.py
+    cwd: str = "/"
+    user: str = ""
+    command: tuple[str, ...] = ()  # entrypoint + cmd
+
+
+def process_start(pid: int) -> int | None:
+    """The start time (clock ticks since boot) of `pid`, or None if it does not run."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in (b"Z", b"X") else int(fields[19])
+
+
+def owner_alive(owner: dict[str, Any] | None) -> bool:
+    """Whether the owner recorded in a state still runs (None: detached, never orphaned)."""
+    if owner is None:
+        return True
+    start = process_start(int(owner["pid"]))
+    return start is not None and start == owner.get("start")
+
+
+def sandbox_dir(sandbox_id: str) -> Path:
+    """The state folder of sandbox `sandbox_id`."""
+    if not _ID.fullmatch(sandbox_id):
+        raise UsageError(f"invalid sandbox id {sandbox_id!r}")
+    return SANDBOXES_ROOT / sandbox_id
+
+
+def exists(sandbox_id: str) -> bool:
+    """Whether sandbox `sandbox_id` has a state folder (used as the env-mount liveness test)."""
+    return _ID.fullmatch(sandbox_id) is not None and (SANDBOXES_ROOT / sandbox_id).is_dir()
+
+
+def list_ids() -> list[str]:
+    """Ids of every sandbox with a state folder on this node."""
+    try:
+        return sorted(p.name for p in SANDBOXES_ROOT.iterdir() if _ID.fullmatch(p.name))
+    except FileNotFoundError:
+        return []
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[bool]:
+    """Hold the sandbox's lock; yields False if the sandbox vanished while we waited."""
+    try:
+        fd = os.open(folder / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError:
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield (folder / "state.json").exists()
+    finally:
+        os.close(fd)
+
+
+def require_root() -> None:
+    """UsageError unless this process is root."""
+    if os.geteuid() != 0:
+        raise UsageError("sandboxes need root (overlay mounts, namespaces and cgroups)")
+
+
+class Sandbox:
+    """A sandbox on this node, made by `create` or found again by `load`."""
+
+    def __init__(self, state: dict[str, Any], launcher: Launcher | None = None) -> None:
+        self.state = state
+        self.launcher = launcher or default_launcher()
+
+    # -- facts ----------------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """The sandbox id (also its hostname and its cgroup's name)."""
+        return str(self.state["id"])
+
+    @property
+    def dir(self) -> Path:
+        """The state folder."""
+        return SANDBOXES_ROOT / self.id
+
+    @property
+    def rootfs(self) -> Path:
+        """The overlay mount point: the sandbox's root as the host sees it."""
+        return self.dir / "rootfs"
+
+    @property
+    def bundle(self) -> Path:
+        """The OCI bundle folder."""
+        return self.dir / "bundle"
+
+    @property
+    def upper_root(self) -> Path:
+        """The folder holding upper/ and work/ (a tmpfs mount point with --tmpfs-upper)."""
+        return self.dir / "scratch" if self.state["tmpfs_upper"] else UPPERS_ROOT / self.id
+
+    @property
+    def process(self) -> ProcessSpec:
+        """The default process: the environment's env, cwd and user, resolved."""
+        return ProcessSpec.from_json(self.state["process"])
+
+    @property
+    def cgroup_path(self) -> str | None:
+        """The cgroup path below each hierarchy's root, once the init has started."""
+        return self.state.get("cgroup", {}).get("path")
+
+    def status(self) -> str:
+        """'creating', 'running', 'stopped' (init gone) or 'orphaned' (owner gone)."""
+        if not owner_alive(self.state.get("owner")):
+            return "orphaned"
+        if self.state.get("status") != "running":
+            return str(self.state.get("status"))
+        return "running" if self.launcher.status(self.id) == "running" else "stopped"
+
+    def _reload(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.state = json.loads((self.dir / "state.json").read_text())
+
+    def save(self) -> None:
+        """Write the state file atomically."""
+        tmp = self.dir / ".state.json.tmp"
+        tmp.write_text(json.dumps(self.state, indent=1))
+        tmp.replace(self.dir / "state.json")
+
+    # -- life -----------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, source: EnvSource, options: SandboxOptions, *, owner_pid: int | None,
+               launcher: Launcher | None = None) -> Sandbox:
+        """Make and start a sandbox of `source`; `owner_pid` None makes it outlive this
+        process (only `weenv sandbox rm` or gc of a dead init ends it)."""
+        require_root()
+        if options.network not in ("none", "host"):
+            raise UsageError(f"--network must be none or host, not {options.network!r}")
+        if options.keep_upper and options.tmpfs_upper:
+            raise UsageError("keeping the upper layer needs it on disk (no --tmpfs-upper)")
+        sandbox_id = options.name or f"weenv-{secrets.token_hex(5)}"
+        folder = sandbox_dir(sandbox_id)
+        SANDBOXES_ROOT.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            raise UsageError(f"sandbox {sandbox_id} exists already") from None
+        creator = os.getpid()
+        sandbox = cls(_initial_state(sandbox_id, source, options, creator), launcher)
+        sandbox.save()
+        try:
+            sandbox._build(source, options)
+        except BaseException:
+            sandbox.destroy(keep_upper=False)
+            raise
+        if owner_pid != creator:
+            sandbox.state["owner"] = _owner(owner_pid)
+            sandbox.save()
+        return sandbox
+
+    @classmethod
+    def load(cls, sandbox_id: str, launcher: Launcher | None = None) -> Sandbox:
+        """The sandbox `sandbox_id` (UsageError if there is none)."""
+        try:
+            state = json.loads((sandbox_dir(sandbox_id) / "state.json").read_text())
+        except (OSError, ValueError):
+            raise UsageError(f"no sandbox {sandbox_id}") from None
+        return cls(state, launcher)
+
+    def _build(self, source: EnvSource, options: SandboxOptions) -> None:
+        started = time.monotonic()
+        lower = mounts.acquire(source.digest, self.id, store_url=source.store_url,
+                               cache_dir=source.cache_dir, is_live=exists)
+        self.state["lower"] = str(lower)
+        self.save()
+        for path in (self.rootfs, self.bundle / "exec"):
+            path.mkdir(parents=True, exist_ok=True)
+        self._make_upper()
+        rootfs.mount_overlay(self.rootfs, lower, self.upper_root / "upper",
+                             self.upper_root / "work")
+        user = rootfs.resolve_user(self.rootfs, options.user or source.user)
+        cwd = rootfs.check_inside(options.cwd or source.cwd or "/")
+        env = rootfs.env_list(source.env, options.env, user)
+        self.state["process"] = ProcessSpec((), env, cwd, user.uid, user.gid,
+                                            user.groups).to_json()
+        self._start()
+        log.info("sandbox %s of %s ready in %.0f ms", self.id, source.ref,
+                 (time.monotonic() - started) * 1000)
+
+    def _make_upper(self) -> None:
+        top = self.upper_root
+        top.mkdir(parents=True, exist_ok=True)
+        if self.state["tmpfs_upper"]:
+            rootfs.mount_tmpfs(top, self.state.get("tmpfs_size"))
+        (top / "upper").mkdir(mode=0o755)
+        (top / "work").mkdir(mode=0o700)
+
+    def _fix_rootfs(self) -> None:
+        """Create what the image lacks for a sandbox to run (lands in the upper, like
+        Docker's WORKDIR): the working directory and a world-writable /tmp."""
+        process = self.process
+        owner = (process.uid, process.gid)
+        if not rootfs.is_dir_in_root(self.rootfs, process.cwd):
+            rootfs.make_dirs(self.rootfs, process.cwd, owner)
+        if not rootfs.is_dir_in_root(self.rootfs, "/tmp"):
+            rootfs.make_dirs(self.rootfs, "/tmp", (0, 0), mode=0o1777)
+
+    def _start(self) -> None:
+        self._fix_rootfs()
+        cgroup = cgroups.cgroup_factory(self.id, Limits(**self.state["limits"]))
+        self.state["cgroup"] = {"path": cgroup.path, "resources": cgroup.resources}
+        spec = LaunchSpec(self.id, self.rootfs, self.bundle, self.process, cgroup,
+                          self.state["network"], self.id)
+        self.state["init_pid"] = self.launcher.start(spec)
+        self.state["status"] = "running"
+        self.save()
+
+    def reset(self) -> float:
+        """Discard every change since the sandbox was made: kill its processes, throw the
+        upper layer away and start again from the pristine environment. Returns seconds."""
+        require_root()
+        started = time.monotonic()
+        with _locked(self.dir) as present:
+            if not present:
+                raise UsageError(f"no sandbox {self.id}")
+            self._reload()  # another process may have reset it since we loaded it
+            self.state["status"] = "resetting"
+            self.save()
+            self._stop()
+            rootfs.unmount(self.rootfs)
+            trash = self._discard_upper()
+            self._make_upper()
+            rootfs.mount_overlay(self.rootfs, Path(self.state["lower"]),
+                                 self.upper_root / "upper", self.upper_root / "work")
+            self.state["resets"] = int(self.state.get("resets", 0)) + 1
+            self._start()
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)  # after the sandbox runs again
+        return time.monotonic() - started
+
+    def _discard_upper(self) -> Path | None:
+        """Make the upper go away fast: unmount the tmpfs, or rename the folder on disk for
+        deletion once the sandbox runs again. Returns the folder to delete."""
+        top = self.upper_root
+        if self.state["tmpfs_upper"]:
+            rootfs.unmount(top)
+            return None
+        trash = UPPERS_ROOT / f".trash-{self.id}-{secrets.token_hex(4)}"
+        with contextlib.suppress(FileNotFoundError):
+            top.rename(trash)
+            return trash
+        return None
+
+    def _stop(self) -> None:
+        """Kill every process of the sandbox and remove its cgroup."""
+        try:
+            self.launcher.destroy(self.id)
+        except WeenvError as error:
+            log.info("%s; killing its cgroup directly", error)
+        # A sandbox that died before its first start has no cgroup in its state, but runc
+        # may have made one: the default path is where it would be.
+        remove_cgroup(self.cgroup_path or f"/{cgroups.CGROUP_PARENT}/{self.id}")
+
+    def destroy(self, keep_upper: bool | None = None) -> None:
+        """Tear everything down (tolerates any half-made state); keep the on-disk upper if
+        `keep_upper` (default: as the sandbox was created)."""
+        require_root()
+        keep = self.state.get("keep_upper", False) if keep_upper is None else keep_upper
+        with _locked(self.dir) as present:
+            if not present:
+                return
+            self._stop()
+            rootfs.unmount(self.rootfs)
+            if self.state["tmpfs_upper"]:
+                rootfs.unmount(self.upper_root)
+            if keep and not self.state["tmpfs_upper"]:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.upper_root / KEPT_MARKER).write_text(json.dumps(self.state))
+            else:
+                shutil.rmtree(self.upper_root, ignore_errors=True)
+            if self.state.get("lower"):
+                mounts.release(self.state["env"]["digest"], self.id,
+                               float(self.state.get("keep_warm", 0.0)))
+            (self.dir / "state.json").unlink(missing_ok=True)
+        if rootfs.is_mount_point(self.rootfs):  # never delete through a live overlay
+            raise WeenvError(f"{self.rootfs} is still mounted; run `weenv sandbox gc` later")
+        shutil.rmtree(self.dir, ignore_errors=True)
+        log.info("sandbox %s removed%s", self.id,
+                 f" (upper kept in {self.upper_root})" if keep else "")
+
+    # -- running commands -------------------------------------------------------------------
+
+    def command(self, argv: tuple[str, ...], *, env: dict[str, str] | None = None,
+                cwd: str | None = None, user: str | None = None) -> ProcessSpec:
+        """The process spec of `argv` with per-command overrides of the defaults."""
+        base = self.process
+        spec = replace(base, args=argv)
+        if user is not None:
+            resolved = rootfs.resolve_user(self.rootfs, user)
+            spec = replace(spec, uid=resolved.uid, gid=resolved.gid, groups=resolved.groups)
+        if env:
+            spec = replace(spec, env=rootfs.env_list(base.env, env, rootfs.User(0, 0, (), "/")))
+        if cwd is not None:
+            if not rootfs.is_dir_in_root(self.rootfs, rootfs.check_inside(cwd)):
+                raise UsageError(f"working directory {cwd} does not exist in the sandbox")
+            spec = replace(spec, cwd=cwd)
+        # runc reports a missing command as its own failure (255, a log line on the
+        # command's stderr); find it first so that callers get the shell's 127.
+        if not rootfs.find_executable(self.rootfs, argv[0], spec.env, spec.cwd):
+            raise CommandNotFound(f"{argv[0]}: command not found in sandbox {self.id}")
+        return spec
+
+    def exec(self, spec: ProcessSpec, *, stdin: int | IO[Any] | None = None,
+             stdout: int | IO[Any] | None = None,
+             stderr: int | IO[Any] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+        """Start `spec` in the sandbox; returns the launcher process and the pid file of the
+        command (gone by the time `forget_exec` ran)."""
+        require_root()
+        pid_file = self.bundle / "exec" / f"{secrets.token_hex(6)}.pid"
+        proc = self.launcher.exec(self.id, self.bundle, spec, pid_file=pid_file, stdin=stdin,
+                                  stdout=stdout, stderr=stderr)
+        return proc, pid_file
+
+    def forget_exec(self, pid_file: Path) -> None:
+        """Remove the files of a finished exec."""
+        pid_file.unlink(missing_ok=True)
+        pid_file.with_suffix(".json").unlink(missing_ok=True)
+
+    def processes(self) -> list[int]:
+        """Host pids of every process in the sandbox's cgroup."""
+        return cgroup_pids(self.cgroup_path) if self.cgroup_path else []
+
+    def kill_session(self, pid_file: Path) -> int:
+        """SIGKILL the command started with `pid_file` and everything in its session (what
+        it started, unless it made itself a new session); returns how many were killed."""
+        try:
+            leader = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return 0  # it never started, or runc has not written the file yet
+        return cgroups.kill_session(self.cgroup_path, leader) if self.cgroup_path else 0
+
+
+def _owner(pid: int | None) -> dict[str, Any] | None:
+    if pid is None:
+        return None
+    start = process_start(pid)
+    if start is None:
+        raise WeenvError(f"owner process {pid} does not run")
+    return {"pid": pid, "start": start}
+
+
+def _initial_state(sandbox_id: str, source: EnvSource, options: SandboxOptions,
+                   creator: int) -> dict[str, Any]:
+    return {
+        "version": STATE_VERSION,
+        "id": sandbox_id,
+        "created": time.time(),
+        "owner": _owner(creator),
+        "status": "creating",
+        "env": {"ref": source.ref, "digest": source.digest, "store": source.store_url,
+                "cache": str(source.cache_dir)},
+        "limits": {"cpus": options.limits.cpus, "memory": options.limits.memory,
+                   "pids": options.limits.pids},
+        "network": options.network,
+        "tmpfs_upper": options.tmpfs_upper,
+        "tmpfs_size": options.tmpfs_size,
+        "keep_upper": options.keep_upper,
+        "keep_warm": options.keep_warm,
+        "launcher": "runc",
+        "process": ProcessSpec((), ()).to_json(),
+        "resets": 0,
+    }
