@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 
 from weenvfs.cli import add_command
 from weenvfs.errors import StoreError
@@ -49,8 +50,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (a supervisor, `kill`) stops like Ctrl-C, so the temp data folder goes too."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def _cmd_seaweedfs(args: argparse.Namespace) -> int:
     server = SeaweedFS(args.dir, s3_port=args.port, bucket=args.bucket)
+    _stop_on_sigterm()
     try:
         server.start()
         _print_usage(server)

@@ -29,6 +29,7 @@ from weenvfs.format.refs import (
 )
 
 from .base import Store
+from .retry import read_verified
 
 log = logging.getLogger(__name__)
 _DIGEST_REF = re.compile(r"(?:blake3:|@)?([0-9a-f]{64})")
@@ -63,14 +64,18 @@ class Repository:
         return self.store.exists(object_key(kind, digest))
 
     def get_object(self, kind: str, digest: str) -> bytes:
-        """The bytes of an object, verified against its digest (`ObjectCorrupt` if not)."""
-        data = self.store.get(object_key(kind, digest))
-        actual = digest_hex(data)
-        if actual != digest:
-            raise ObjectCorrupt(
-                f"{kind}/{short(digest)} is corrupt: its content hashes to {short(actual)}"
-            )
-        return data
+        """The bytes of an object, verified against its digest; `ObjectCorrupt` if each of
+        `retry.CORRUPT_ATTEMPTS` reads fails verification."""
+        key = object_key(kind, digest)
+
+        def verify(data: bytes) -> None:
+            actual = digest_hex(data)
+            if actual != digest:
+                raise ObjectCorrupt(f"corrupt: its content hashes to {short(actual)}")
+
+        # A mismatch may be damage on the way (proxy, CDN, memory): read again before
+        # calling the stored object corrupt (read_verified's rule).
+        return read_verified(lambda: self.store.get(key), verify, f"{kind}/{short(digest)}")
 
     def get_manifest(self, digest: str) -> Manifest:
         """The verified, decoded manifest `digest`."""

@@ -213,6 +213,7 @@ class SeaweedFS:
             # the default (30 GB each, as many as the disk holds) would refuse new buckets.
             "-master.volumeSizeLimitMB=64", "-volume.max=200",
             "-volume.preStopSeconds=0",
+            "-master.telemetry=false",  # nothing leaves this machine
         ]
         for role in ("filer", "s3"):
             sock = self.directory / f"{role}.sock"
