@@ -44,13 +44,18 @@ def _rule(third_party: set[str], rooms: set[str], **only: set[str]) -> Rule:
 
 RULES: dict[str, Rule] = {
     "format": _rule({"zstandard", "blake3"}, set()),
-    "store": _rule({"boto3", "botocore", "requests", "urllib3"} | CODEC, {"format", "errors"}),
-    "core": _rule({"trio"} | CODEC, {"format", "store", "errors"}),
-    "fuse": _rule({"pyfuse3", "trio"}, {"core", "store", "errors"}, store={"weenvfs.store"}),
-    "runtime": _rule({"trio"}, {"core", "fuse", "store", "provision", "errors"}),
-    "tools": _rule({"requests", "urllib3"} | CODEC, {"format", "store", "errors"}),
-    "provision": _rule({"trio"}, set()),
+    "store": _rule(
+        {"boto3", "botocore", "requests", "urllib3"} | CODEC, {"format", "errors", "units"}
+    ),
+    "core": _rule({"trio"} | CODEC, {"format", "store", "errors", "units"}),
+    "fuse": _rule(
+        {"pyfuse3", "trio"}, {"core", "store", "errors", "units"}, store={"weenvfs.store"}
+    ),
+    "runtime": _rule({"trio"}, {"core", "fuse", "store", "provision", "errors", "units"}),
+    "tools": _rule({"requests", "urllib3"} | CODEC, {"format", "store", "errors", "units"}),
+    "provision": _rule({"trio"}, {"units"}),
     "errors": _rule(set(), set()),
+    "units": _rule(set(), set()),  # byte sizes for humans: stdlib only, shared by every room
     # weenvfs/__init__.py, __main__.py, cli.py and other top-level modules: the top of the graph.
     "top": Rule(frozenset({"*"}), frozenset({"*"})),
 }
@@ -83,7 +88,7 @@ def room_of(module: str) -> str | None:
         return None
     if len(parts) == 1:
         return "top"
-    if parts[1] in ("format", "tools", "errors") or parts[1] in NODE_ROOMS:
+    if parts[1] in ("format", "tools", "errors", "units") or parts[1] in NODE_ROOMS:
         return parts[1]
     return "top"
 

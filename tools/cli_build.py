@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 from typing import Any
 
 from weenvfs.cli import add_command
@@ -25,23 +24,13 @@ from weenvfs.format.manifest import RuntimeConfig
 from weenvfs.format.refs import parse_name_tag
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
+from weenvfs.units import format_size, size_arg
 
 from .builder import BuildOptions, BuildResult, build_group, open_source
 from .chunker import DEFAULT_MAX_BLOB_SIZE, ChunkOptions
 from .layout import load_layout_order
-from .progress import Progress, format_size
+from .progress import Progress
 from .publish import compose_env
-
-_SIZE = re.compile(r"(\d+)\s*([KMGkmg]?)(?:i?[Bb])?")
-_FACTORS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    """'1M' -> 1048576: an integer with an optional binary K/M/G suffix (KiB, MB... too)."""
-    match = _SIZE.fullmatch(text.strip())
-    if match is None:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r} (use e.g. 65536, 64K, 1M, 2G)")
-    return int(match.group(1)) * _FACTORS[match.group(2).lower()]
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -95,21 +84,21 @@ def _register_build(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument("--group", required=True, metavar="NAME[:TAG]", help="group to publish")
     p.add_argument(
         "--chunk-size",
-        type=parse_size,
+        type=size_arg,
         default=C.DEFAULT_CHUNK_SIZE,
         metavar="SIZE",
         help="size of large-file chunks (default 1M)",
     )
     p.add_argument(
         "--batch-threshold",
-        type=parse_size,
+        type=size_arg,
         default=C.DEFAULT_BATCH_THRESHOLD,
         metavar="SIZE",
         help="files smaller than this are batched (default 64K)",
     )
     p.add_argument(
         "--max-blob-size",
-        type=parse_size,
+        type=size_arg,
         default=DEFAULT_MAX_BLOB_SIZE,
         metavar="SIZE",
         help="roll over to a new blob at this size (default 256M)",

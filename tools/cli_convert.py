@@ -22,14 +22,14 @@ from weenvfs.format import constants as C
 from weenvfs.format.refs import parse_name_tag
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
+from weenvfs.units import format_size, size_arg
 
 from .chunker import ChunkOptions
-from .cli_build import parse_size
 from .convert import ConvertOptions, ConvertResult, GroupSpec, convert_image
 from .image_source import SourceOptions, open_image_source
 from .layout import load_layout_order
 from .oci_docs import Platform, short_digest
-from .progress import Progress, format_size
+from .progress import Progress
 from .registry_auth import parse_creds
 
 
@@ -91,14 +91,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--chunk-size",
-        type=parse_size,
+        type=size_arg,
         default=C.DEFAULT_CHUNK_SIZE,
         metavar="SIZE",
         help="size of large-file chunks (default 1M)",
     )
     p.add_argument(
         "--batch-threshold",
-        type=parse_size,
+        type=size_arg,
         default=C.DEFAULT_BATCH_THRESHOLD,
         metavar="SIZE",
         help="files smaller than this are batched (default 64K)",

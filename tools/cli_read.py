@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any
 from weenvfs.cli import add_command
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
+from weenvfs.units import format_size
 
 from . import gc as gc_mod
 from . import inspect as insp
 from .export import export_tree
-from .progress import Progress, format_size
+from .progress import Progress
 from .reader import ChunkReader, load_env, load_group_ref
 from .verify import verify
 

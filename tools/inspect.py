@@ -32,6 +32,7 @@ from weenvfs.format.digest import short
 from weenvfs.format.errors import FormatError
 from weenvfs.format.index import GroupIndex, Inode
 from weenvfs.store.repository import Repository
+from weenvfs.units import format_size
 
 from .reader import LoadedEnv, LoadedGroup, load_env, load_group_ref
 
@@ -77,16 +78,6 @@ def json_name(obj: dict[str, Any], field: str, name: bytes) -> None:
         name.decode("utf-8")
     except UnicodeDecodeError:
         obj[f"{field}_hex"] = name.hex()
-
-
-def human_size(n: int) -> str:
-    """`n` bytes as a short human-readable size (binary units)."""
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 # -- statistics ---------------------------------------------------------------------------------
@@ -208,8 +199,8 @@ def group_report(group: LoadedGroup, ref: str) -> dict[str, Any]:
 def _stats_line(s: dict[str, Any]) -> str:
     return (
         f"files {s['files']}  dirs {s['dirs']}  symlinks {s['symlinks']}  other {s['other']}  "
-        f"whiteouts {s['whiteouts']}  bytes {human_size(s['file_bytes'])}  "
-        f"chunks {s['chunks']}  blobs {s['blobs']}  index {human_size(s['index_bytes'])}"
+        f"whiteouts {s['whiteouts']}  bytes {format_size(s['file_bytes'])}  "
+        f"chunks {s['chunks']}  blobs {s['blobs']}  index {format_size(s['index_bytes'])}"
     )
 
 
@@ -237,8 +228,8 @@ def render_env(report: dict[str, Any]) -> Iterator[str]:
         yield f"  {escape_name(str(key).encode())}: {escape_name(str(value).encode())}"
     size = report["size"]
     yield (
-        f"size         {human_size(size['file_bytes'])} in {size['entries']} entries (composed), "
-        f"{human_size(size['stored_bytes'])} stored (chunks and indexes, deduplicated)"
+        f"size         {format_size(size['file_bytes'])} in {size['entries']} entries (composed), "
+        f"{format_size(size['stored_bytes'])} stored (chunks and indexes, deduplicated)"
     )
 
 
@@ -249,9 +240,9 @@ def render_group(report: dict[str, Any]) -> Iterator[str]:
     yield f"entries      {_stats_line(report)}"
     yield f"             opaque dirs {report['opaque_dirs']}  zero chunks {report['zero_chunks']}"
     yield (
-        f"sizes        chunk size {human_size(report['chunk_size'])}, "
-        f"chunk data {human_size(report['chunk_bytes'])} stored, index "
-        f"{human_size(report['index_bytes'])} stored / {human_size(report['index_raw_bytes'])}"
+        f"sizes        chunk size {format_size(report['chunk_size'])}, "
+        f"chunk data {format_size(report['chunk_bytes'])} stored, index "
+        f"{format_size(report['index_bytes'])} stored / {format_size(report['index_raw_bytes'])}"
     )
 
 

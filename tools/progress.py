@@ -3,7 +3,7 @@
 Owns: `Progress`, which reports phases ("reading", "uploading", ...) of a command on a text
 stream (stderr by default): a live one-line bar redrawn in place when the stream is a TTY,
 plain periodic lines when it is not (logs, CI), nothing when quiet. The total may be unknown
-(a tar on stdin): then only the count and the rate are shown. Also `format_size`.
+(a tar on stdin): then only the count and the rate are shown.
 
 Must not: print results (commands print those on stdout) or log through `logging`.
 """
@@ -17,19 +17,11 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TextIO
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+from weenvfs.units import format_size
+
 TTY_INTERVAL = 0.1  # seconds between redraws of the live bar
 LINE_INTERVAL = 10.0  # seconds between plain progress lines
 BAR_WIDTH = 24
-
-
-def format_size(n: float) -> str:
-    """`n` bytes in binary units with three significant digits: '0 B', '1.50 MiB'."""
-    for unit in _UNITS:
-        if abs(n) < 1024 or unit == _UNITS[-1]:
-            return f"{int(n)} B" if unit == "B" else f"{n:.3g} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 class Progress:

@@ -24,9 +24,10 @@ from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools.builder import build_group
 from weenvfs.tools.inspect import inspect_env
-from weenvfs.tools.progress import Progress, format_size
+from weenvfs.tools.progress import Progress
 from weenvfs.tools.publish import compose_env
 from weenvfs.tools.sample import sample_tree
+from weenvfs.units import format_size
 
 DEFAULT_WORKDIR = Path("/var/tmp/weenv-demo")
 DEMO_COMMAND = (

@@ -18,7 +18,6 @@ import trio
 
 from weenvfs.cli import main
 from weenvfs.core.cache import TRUST_XATTR, ChunkCache, current_boot_id, default_cache_dir
-from weenvfs.core.commands import format_size, parse_size
 from weenvfs.core.fetcher import Fetcher
 from weenvfs.format.digest import digest_bytes
 from weenvfs.store.faulty import FaultyStore
@@ -289,7 +288,7 @@ def test_cache_stats_and_prune_commands(tmp_path: Path, pattern, capsys) -> None
     stats = json.loads(capsys.readouterr().out)
     assert (stats["chunks"], stats["bytes"], stats["path"]) == (5, 5 * CHUNK, str(root))
     assert main(["cache", "stats", "--cache", str(root)]) == 0
-    assert "20.0 KiB (20480 bytes)" in capsys.readouterr().out
+    assert "20 KiB (20480 bytes)" in capsys.readouterr().out
     assert main(["cache", "prune", "--max-size", "8K", "--cache", str(root)]) == 0
     assert "removed 3 chunk(s)" in capsys.readouterr().out
     assert ChunkCache(root).usage().chunks == 2
@@ -305,15 +304,3 @@ def test_cache_commands_use_weenv_cache_and_fail_in_one_line(
     err = capsys.readouterr().err
     assert err.strip() == f"weenv: error: no chunk cache at {tmp_path / 'nowhere'}"
     assert not (tmp_path / "nowhere").exists()
-
-
-@pytest.mark.parametrize(
-    ("text", "size"),
-    [("4096", 4096), ("8K", 8192), ("1.5GiB", 3 << 29), ("10g", 10 << 30), ("2 MB", 2 << 20)],
-)
-def test_parse_size(text: str, size: int) -> None:
-    assert parse_size(text) == size
-
-
-def test_format_size() -> None:
-    assert [format_size(n) for n in (5, 2048, 3 << 30)] == ["5 B", "2.0 KiB", "3.0 GiB"]

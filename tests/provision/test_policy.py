@@ -25,7 +25,6 @@ from weenvfs.provision.policy import (
     default_bounds,
     initial_limits,
     initial_state,
-    parse_size,
     quantize,
 )
 
@@ -276,14 +275,5 @@ def test_config_overrides_and_sizes() -> None:
     assert (config.mem_floor, config.mem_calm, config.tick) == (128 * MIB, 3.0, 1.0)
     with pytest.raises(ValueError, match="unknown policy parameter 'nope'"):
         PolicyConfig().with_overrides({"nope": "1"})
-    assert [parse_size(t) for t in ("4096", "1K", "1.5G", "64MiB", "2gb")] == [
-        4096,
-        1024,
-        3 << 29,
-        64 * MIB,
-        2 << 30,
-    ]
-    with pytest.raises(ValueError, match="invalid size"):
-        parse_size("lots")
     assert initial_limits(PolicyConfig(), 100 * MIB, 500) == Limits(100 * MIB, 125 * MIB, 500)
     assert quantize(100.0000001, 10) == 110 and quantize(100, 10) == 100

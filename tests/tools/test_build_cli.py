@@ -27,7 +27,6 @@ from weenvfs.store.faulty import FaultyStore
 from weenvfs.store.local import LocalStore
 from weenvfs.store.repository import Repository
 from weenvfs.tools.builder import BuildOptions, build_group
-from weenvfs.tools.cli_build import parse_size
 from weenvfs.tools.source_dir import DirSource
 
 MIB = 1 << 20
@@ -143,14 +142,6 @@ def test_missing_source(tmp_path, capsys, store):
         capsys, "build", str(tmp_path / "nope"), "--store", store.url, "--group", "g"
     )
     assert code == 1 and "does not exist" in err
-
-
-@pytest.mark.parametrize(
-    ("text", "value"),
-    [("65536", 65536), ("64K", 65536), ("1M", MIB), ("2G", 2 << 30), ("1MiB", MIB), ("3kb", 3072)],
-)
-def test_parse_size(text, value):
-    assert parse_size(text) == value
 
 
 def test_help_has_examples(capsys):

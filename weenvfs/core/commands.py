@@ -9,35 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from pathlib import Path
 
 from weenvfs.cli import add_command
 from weenvfs.core.cache import CACHE_ENV, DEFAULT_CACHE_DIR, ChunkCache, default_cache_dir
 from weenvfs.errors import WeenvError
+from weenvfs.units import format_size, size_arg
 
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?", re.IGNORECASE)
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 _CACHE_HELP = f"chunk cache folder (default: ${CACHE_ENV}, else {DEFAULT_CACHE_DIR})"
-
-
-def parse_size(text: str) -> int:
-    """Bytes from `10G`, `512M`, `1.5GiB`, `4096` (binary units), for argparse `type=`."""
-    match = _SIZE.fullmatch(text.strip())
-    if match is None:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r} (e.g. 10G, 512M, 4096)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
-
-
-def format_size(n: int) -> str:
-    """`n` bytes in binary units, e.g. `1.5 GiB`."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -76,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     prune.add_argument("--cache", type=Path, metavar="DIR", help=_CACHE_HELP)
     how = prune.add_mutually_exclusive_group()
-    how.add_argument("--max-size", type=parse_size, metavar="SIZE", help="e.g. 5G, 500M")
+    how.add_argument("--max-size", type=size_arg, metavar="SIZE", help="e.g. 5G, 500M")
     how.add_argument("--all", action="store_true", help="remove every cached chunk")
 
 

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from weenvfs.cli import UsageError, WeenvError, add_command
+from weenvfs.units import parse_size
 
 from .cgroup import ProvisionError, detect_driver
-from .history import DEFAULT_HISTORY_DIR
-from .policy import PolicyConfig, parse_size
+from .history import history_dir
+from .policy import PolicyConfig
 from .registry import read_status, spool_dir, start_sidecar, stop_sidecar
 from .simulator import POLICIES, Node, compare
 from .trace import AGENTIC_DOC, generate_agentic, load_trace, save_trace, trace_from_events
@@ -108,7 +109,13 @@ def _register_run(commands: argparse._SubParsersAction[argparse.ArgumentParser])
     run.add_argument(
         "--log-every-tick", action="store_true", help="also log every sample (for traces)"
     )
-    run.add_argument("--history", type=Path, default=DEFAULT_HISTORY_DIR, metavar="DIR")
+    run.add_argument(
+        "--history",
+        type=Path,
+        metavar="DIR",
+        help="usage history per environment (default: $WEENV_PROVISION_HISTORY, else "
+        "/var/lib/weenv/provision/history)",
+    )
     run.add_argument("--foreground", action="store_true", help="run in this process")
     _add_policy_options(run)
     _spool_option(run)
@@ -232,7 +239,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         node_cpus=args.node_cpus,
         event_log=args.event_log,
         log_every_tick=args.log_every_tick,
-        history_dir=args.history,
+        history_dir=history_dir(args.history),
         policy=policy,
     )
     try:
@@ -244,7 +251,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _forwarded(args: argparse.Namespace) -> list[str]:
     """`provision run` options to hand to the background sidecar (spool and mode aside)."""
-    out = ["--interval", str(args.interval), "--history", str(args.history)]
+    out = ["--interval", str(args.interval), "--history", str(history_dir(args.history))]
     out += [f"--cgroup={path}" for path in args.cgroup or ()]
     out += [f"--set={item}" for item in args.set or ()]
     if args.event_log is not None:

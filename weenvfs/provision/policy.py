@@ -27,6 +27,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from weenvfs.units import parse_size
+
 from .cgroup import MIB, Limits, Sample
 
 SIZE_FIELDS = frozenset({"mem_margin", "mem_floor", "mem_ceiling", "mem_quantum"})
@@ -84,17 +86,6 @@ class PolicyConfig:
             else:
                 changes[name] = float(value)
         return replace(self, **changes)
-
-
-def parse_size(text: str) -> int:
-    """Bytes from `512M`, `1.5G`, `64MiB`, `4096` (binary units)."""
-    clean = text.strip().upper().removesuffix("B").removesuffix("I")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(clean[-1:], 1)
-    number = clean[:-1] if scale != 1 else clean
-    try:
-        return int(float(number) * scale)
-    except ValueError:
-        raise ValueError(f"invalid size {text!r} (e.g. 512M, 2G, 4096)") from None
 
 
 @dataclass(frozen=True)
