@@ -115,6 +115,7 @@ class SpyFetcher:
     def __init__(self, inner: Fetcher) -> None:
         self.inner = inner
         self.scheduled: list[list[ChunkLoc]] = []
+        self.advised: list[list[ChunkLoc]] = []
 
     async def read(self, spans: Sequence[tuple[ChunkLoc, int, int]]) -> bytes:
         return await self.inner.read(spans)
@@ -123,6 +124,10 @@ class SpyFetcher:
         self.scheduled.append(list(locs))
         return self.inner.schedule_prefetch(locs)
 
+    def advise(self, locs: Sequence[ChunkLoc]) -> None:
+        self.advised.append(list(locs))
+        self.inner.advise(locs)
+
 
 def test_sequential_reads_queue_the_next_chunks_once(env: Environment, tmp_path: Path) -> None:
     index, ino = env.tree.file(inode_of(env.tree, "big"))
@@ -130,7 +135,7 @@ def test_sequential_reads_queue_the_next_chunks_once(env: Environment, tmp_path:
 
     async def body(fetcher: Fetcher) -> None:
         spy = SpyFetcher(fetcher)
-        reader = Reader(env.tree, spy, readahead=2)  # type: ignore[arg-type]
+        reader = Reader(env.tree, spy, readahead=2, advise_ahead=3)  # type: ignore[arg-type]
         inode = inode_of(env.tree, "big")
         await reader.read(inode, 5 * CHUNK, 100)  # a random read: no read-ahead
         assert spy.scheduled == []
@@ -139,6 +144,9 @@ def test_sequential_reads_queue_the_next_chunks_once(env: Environment, tmp_path:
         queued = [loc.digest for batch in spy.scheduled for loc in batch]
         # Reads end in chunk 3, two ahead: chunks 1..5, each queued once, in order.
         assert queued == digests[1:6]
+        # The cache files one chunk further (three ahead) are advised, each once.
+        advised = [loc.digest for batch in spy.advised for loc in batch]
+        assert advised == digests[3:7]
 
     run_with_fetcher(env, tmp_path / "cache", body)
 

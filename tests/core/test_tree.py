@@ -191,6 +191,31 @@ def test_union_whiteouts_opaque_and_merged_dirs(tmp_path: Path) -> None:
     assert index is tree.groups[1]
 
 
+def test_listings_equal_the_composed_tree(tmp_path: Path) -> None:
+    # Directories of one layer are listed straight from their index (core/tree.py); merged
+    # ones through ComposedTree. Either way the listing is the union's.
+    tree = layered(
+        tmp_path,
+        [dir("."), file("solo/x", b"1"), layers.whiteout("solo/gone"), dir("solo/sub"),
+         file("solo/sub/f", b"2"), file("both/low", b"3"), layers.whiteout("both/hidden")],
+        [dir("."), file("both/hidden", b"4"), file("up/only", b"5"), dir("both/deep"),
+         layers.whiteout("up/nothing")],
+        [dir("."), file("both/top", b"6"), layers.whiteout("both/low")],
+    )
+    seen = 0
+    for path, entry in tree.composed.walk():
+        if not entry.is_dir:
+            continue
+        inode = resolve(tree, path.decode()).inode if path else ROOT_INODE
+        union = tree.composed.entries(entry)
+        expected = [(name, make_inode(e.group, e.inode)) for name, e in union]
+        assert list(tree.children(inode)) == expected, path
+        seen += 1
+    assert seen == 6  # root, solo, solo/sub, both, both/deep, up
+    assert names(tree, "solo") == [b"sub", b"x"]
+    assert names(tree, "both") == [b"deep", b"hidden", b"top"]
+
+
 def test_usage(tmp_path: Path) -> None:
     tree = tree_of(tmp_path, file("a", b"x" * 5000), sparse("s", MIB, {0: b"1"}))
     usage = tree.usage()

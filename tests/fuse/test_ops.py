@@ -197,3 +197,12 @@ def test_xattrs_and_the_hidden_stats_attribute() -> None:
 
 def test_readlink_of_a_file_is_einval() -> None:
     assert errno_of(ops().readlink, 7, None) == errno.EINVAL
+
+
+def test_missing_names_get_negative_entries_the_kernel_caches() -> None:
+    attrs = call(ops().lookup, ROOT_INODE, b"missing", None)
+    assert attrs.st_ino == 0 and attrs.entry_timeout == TIMEOUT
+
+
+def test_flush_is_enosys_so_the_kernel_stops_sending_it() -> None:
+    assert errno_of(ops().flush, 7) == errno.ENOSYS

@@ -244,6 +244,13 @@ class Fetcher:
         self._nursery.start_soon(self._background_prefetch, list(locs))
         return True
 
+    def advise(self, locs: Sequence[ChunkLoc]) -> None:
+        """Ask the kernel to read the cached files of `locs` into memory in the background;
+        chunks not cached are left alone (`schedule_prefetch` fetches from the store)."""
+        for loc in locs:
+            if loc.blob is not None:
+                self.cache.advise(loc.digest)
+
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run background work (read-ahead, cache eviction) until cancelled. Use
         `await nursery.start(fetcher.serve)`; without it, eviction runs inline after fetches."""

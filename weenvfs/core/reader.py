@@ -2,10 +2,11 @@
 
 Owns: turning a read of a regular file into the chunk pieces that hold it
 (`weenvfs.format.index.file_spans`, a division since chunks have a fixed size) and their
-`ChunkLoc`s, and read-ahead: when a file is read sequentially, the next chunks of that file
-are handed to `Fetcher.schedule_prefetch` (background, low priority: a demand read never waits
-behind them; the fetcher drops read-ahead when too much is queued or its `serve()` is not
-running).
+`ChunkLoc`s, and read-ahead: when a file is read sequentially, the next `readahead` chunks of
+that file are handed to `Fetcher.schedule_prefetch` (background, low priority: a demand read
+never waits behind them; the fetcher drops read-ahead when too much is queued or its `serve()`
+is not running), and the cached files of the chunks up to `advise_ahead` are read into memory
+by the kernel in the background (`Fetcher.advise`: local disk only, so it may go further).
 
 Must not: fetch, verify or cache chunks itself (core/fetcher.py and core/cache.py do), or
 import pyfuse3. Errors of the fetcher (`ChunkUnavailable`, `ChunkCorrupt`) pass through.
@@ -27,7 +28,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_READAHEAD = 2  # chunks queued ahead of a sequential reader
+DEFAULT_READAHEAD = 2  # chunks queued ahead of a sequential reader (fetched from the store)
+# Chunks whose cached files the kernel reads ahead of a sequential reader. The local disk's
+# own read-ahead (8 MiB here) does not cross chunk files; this does (benchmarks/read.py).
+DEFAULT_ADVISE_AHEAD = 8
 _TRACKED = 4096  # files whose read position is remembered for sequential detection
 
 Piece = tuple[ChunkLoc, int, int]  # bytes [start, end) of one chunk's plaintext
@@ -36,14 +40,22 @@ Piece = tuple[ChunkLoc, int, int]  # bytes [start, end) of one chunk's plaintext
 class Reader:
     """Reads file data of `tree` through `fetcher`; `readahead` chunks ahead when sequential."""
 
-    def __init__(self, tree: Tree, fetcher: Fetcher, readahead: int = DEFAULT_READAHEAD) -> None:
+    def __init__(
+        self,
+        tree: Tree,
+        fetcher: Fetcher,
+        readahead: int = DEFAULT_READAHEAD,
+        advise_ahead: int = DEFAULT_ADVISE_AHEAD,
+    ) -> None:
         self.tree = tree
         self.fetcher = fetcher
         self.readahead = readahead
+        self.advise_ahead = advise_ahead
         # Set by a mount that records a prefetch hint (core/hints.py): sees every chunk read.
         self.recorder: HintRecorder | None = None
-        # inode -> (end of the last read, highest chunk position queued for read-ahead)
-        self._positions: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        # inode -> (end of the last read, highest chunk position queued for read-ahead,
+        # highest chunk position advised)
+        self._positions: OrderedDict[int, tuple[int, int, int]] = OrderedDict()
 
     def pieces(self, inode: int, offset: int, size: int) -> list[Piece]:
         """The chunk pieces holding bytes [offset, offset + size) of regular file `inode`,
@@ -67,25 +79,32 @@ class Reader:
 
     def _note_read(self, inode: int, start: int, end: int) -> None:
         """Remember where a read ended; queue the next chunks if it continued the last one."""
-        last_end, queued = self._positions.pop(inode, (-1, -1))
+        last_end, queued, advised = self._positions.pop(inode, (-1, -1, -1))
         if start == last_end:
-            queued = self._queue_after(inode, end, queued)
-        self._positions[inode] = (end, queued)
+            queued, advised = self._queue_after(inode, end, queued, advised)
+        self._positions[inode] = (end, queued, advised)
         if len(self._positions) > _TRACKED:
             self._positions.popitem(last=False)
 
-    def _queue_after(self, inode: int, end: int, queued: int) -> int:
-        """Queue up to `readahead` chunks after the one holding byte `end - 1`; return the
-        highest chunk position now queued."""
+    def _queue_after(self, inode: int, end: int, queued: int, advised: int) -> tuple[int, int]:
+        """Queue up to `readahead` chunks after the one holding byte `end - 1`, and advise
+        the next ones up to `advise_ahead`; return the highest chunk positions now queued and
+        advised."""
         index, ino = self.tree.file(inode)
         chunks = index.file_chunks(ino)
         if len(chunks) <= 1:
-            return queued
-        first = max((end - 1) // index.chunk_size + 1, queued + 1)
-        last = min((end - 1) // index.chunk_size + self.readahead, len(chunks) - 1)
-        if first > last:
-            return queued
-        locs = [chunk_loc(index, chunks[k]) for k in range(first, last + 1)]
-        if not self.fetcher.schedule_prefetch(locs):
-            return queued  # dropped (a hint only): a later sequential read may queue it again
-        return last
+            return queued, advised
+        current = (end - 1) // index.chunk_size
+        first = max(current + 1, queued + 1)
+        last = min(current + self.readahead, len(chunks) - 1)
+        if first <= last:
+            locs = [chunk_loc(index, chunks[k]) for k in range(first, last + 1)]
+            # Dropped (a hint only): a later sequential read may queue it again.
+            if self.fetcher.schedule_prefetch(locs):
+                queued = last
+        near = max(current + self.readahead + 1, advised + 1)
+        far = min(current + self.advise_ahead, len(chunks) - 1)
+        if near <= far:
+            self.fetcher.advise([chunk_loc(index, chunks[k]) for k in range(near, far + 1)])
+            advised = far
+        return queued, advised

@@ -30,7 +30,7 @@ import functools
 import os
 import stat
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 from weenvfs.format.compose import ComposedTree, Entry
@@ -44,7 +44,9 @@ FIRST_INODE = 2  # 0 is invalid for FUSE and 1 is the root
 BLOCK_SIZE = 128 * 1024  # st_blksize: the read size we want from readers
 DIR_SIZE = 4096  # st_size of a directory, as most local file systems report
 _ATTR_CACHE = 1 << 16
-_LISTING_CACHE = 1024
+# Directory listings kept, counted in entries (about 130 bytes each): a whole reference tree
+# (47k entries) fits, so a second `find` never recomputes one; a huge tree keeps the recent.
+_LISTING_CACHE = 1 << 18
 
 # Raised by the index accessors for damaged records; re-exported for the FUSE adapter, which
 # may not import the format itself (it maps this to EIO).
@@ -118,6 +120,7 @@ class Tree:
             ROOT_INODE: (self.composed.root, ROOT_INODE)
         }
         self._listings: OrderedDict[int, tuple[tuple[bytes, int], ...]] = OrderedDict()
+        self._listed = 0  # entries in self._listings
         self._usage: Usage | None = None
         self.attr = functools.lru_cache(maxsize=_ATTR_CACHE)(self._attr)
 
@@ -206,12 +209,28 @@ class Tree:
             return listing
         parent = self._directory(inode)
         listing = tuple(
-            (name, self._number(child, inode)) for name, child in self.composed.entries(parent)
+            (name, self._number(child, inode)) for name, child in self._entries(parent)
         )
         self._listings[inode] = listing
-        if len(self._listings) > _LISTING_CACHE:
-            self._listings.popitem(last=False)
+        self._listed += len(listing)
+        while self._listed > _LISTING_CACHE and len(self._listings) > 1:
+            self._listed -= len(self._listings.popitem(last=False)[1])
         return listing
+
+    def _entries(self, directory: Entry) -> Iterator[tuple[bytes, Entry]]:
+        """(name, entry) of `directory`, as `ComposedTree.entries` gives them. A directory of
+        one layer (most are) is read straight from its index: nothing below it can show
+        through, so it needs no lookup per name, only its whiteouts dropped."""
+        if len(directory.layers) != 1:
+            yield from self.composed.entries(directory)
+            return
+        group, dir_ino = directory.layers[0]
+        index = self.groups[group]
+        for name, ino in index.entries(dir_ino):
+            rec = index.inode(ino)
+            if rec.whiteout:
+                continue
+            yield name, Entry(group, ino, ((group, ino),) if rec.is_dir else ())
 
     def readlink(self, inode: int) -> bytes:
         """The target of symlink `inode` (EINVAL for anything else, as readlink(2) says)."""

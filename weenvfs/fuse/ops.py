@@ -59,6 +59,14 @@ def entry_attributes(attr: Attr) -> pyfuse3.EntryAttributes:
     return out
 
 
+def negative_entry() -> pyfuse3.EntryAttributes:
+    """The answer to a lookup of a missing name: inode 0, cached for TIMEOUT."""
+    out = pyfuse3.EntryAttributes()
+    out.st_ino = 0
+    out.entry_timeout = TIMEOUT
+    return out
+
+
 def _read_only() -> OSError:
     return OSError(errno.EROFS, "read-only file system")
 
@@ -82,8 +90,13 @@ class Operations(pyfuse3.Operations):
     async def lookup(
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        """The attributes of `name` in directory `parent_inode` ('.' and '..' too)."""
-        return entry_attributes(self.tree.lookup(parent_inode, name))
+        """The attributes of `name` in directory `parent_inode` ('.' and '..' too); a name
+        that does not exist gets a negative entry, which the kernel caches like a positive one
+        (the loader and Python probe many missing paths, often the same ones again)."""
+        try:
+            return entry_attributes(self.tree.lookup(parent_inode, name))
+        except FileNotFoundError:
+            return negative_entry()
 
     @errno_boundary
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
@@ -147,9 +160,10 @@ class Operations(pyfuse3.Operations):
         """`size` bytes of file `fh` at `off` (fewer at end of file)."""
         return await self.reader.read(fh, off, size)
 
-    @errno_boundary
     async def flush(self, fh: int) -> None:
-        """Nothing to flush on a read-only file system."""
+        """Not implemented, on purpose: ENOSYS tells the kernel never to send FLUSH again
+        (it comes with every close(), and a read-only file system has nothing to flush)."""
+        raise pyfuse3.FUSEError(errno.ENOSYS)
 
     @errno_boundary
     async def fsync(self, fh: int, datasync: bool) -> None:

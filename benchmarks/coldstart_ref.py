@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""Benchmark the cold start of the reference workload: time-to-ready and bytes fetched.
+
+The reference workload (DESIGN.md): the sample tree `reference` (Debian + python3 + numpy +
+pandas, about 1.2 GB) and `chroot ROOT /usr/bin/python3 -c "import numpy, pandas"`. Each round
+runs, in turns (who goes first rotates), with the page cache dropped before each contender
+(`sync; echo 3 > /proc/sys/vm/drop_caches`):
+- weenv cold: an empty node cache; `weenv mount --hint none` (no prefetch hint: the budget is
+  for lazy loading alone) + the command; time-to-ready = both, then `weenv stats` gives the
+  bytes fetched. Budget: fetched / image size under 15%.
+- weenv, chunks cached: the same with the node cache the cold run filled (a node that ran the
+  environment before; page cache still dropped).
+- local disk: the command in a chroot of a copy of the same tree on local disk (no mount).
+- extract .tar.zst: `tar -I 'zstd -T0' -xf` of the tree's archive into an empty folder, then
+  the command there: what pulling the image costs at the very least (no network, no
+  registry, no layer verification).
+The weenv software itself (Python, trio, pyfuse3) is read once after each cache drop, before
+the clock starts: a node keeps it warm, as it keeps Docker's daemon; only the environment's
+data is cold. The store is a local folder (its blobs are cold too).
+
+Must not: assert anything about the numbers; it reports them (table on stdout, JSON file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    Timing,
+    add_common_args,
+    describe_machine,
+    paired_ratio,
+    print_table,
+    ratio,
+    repeats_for,
+    write_json,
+)
+from _mounting import (
+    BENCH_DIR,
+    Mounts,
+    Published,
+    can_drop_caches,
+    copy_tree,
+    drop_caches,
+    published,
+    weenv,
+)
+
+from weenvfs.tools.sample import sample_tree
+
+NAME = "coldstart_ref"
+FULL_REPEATS = 3
+BUDGET_FRACTION = 0.15
+WORKLOADS = {
+    "reference": "import numpy, pandas",
+    "python": "import json, sqlite3, decimal, email.parser",  # --quick: a smaller tree
+}
+TAR_EXTRACT = ["tar", "-I", "zstd -T0", "-xf"]
+
+EXAMPLES = """\
+examples:
+  # full run: the reference tree (Debian + numpy + pandas), 3 rounds
+  .venv/bin/python benchmarks/coldstart_ref.py
+  # smoke run: the smaller 'python' tree, 1 round
+  .venv/bin/python benchmarks/coldstart_ref.py --quick
+"""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_common_args(parser, FULL_REPEATS)
+    parser.add_argument("--profile", choices=sorted(WORKLOADS), default=None,
+                        help="sample tree (default reference, python with --quick)")
+    parser.add_argument("--no-extract", action="store_true",
+                        help="skip the .tar.zst extraction contender")
+    return parser.parse_args(argv)
+
+
+# -- the inputs, built once -----------------------------------------------------------------
+
+
+def local_copy(profile: str, tree: Path) -> Path:
+    """A copy of `tree` on local disk under BENCH_DIR (made once)."""
+    copy = BENCH_DIR / "trees" / f"{profile}-copy"
+    stamp = copy.with_name(copy.name + ".key")
+    key = json.dumps({"tree": str(tree), "mtime_ns": tree.stat().st_mtime_ns})
+    if copy.exists() and stamp.exists() and stamp.read_text() == key:
+        return copy
+    shutil.rmtree(copy, ignore_errors=True)
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    print(f"copying {tree} to {copy} (once)", flush=True)
+    copy_tree(tree, copy)
+    stamp.write_text(key)
+    return copy
+
+
+def archive(profile: str, tree: Path) -> Path:
+    """`tar -C TREE -cf - . | zstd -3 -T0` of `tree` under BENCH_DIR (made once)."""
+    out = BENCH_DIR / "archives" / f"{profile}.tar.zst"
+    stamp = out.with_name(out.name + ".key")
+    key = json.dumps({"tree": str(tree), "mtime_ns": tree.stat().st_mtime_ns})
+    if out.exists() and stamp.exists() and stamp.read_text() == key:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"archiving {tree} to {out} (once)", flush=True)
+    tmp = out.with_name(out.name + ".tmp")
+    subprocess.run(
+        ["bash", "-o", "pipefail", "-c",
+         f"tar -C '{tree}' -cf - . | zstd -3 -T0 -q -f -o '{tmp}'"],
+        check=True,
+    )
+    tmp.rename(out)
+    stamp.write_text(key)
+    return out
+
+
+# -- the contenders -------------------------------------------------------------------------
+
+
+def run_in(root: Path, code: str) -> None:
+    """`chroot ROOT /usr/bin/python3 -c CODE`; exits the benchmark if it fails."""
+    done = subprocess.run(["chroot", str(root), "/usr/bin/python3", "-c", code],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"chroot {root} python3 -c {code!r} failed: {done.stderr.strip()[-2000:]}")
+
+
+def cold() -> None:
+    """Drop the page cache, then read the weenv software back (a node keeps it warm)."""
+    drop_caches()
+    subprocess.run(
+        [sys.executable, "-c", "import weenvfs.cli, weenvfs.fuse.commands, weenvfs.fuse.mount"],
+        check=True,
+    )
+
+
+class Rounds:
+    """The contenders of one run and what they measured."""
+
+    def __init__(self, pub: Published, code: str, work: Path, mounts: Mounts) -> None:
+        self.pub, self.code, self.work, self.mounts = pub, code, work, mounts
+        self.cache = work / "cache"
+        self.mp = work / "mnt"
+        self.samples: dict[str, list[float]] = {}
+        self.fetched: list[dict[str, Any]] = []
+
+    def _time(self, name: str, seconds: float) -> None:
+        self.samples.setdefault(name, []).append(seconds)
+
+    def weenv_cold(self) -> None:
+        shutil.rmtree(self.cache, ignore_errors=True)  # an empty node cache
+        self.weenv_mount("weenv cold", record=True)
+
+    def weenv_cached(self) -> None:
+        if not self.cache.exists():
+            self.weenv_cold()  # fill the node cache first (this round's order put it first)
+        self.weenv_mount("weenv, chunks cached")
+
+    def weenv_mount(self, name: str, record: bool = False) -> None:
+        cold()
+        start = time.perf_counter()
+        self.mounts.mount(self.pub, self.mp, self.cache, "--hint", "none")
+        try:
+            run_in(self.mp, self.code)
+            self._time(name, time.perf_counter() - start)
+            if record:
+                self.fetched.append(json.loads(weenv("stats", "--json", str(self.mp)))["fetch"])
+        finally:
+            self.mounts.unmount(self.mp)
+
+    def local(self, copy: Path) -> None:
+        cold()
+        start = time.perf_counter()
+        run_in(copy, self.code)
+        self._time("local disk", time.perf_counter() - start)
+
+    def extract(self, tar_zst: Path) -> None:
+        target = self.work / "extract"
+        shutil.rmtree(target, ignore_errors=True)
+        cold()
+        start = time.perf_counter()
+        target.mkdir()
+        subprocess.run([*TAR_EXTRACT, str(tar_zst), "-C", str(target)], check=True)
+        run_in(target, self.code)
+        self._time("extract .tar.zst", time.perf_counter() - start)
+        shutil.rmtree(target, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not can_drop_caches():
+        sys.exit("coldstart_ref.py: needs root (it drops the page cache)")
+    repeats = repeats_for(args, FULL_REPEATS)
+    profile = args.profile or ("python" if args.quick else "reference")
+    code = WORKLOADS[profile]
+    print(describe_machine())
+    tree = sample_tree(None, profile, progress=False)
+    pub = published(profile, tree)
+    copy = local_copy(profile, tree)
+    tar_zst = None if args.no_extract else archive(profile, tree)
+    BENCH_DIR.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="coldstart-", dir=BENCH_DIR))
+    mounts = Mounts(work)
+    rounds = Rounds(pub, code, work, mounts)
+    steps = [rounds.weenv_cold, rounds.weenv_cached, lambda: rounds.local(copy)]
+    if tar_zst is not None:
+        steps.append(lambda: rounds.extract(tar_zst))
+    try:
+        for r in range(repeats):
+            for step in steps[r % len(steps):] + steps[: r % len(steps)]:
+                step()
+    finally:
+        mounts.close()
+        shutil.rmtree(work, ignore_errors=True)
+    results = summarize(rounds, pub, profile, code, tar_zst)
+    report(results, repeats)
+    params = {"quick": args.quick, "repeats": repeats, "profile": profile, "command": code,
+              "extract": tar_zst is not None}
+    path = write_json(NAME, args.out, params, results)
+    print(f"\nwrote {path}")
+    return 0
+
+
+def summarize(
+    rounds: Rounds, pub: Published, profile: str, code: str, tar_zst: Path | None
+) -> dict[str, Any]:
+    """Medians, ratios against weenv cold, and the fetched fraction."""
+    timings = {name: Timing(tuple(s)) for name, s in rounds.samples.items()}
+    weenv_cold = timings["weenv cold"]
+    fetched = [f["bytes_fetched"] for f in rounds.fetched]
+    plain = [f["bytes_decompressed"] for f in rounds.fetched]
+    fraction = max(fetched) / pub.image_bytes
+    return {
+        "profile": profile,
+        "command": f'chroot ROOT /usr/bin/python3 -c "{code}"',
+        "image_bytes": pub.image_bytes,
+        "stored_bytes": pub.stored_bytes,
+        "archive_bytes": tar_zst.stat().st_size if tar_zst is not None else None,
+        "contenders": {
+            name: {**t.as_dict(), "over_weenv_cold": paired_ratio(t, weenv_cold)}
+            for name, t in timings.items()
+        },
+        "bytes_fetched": fetched,
+        "bytes_decompressed": plain,
+        "fetch": rounds.fetched[-1] if rounds.fetched else None,
+        "fraction_fetched_of_image": fraction,
+        "fraction_decompressed_of_image": ratio(max(plain), pub.image_bytes),
+        "fraction_fetched_of_stored": ratio(max(fetched), pub.stored_bytes),
+        "budget": {"max_fraction_fetched": BUDGET_FRACTION},
+        "within_budget": fraction < BUDGET_FRACTION,
+    }
+
+
+def report(results: dict[str, Any], repeats: int) -> None:
+    """The table of contenders and the bytes line."""
+    rows = [
+        [name, c["median_s"] * 1000, c["spread"], c["over_weenv_cold"]]
+        for name, c in results["contenders"].items()
+    ]
+    print_table(
+        f"cold time-to-ready: {results['command']} (median of {repeats}; ms)",
+        ["contender", "ms", "spread", "x weenv cold"],
+        rows,
+    )
+    mb = 1e6
+    print(
+        f"\nfetched {max(results['bytes_fetched']) / mb:.1f} MB compressed "
+        f"({max(results['bytes_decompressed']) / mb:.1f} MB of file data) of a "
+        f"{results['image_bytes'] / mb:.0f} MB image: "
+        f"{100 * results['fraction_fetched_of_image']:.1f}% "
+        f"(budget < {100 * BUDGET_FRACTION:.0f}%: "
+        f"{'within' if results['within_budget'] else 'OVER'} budget)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

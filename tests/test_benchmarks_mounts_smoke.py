@@ -1,0 +1,80 @@
+"""Smoke test of the mount benchmarks (benchmarks/mount.py, read.py, coldstart_ref.py): they
+show examples in --help, and mount.py and read.py's throughput part run end to end on tiny
+inputs, write their JSON and leave nothing mounted.
+
+Owns: proving those scripts and benchmarks/_mounting.py work. Must not: assert anything about
+timings; the numbers only have to exist. coldstart_ref.py needs a debootstrapped sample tree
+and is only checked for --help here (its --quick run takes about a minute).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "benchmarks"
+
+
+def _run(script: str, *args: str, work: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if work is not None:
+        env["WEENV_BENCH_DIR"] = str(work)  # trees and stores go here, not /var/tmp
+    return subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )
+
+
+def _mounted_below(path: Path) -> list[str]:
+    prefix = os.fsencode(str(path))
+    with open("/proc/self/mounts", "rb") as f:
+        return [line.decode() for line in f if line.split()[1].startswith(prefix)]
+
+
+@pytest.mark.parametrize("script", ["mount.py", "read.py", "coldstart_ref.py"])
+def test_help_shows_examples(script: str) -> None:
+    done = _run(script, "--help")
+    assert done.returncode == 0, done.stderr
+    assert "examples:" in done.stdout and "--quick" in done.stdout
+
+
+@pytest.mark.requires_fuse
+def test_mount_quick_run_writes_table_and_json(tmp_path: Path) -> None:
+    out, work = tmp_path / "out", tmp_path / "work"
+    done = _run("mount.py", "--quick", "--small", "100", "--large", "300", "--out", str(out),
+                work=work)
+    assert done.returncode == 0, done.stderr
+    assert "mount to first stat /" in done.stdout and "budget" in done.stdout
+    document = json.loads((out / "mount.json").read_text())
+    results = document["results"]
+    assert results["small"]["files"] < results["large"]["files"]
+    assert len(results["large"]["mount_to_stat"]["samples_s"]) == 1
+    assert results["ratio_large_over_small"] > 0
+    assert _mounted_below(work) == []
+
+
+@pytest.mark.requires_fuse
+def test_read_quick_throughput_run(
+    tmp_path: Path, require_or_skip: Callable[[object, str], None]
+) -> None:
+    require_or_skip(os.access("/proc/sys/vm/drop_caches", os.W_OK),
+                    "needs root to drop the page cache")
+    out, work = tmp_path / "out", tmp_path / "work"
+    done = _run("read.py", "--quick", "--only", "throughput", "--size-mb", "8",
+                "--out", str(out), work=work)
+    assert done.returncode == 0, done.stderr
+    throughput = json.loads((out / "read.json").read_text())["results"]["throughput"]
+    assert throughput["bytes"] == 8 << 20
+    assert set(throughput["contenders"]) == {
+        f"{who}, page cache {state}"
+        for who in ("weenv", "local disk") for state in ("cold", "warm")
+    }
+    assert throughput["fraction_of_local_cold"] > 0
+    assert _mounted_below(work) == []
