@@ -36,6 +36,7 @@ from weenvfs.errors import RefNotFound, UsageError, WeenvError
 from weenvfs.format.digest import short
 from weenvfs.format.refs import DEFAULT_TAG
 from weenvfs.fuse import daemon
+from weenvfs.fuse.commands import mount_args
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
@@ -175,12 +176,10 @@ def _record_in(
     log_file = Path(args.log_file or cache / "logs" / f"hints-record-{os.getpid()}.log").absolute()
     log_file.parent.mkdir(parents=True, exist_ok=True)
     daemon.spawn(
-        [
-            "--log-file", str(log_file), "mount", args.ref, str(mountpoint), "--store", store,
-            "--cache", str(cache), "--foreground", "--allow-other", "--hint", "none",
-            "--record-hints", args.tag, "--record-result", str(result),
-            *(["--record-replace"] if args.replace else []),
-        ],
+        mount_args(
+            args.ref, mountpoint, store, cache, log_file=log_file, allow_other=True,
+            hint="none", record_tag=args.tag, record_result=result, record_replace=args.replace,
+        ),
         log_file,
     )
     try:

@@ -17,15 +17,12 @@ Every test here needs root, runc, catatonit and FUSE: without them it skips with
 
 from __future__ import annotations
 
-import os
-import shutil
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from rt_support import NodeSnapshot, force_cleanup, leaks
+from rt_support import EnvRef, NodeSnapshot, force_cleanup, leaks, runtime_unavailable
 
 from weenvfs.format.manifest import RuntimeConfig
 from weenvfs.store import open_store
@@ -37,30 +34,19 @@ from weenvfs.tools.sample import sample_tree
 GROUP = "minbase:t"
 
 
-def _unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "sandboxes need root"
-    for tool, package in (("runc", "runc"), ("catatonit", "catatonit")):
-        if shutil.which(tool) is None:
-            return f"{tool} not found (Debian package {package})"
-    if "overlay" not in Path("/proc/filesystems").read_text():
-        return "the kernel has no overlayfs"
-    return None
-
-
 @pytest.fixture(autouse=True)
 def _runtime_requirements(
     requires_fuse: None, require_or_skip: Callable[[object, str], None]
 ) -> None:
-    reason = _unavailable()
+    reason = runtime_unavailable()
     require_or_skip(reason is None, reason or "")
 
 
 @pytest.fixture(scope="session")
 def minbase_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A LocalStore holding group `minbase:t` built from the Debian minbase sample."""
-    if _unavailable() is not None:
-        pytest.skip(_unavailable() or "")
+    if runtime_unavailable() is not None:
+        pytest.skip(runtime_unavailable() or "")
     tree = sample_tree(None, "minbase", progress=False)
     path = tmp_path_factory.mktemp("runtime-store") / "store"
     store = open_store(str(path), create=True)
@@ -71,16 +57,6 @@ def minbase_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@dataclass(frozen=True)
-class EnvRef:
-    """An environment published for one test."""
-
-    ref: str
-    store: Path
-    digest: str
-    cache: Path
-
-
 @pytest.fixture
 def test_digests() -> set[str]:
     """Digests of the environments this test made (what `node_clean` checks)."""
@@ -88,9 +64,7 @@ def test_digests() -> set[str]:
 
 
 @pytest.fixture
-def make_env(
-    minbase_store: Path, tmp_path: Path, test_digests: set[str]
-) -> Callable[..., EnvRef]:
+def make_env(minbase_store: Path, tmp_path: Path, test_digests: set[str]) -> Callable[..., EnvRef]:
     """`make_env(config=None, name="rt")`: a new environment of the minbase group."""
     count = [0]
 
@@ -99,8 +73,9 @@ def make_env(
         tag = f"t{count[0]}"
         store = open_store(str(minbase_store))
         try:
-            digest = compose_env(Repository(store), name, tag, [GROUP], config,
-                                 {"test-nonce": uuid.uuid4().hex})
+            digest = compose_env(
+                Repository(store), name, tag, [GROUP], config, {"test-nonce": uuid.uuid4().hex}
+            )
         finally:
             store.close()
         test_digests.add(digest)

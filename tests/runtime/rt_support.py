@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -24,14 +25,22 @@ from weenvfs.runtime.launcher import RUNC_ROOT
 CLI_TIMEOUT = 120.0
 
 
-def run_weenv(*args: str, check: bool = True, timeout: float = CLI_TIMEOUT,
-              input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+def run_weenv(
+    *args: str, check: bool = True, timeout: float = CLI_TIMEOUT, input: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
     """`python -m weenvfs ARGS` in a subprocess."""
-    done = subprocess.run([sys.executable, "-m", "weenvfs", *args], capture_output=True,
-                          timeout=timeout, check=False, input=input)
+    done = subprocess.run(
+        [sys.executable, "-m", "weenvfs", *args],
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+        input=input,
+    )
     if check and done.returncode != 0:
-        raise AssertionError(f"weenv {' '.join(args)} failed ({done.returncode}):\n"
-                             f"{done.stderr.decode(errors='replace')}")
+        raise AssertionError(
+            f"weenv {' '.join(args)} failed ({done.returncode}):\n"
+            f"{done.stderr.decode(errors='replace')}"
+        )
     return done
 
 
@@ -81,9 +90,12 @@ class NodeSnapshot:
     def take(cls) -> NodeSnapshot:
         groups = _sandbox_cgroups()
         return cls(
-            frozenset(_names(sandbox.SANDBOXES_ROOT)), frozenset(_names(RUNC_ROOT)),
-            frozenset(groups), frozenset(_weenv_mounts()),
-            frozenset(_names(sandbox.UPPERS_ROOT)), frozenset(_names(mounts.ENVS_ROOT)),
+            frozenset(_names(sandbox.SANDBOXES_ROOT)),
+            frozenset(_names(RUNC_ROOT)),
+            frozenset(groups),
+            frozenset(_weenv_mounts()),
+            frozenset(_names(sandbox.UPPERS_ROOT)),
+            frozenset(_names(mounts.ENVS_ROOT)),
             frozenset(_sandbox_processes(groups)),
         )
 
@@ -107,7 +119,7 @@ def _sandbox_id(kind: str, item: object) -> str:
     if kind == "mounts":
         return Path(text).parts[4]  # /run/weenv/sandboxes/ID/rootfs
     if kind == "uppers" and text.startswith(".trash-"):
-        return text[len(".trash-"):].rsplit("-", 1)[0]
+        return text[len(".trash-") :].rsplit("-", 1)[0]
     return text
 
 
@@ -128,10 +140,12 @@ def _ours(kind: str, item: object, digests: set[str]) -> bool:
 def leaks(before: NodeSnapshot, after: NodeSnapshot, digests: set[str]) -> dict[str, list[object]]:
     """What `after` has that `before` had not and belongs to this test, by kind."""
     found: dict[str, list[object]] = {}
-    for kind in ("sandboxes", "containers", "cgroups", "mounts", "uppers", "envs",
-                 "processes"):
-        new = [item for item in getattr(after, kind) - getattr(before, kind)
-               if _ours(kind, item, digests)]
+    for kind in ("sandboxes", "containers", "cgroups", "mounts", "uppers", "envs", "processes"):
+        new = [
+            item
+            for item in getattr(after, kind) - getattr(before, kind)
+            if _ours(kind, item, digests)
+        ]
         if new:
             found[kind] = sorted(new, key=str)
     return found
@@ -154,3 +168,25 @@ def force_cleanup(before: NodeSnapshot, digests: set[str]) -> None:
 def pid_visible(pid: int) -> bool:
     """Whether `pid` still exists (zombies included) on the host."""
     return os.path.exists(f"/proc/{pid}")
+
+
+@dataclass(frozen=True)
+class EnvRef:
+    """An environment published for one test."""
+
+    ref: str
+    store: Path
+    digest: str
+    cache: Path
+
+
+def runtime_unavailable() -> str | None:
+    """Why sandboxes cannot run on this machine, or None."""
+    if os.geteuid() != 0:
+        return "sandboxes need root"
+    for tool, package in (("runc", "runc"), ("catatonit", "catatonit")):
+        if shutil.which(tool) is None:
+            return f"{tool} not found (Debian package {package})"
+    if "overlay" not in Path("/proc/filesystems").read_text():
+        return "the kernel has no overlayfs"
+    return None

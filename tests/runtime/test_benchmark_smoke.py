@@ -16,8 +16,14 @@ SCRIPT = REPO / "benchmarks" / "runtime.py"
 
 
 def test_quick_run_writes_table_and_json(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert "weenv create + true" in done.stdout and "docker run --rm" in done.stdout
     results = json.loads((tmp_path / "runtime.json").read_text())["results"]
@@ -28,6 +34,12 @@ def test_quick_run_writes_table_and_json(tmp_path: Path) -> None:
 
 
 def test_help_shows_examples() -> None:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--help"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0 and "examples:" in done.stdout

@@ -18,8 +18,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from conftest import EnvRef
-from rt_support import pid_visible, run_weenv
+from rt_support import EnvRef, pid_visible, run_weenv
 
 from weenvfs.fuse import daemon
 from weenvfs.runtime import cgroups, mounts, sandbox
@@ -79,15 +78,30 @@ def test_fork_bomb_within_its_pids_limit_is_contained_and_cleaned_up(env_ref: En
 
 def test_weenv_run_terminated_removes_its_sandbox(env_ref: EnvRef) -> None:
     child = subprocess.Popen(
-        [sys.executable, "-m", "weenvfs", "run", env_ref.ref, "--store", str(env_ref.store),
-         "--cache", str(env_ref.cache), "--", "sh", "-c", "echo started; sleep 1000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "weenvfs",
+            "run",
+            env_ref.ref,
+            "--store",
+            str(env_ref.store),
+            "--cache",
+            str(env_ref.cache),
+            "--",
+            "sh",
+            "-c",
+            "echo started; sleep 1000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         assert child.stdout is not None
         assert child.stdout.readline() == b"started\n"
-        running = [i for i in sandbox.list_ids()
-                   if Sandbox.load(i).state["owner"]["pid"] == child.pid]
+        running = [
+            i for i in sandbox.list_ids() if Sandbox.load(i).state["owner"]["pid"] == child.pid
+        ]
         assert len(running) == 1
         box = Sandbox.load(running[0])
         pids = box.processes()
@@ -121,8 +135,8 @@ _CONTROLLER = textwrap.dedent("""
 
 def test_gc_clears_orphans_after_kill_9_of_the_controller(env_ref: EnvRef) -> None:
     child = subprocess.Popen(
-        [sys.executable, "-c", _CONTROLLER, env_ref.ref, str(env_ref.store),
-         str(env_ref.cache)], stdout=subprocess.PIPE,
+        [sys.executable, "-c", _CONTROLLER, env_ref.ref, str(env_ref.store), str(env_ref.cache)],
+        stdout=subprocess.PIPE,
     )
     try:
         assert child.stdout is not None
@@ -139,7 +153,8 @@ def test_gc_clears_orphans_after_kill_9_of_the_controller(env_ref: EnvRef) -> No
     assert sandbox.exists(sandbox_id) and all(daemon.process_alive(p) for p in pids)
     listed = json.loads(run_weenv("sandbox", "ls", "--json").stdout)
     assert {"id": sandbox_id, "status": "orphaned"}.items() <= next(
-        b for b in listed["sandboxes"] if b["id"] == sandbox_id).items()
+        b for b in listed["sandboxes"] if b["id"] == sandbox_id
+    ).items()
     report = json.loads(run_weenv("sandbox", "gc", "--json").stdout)
     assert sandbox_id in report["sandboxes"]
     assert not sandbox.exists(sandbox_id)
@@ -150,8 +165,19 @@ def test_gc_clears_orphans_after_kill_9_of_the_controller(env_ref: EnvRef) -> No
 
 
 def test_gc_leaves_live_and_detached_sandboxes_alone(env_ref: EnvRef) -> None:
-    detached = run_weenv("sandbox", "create", env_ref.ref, "--store", str(env_ref.store),
-                         "--cache", str(env_ref.cache)).stdout.decode().strip()
+    detached = (
+        run_weenv(
+            "sandbox",
+            "create",
+            env_ref.ref,
+            "--store",
+            str(env_ref.store),
+            "--cache",
+            str(env_ref.cache),
+        )
+        .stdout.decode()
+        .strip()
+    )
     try:
         with _open(env_ref) as env:
             report = json.loads(run_weenv("sandbox", "gc", "--json").stdout)
@@ -189,9 +215,13 @@ def test_gc_clears_a_sandbox_whose_creator_died_halfway(env_ref: EnvRef) -> None
     sandbox_id = "weenv-halfmadetest"
     folder = sandbox.SANDBOXES_ROOT / sandbox_id
     folder.mkdir(parents=True)
-    state = {"id": sandbox_id, "owner": {"pid": dead.pid, "start": start or 1},
-             "status": "creating", "tmpfs_upper": False,
-             "env": {"ref": env_ref.ref, "digest": env_ref.digest}}
+    state = {
+        "id": sandbox_id,
+        "owner": {"pid": dead.pid, "start": start or 1},
+        "status": "creating",
+        "tmpfs_upper": False,
+        "env": {"ref": env_ref.ref, "digest": env_ref.digest},
+    }
     (folder / "state.json").write_text(json.dumps(state))
     report = json.loads(run_weenv("sandbox", "gc", "--json").stdout)
     assert sandbox_id in report["sandboxes"] and report["errors"] == []

@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import EnvRef
-from rt_support import run_weenv
+from rt_support import EnvRef, run_weenv
 
 from weenvfs.errors import UsageError
 from weenvfs.runtime import rootfs
@@ -22,19 +21,48 @@ def _base(env: EnvRef) -> tuple[str, ...]:
 
 
 def test_run_passes_stdio_and_exits_with_the_status(env_ref: EnvRef) -> None:
-    done = run_weenv("run", env_ref.ref, *_base(env_ref), "--", "sh", "-c",
-                     "cat; echo to-err >&2; exit 5", check=False, input=b"from stdin\n")
+    done = run_weenv(
+        "run",
+        env_ref.ref,
+        *_base(env_ref),
+        "--",
+        "sh",
+        "-c",
+        "cat; echo to-err >&2; exit 5",
+        check=False,
+        input=b"from stdin\n",
+    )
     assert done.returncode == 5
     assert done.stdout == b"from stdin\n" and done.stderr == b"to-err\n"
 
 
 def test_run_options(env_ref: EnvRef) -> None:
-    done = run_weenv("run", env_ref.ref, *_base(env_ref), "--tmpfs-upper", "--memory", "300M",
-                     "--cpus", "1.5", "--pids", "99", "-e", "A=b", "-u", "nobody", "-w", "/tmp",
-                     "--", "sh", "-c", 'echo $A; id -un; pwd; cat /proc/net/dev | wc -l')
+    done = run_weenv(
+        "run",
+        env_ref.ref,
+        *_base(env_ref),
+        "--tmpfs-upper",
+        "--memory",
+        "300M",
+        "--cpus",
+        "1.5",
+        "--pids",
+        "99",
+        "-e",
+        "A=b",
+        "-u",
+        "nobody",
+        "-w",
+        "/tmp",
+        "--",
+        "sh",
+        "-c",
+        "echo $A; id -un; pwd; cat /proc/net/dev | wc -l",
+    )
     assert done.stdout.decode().split() == ["b", "nobody", "/tmp", "3"]  # 2 headers + lo
-    host = run_weenv("run", env_ref.ref, "--network", "host", *_base(env_ref), "--", "cat",
-                     "/proc/net/dev")
+    host = run_weenv(
+        "run", env_ref.ref, "--network", "host", *_base(env_ref), "--", "cat", "/proc/net/dev"
+    )
     assert len(_interfaces(host.stdout)) > 1  # the node's interfaces, not only lo
 
 
@@ -43,8 +71,20 @@ def _interfaces(text: bytes) -> set[str]:
 
 
 def test_sandbox_lifecycle(env_ref: EnvRef) -> None:
-    sid = run_weenv("sandbox", "create", env_ref.ref, *_base(env_ref), "--name",
-                    "weenv-clitest", "--memory", "128M").stdout.decode().strip()
+    sid = (
+        run_weenv(
+            "sandbox",
+            "create",
+            env_ref.ref,
+            *_base(env_ref),
+            "--name",
+            "weenv-clitest",
+            "--memory",
+            "128M",
+        )
+        .stdout.decode()
+        .strip()
+    )
     assert sid == "weenv-clitest"
     try:
         run_weenv("sandbox", "exec", sid, "--", "sh", "-c", "echo x > /root/x")
@@ -57,10 +97,13 @@ def test_sandbox_lifecycle(env_ref: EnvRef) -> None:
         assert sid.encode() in run_weenv("sandbox", "ls").stdout
         reset = run_weenv("sandbox", "reset", sid)
         assert b"reset" in reset.stderr
-        assert run_weenv("sandbox", "exec", sid, "--", "test", "-e", "/root/x",
-                         check=False).returncode == 1
-        again = run_weenv("sandbox", "create", env_ref.ref, *_base(env_ref), "--name", sid,
-                          check=False)
+        assert (
+            run_weenv("sandbox", "exec", sid, "--", "test", "-e", "/root/x", check=False).returncode
+            == 1
+        )
+        again = run_weenv(
+            "sandbox", "create", env_ref.ref, *_base(env_ref), "--name", sid, check=False
+        )
         assert again.returncode == 2 and b"exists already" in again.stderr
     finally:
         run_weenv("sandbox", "rm", sid)
@@ -80,9 +123,16 @@ def test_usage_errors_are_one_line(env_ref: EnvRef) -> None:
 
 
 def test_help_shows_examples() -> None:
-    for command in (("run",), ("sandbox",), ("sandbox", "create"), ("sandbox", "exec"),
-                    ("sandbox", "reset"), ("sandbox", "rm"), ("sandbox", "ls"),
-                    ("sandbox", "gc")):
+    for command in (
+        ("run",),
+        ("sandbox",),
+        ("sandbox", "create"),
+        ("sandbox", "exec"),
+        ("sandbox", "reset"),
+        ("sandbox", "rm"),
+        ("sandbox", "ls"),
+        ("sandbox", "gc"),
+    ):
         done = run_weenv(*command, "--help")
         assert b"examples:" in done.stdout, command
 
@@ -111,15 +161,19 @@ def test_resolve_user_forms(tmp_path: Path) -> None:
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc" / "passwd").write_text(
         "root:x:0:0:root:/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/sh\n"
-        "bob:x:1001:1001::/home/bob:/bin/sh\n")
+        "bob:x:1001:1001::/home/bob:/bin/sh\n"
+    )
     (tmp_path / "etc" / "group").write_text(
-        "root:x:0:\nalice:x:1000:\nbob:x:1001:\ndocker:x:999:alice,bob\nvideo:x:44:alice\n")
+        "root:x:0:\nalice:x:1000:\nbob:x:1001:\ndocker:x:999:alice,bob\nvideo:x:44:alice\n"
+    )
     assert rootfs.resolve_user(tmp_path, "") == rootfs.User(0, 0, (), "/root")
-    assert rootfs.resolve_user(tmp_path, "alice") == rootfs.User(1000, 1000, (44, 999),
-                                                                 "/home/alice")
+    assert rootfs.resolve_user(tmp_path, "alice") == rootfs.User(
+        1000, 1000, (44, 999), "/home/alice"
+    )
     assert rootfs.resolve_user(tmp_path, "1001") == rootfs.User(1001, 1001, (999,), "/home/bob")
-    assert rootfs.resolve_user(tmp_path, "alice:docker") == rootfs.User(1000, 999, (),
-                                                                        "/home/alice")
+    assert rootfs.resolve_user(tmp_path, "alice:docker") == rootfs.User(
+        1000, 999, (), "/home/alice"
+    )
     assert rootfs.resolve_user(tmp_path, "4242:7") == rootfs.User(4242, 7, (), "/")
     assert rootfs.resolve_user(tmp_path, "4242") == rootfs.User(4242, 0, (), "/")
     with pytest.raises(UsageError, match="no user"):

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import EnvRef
+from rt_support import EnvRef
 
 from weenvfs.format.manifest import RuntimeConfig
 from weenvfs.fuse import daemon
@@ -128,13 +128,20 @@ def test_limits_are_written_to_the_sandbox_cgroup(env_ref: EnvRef) -> None:
 
 
 def test_manifest_config_is_applied(make_env: Callable[..., EnvRef]) -> None:
-    config = RuntimeConfig(env=("GREETING=hello", "PATH=/usr/bin:/bin"), cwd="/work/here",
-                           user="nobody")
+    config = RuntimeConfig(
+        env=("GREETING=hello", "PATH=/usr/bin:/bin"), cwd="/work/here", user="nobody"
+    )
     env_ref = make_env(config)
     with _open(env_ref) as env:
         done = env.exec('echo "$GREETING $PATH $HOME"; pwd; id -u; id -g')
-        assert done.stdout.decode().split() == ["hello", "/usr/bin:/bin", "/nonexistent",
-                                                "/work/here", "65534", "65534"]
+        assert done.stdout.decode().split() == [
+            "hello",
+            "/usr/bin:/bin",
+            "/nonexistent",
+            "/work/here",
+            "65534",
+            "65534",
+        ]
         assert env.exec(["id", "-u"], user="0:0").stdout == b"0\n"
         assert env.exec(["id", "-u", "-n"], user="root").stdout == b"root\n"
         assert env.exec("id -u; id -g", user="1234:4321").stdout == b"1234\n4321\n"
@@ -184,7 +191,8 @@ def test_write_file_owner_and_parents(make_env: Callable[..., EnvRef]) -> None:
     with _open(env_ref) as env:
         env.write_file("/tmp/a/b/c.txt", "hi", mode=0o600)
         assert env.exec(["stat", "-c", "%u %a", "/tmp/a/b", "/tmp/a/b/c.txt"]).stdout == (
-            b"65534 755\n65534 600\n")
+            b"65534 755\n65534 600\n"
+        )
         assert env.exec(["cat", "/tmp/a/b/c.txt"]).stdout == b"hi"
 
 

@@ -10,8 +10,7 @@ import time
 import traceback
 
 import trio
-from conftest import EnvRef
-from rt_support import run_weenv
+from rt_support import EnvRef, run_weenv
 
 from weenvfs.fuse import daemon
 from weenvfs.runtime import gc, mounts, sandbox
@@ -114,8 +113,7 @@ def test_async_environments_run_concurrently(make_env: object) -> None:
 
     async def episode(n: int) -> None:
         ref = refs[n % 2]
-        async with await AsyncEnvironment.open(ref.ref, store=ref.store,
-                                               cache=ref.cache) as env:
+        async with await AsyncEnvironment.open(ref.ref, store=ref.store, cache=ref.cache) as env:
             await env.write_file("/tmp/task", f"task {n}\n")
             done = await env.exec(["cat", "/tmp/task"])
             assert await env.read_file("/tmp/task") == done.stdout
@@ -139,8 +137,9 @@ def test_async_environments_run_concurrently(make_env: object) -> None:
 
 def test_keep_warm_keeps_the_mount_until_it_expires(env_ref: EnvRef) -> None:
     mp = mounts.mountpoint(env_ref.digest)
-    with Environment.open(env_ref.ref, store=env_ref.store, cache=env_ref.cache,
-                          keep_warm=600) as env:
+    with Environment.open(
+        env_ref.ref, store=env_ref.store, cache=env_ref.cache, keep_warm=600
+    ) as env:
         first = env.id
     info = json.loads((mp.parent / "mount.json").read_text())
     try:
@@ -159,8 +158,7 @@ def test_keep_warm_keeps_the_mount_until_it_expires(env_ref: EnvRef) -> None:
 
 def test_expired_keep_warm_is_unmounted_by_gc(env_ref: EnvRef) -> None:
     mp = mounts.mountpoint(env_ref.digest)
-    with Environment.open(env_ref.ref, store=env_ref.store, cache=env_ref.cache,
-                          keep_warm=600):
+    with Environment.open(env_ref.ref, store=env_ref.store, cache=env_ref.cache, keep_warm=600):
         pass
     timer = json.loads((mp.parent / "mount.json").read_text())["timer_pid"]
     try:
@@ -183,8 +181,7 @@ def _gone(pid: int, seconds: float = 30.0) -> bool:
 def test_keep_warm_timer_unmounts_by_itself(env_ref: EnvRef) -> None:
     mp = mounts.mountpoint(env_ref.digest)
     try:
-        with Environment.open(env_ref.ref, store=env_ref.store, cache=env_ref.cache,
-                              keep_warm=2):
+        with Environment.open(env_ref.ref, store=env_ref.store, cache=env_ref.cache, keep_warm=2):
             pass
         timer = json.loads((mp.parent / "mount.json").read_text())["timer_pid"]
         assert _gone(timer, 60.0)  # the timer ran `weenv sandbox gc --mounts-only` and ended

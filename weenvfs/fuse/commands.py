@@ -1,12 +1,13 @@
 """The `weenv mount`, `weenv umount` and `weenv stats` commands.
 
-Owns: their arguments, defaults and output. `mount` without `--foreground` starts the daemon
-(`daemon.spawn`), which checks the store before it mounts (fail fast: its one-line error is
-reported by this process), and returns once the mount answers; with
-`--foreground` it loads the environment and serves it in this process (mount.py), reporting
-readiness on `--ready-fd` when a parent waits for it. `stats` reads the virtual xattr
-`user.weenv.stats` of the mount's root (see ops.py). Must not: serve requests or manage
-processes itself.
+Owns: their arguments, defaults and output, and `mount_args`, the one place that turns mount
+options back into the daemon's command line (also used by the runtime). `mount` without
+`--foreground` starts the daemon (`daemon.spawn`), which checks the store before it mounts
+(fail fast: its one-line error is reported by this process), and returns once the mount
+answers; with `--foreground` it loads the environment and serves it in this process
+(mount.py), reporting readiness on `--ready-fd` when a parent waits for it. `stats` reads the
+virtual xattr `user.weenv.stats` of the mount's root (see ops.py). Must not: serve requests
+or manage processes itself.
 
 Start-up cost matters here (DESIGN.md: mount to first `stat /` under 300 ms): the parent of a
 background mount imports neither the store nor the core nor pyfuse3; the daemon does.
@@ -19,7 +20,6 @@ import errno
 import json
 import logging
 import os
-import re
 import signal
 import sys
 from pathlib import Path
@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from weenvfs.cli import add_command
 from weenvfs.errors import UsageError, WeenvError
+from weenvfs.units import parse_size, size_arg
 
 from . import STATS_XATTR, daemon
 
@@ -37,8 +38,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CACHE_SIZE = "10G"
 DEFAULT_DEADLINE = 30.0
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def default_cache_dir() -> Path:
@@ -46,14 +45,6 @@ def default_cache_dir() -> Path:
     from weenvfs.core.cache import default_cache_dir as cache_default
 
     return cache_default()
-
-
-def parse_size(text: str) -> int:
-    """Bytes from `10G`, `512M`, `1.5GiB`, `4096` (binary units)."""
-    match = _SIZE.fullmatch(text.strip())
-    if match is None:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r} (e.g. 10G, 512M, 4096)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
 def _positive(text: str) -> float:
@@ -100,7 +91,7 @@ def _register_mount(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument("--store", required=True, metavar="URL", help="store URL or directory")
     p.add_argument("--cache", type=Path, metavar="DIR", help="node chunk cache folder "
                    "(default: $WEENV_CACHE, else /var/cache/weenv/chunks)")
-    p.add_argument("--cache-size", type=parse_size, default=parse_size(DEFAULT_CACHE_SIZE),
+    p.add_argument("--cache-size", type=size_arg, default=parse_size(DEFAULT_CACHE_SIZE),
                    metavar="SIZE", help=f"cache bound (default {DEFAULT_CACHE_SIZE})")
     p.add_argument("--deadline", type=_positive, default=DEFAULT_DEADLINE, metavar="SECS",
                    help="a read that cannot be served in SECS fails with EIO "
@@ -198,7 +189,14 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     config.cache_dir.mkdir(parents=True, exist_ok=True)
     log_file = Path(args.log_file or _default_log_file(config)).absolute()
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    pid = daemon.spawn(_child_args(args, config, log_file), log_file)
+    child = mount_args(
+        args.ref, config.mountpoint, args.store, config.cache_dir, log_file=log_file,
+        cache_size=config.cache_size, deadline=config.deadline,
+        allow_other=config.allow_other, hint=config.hint, fetch_all=config.fetch_all,
+        record_tag=config.record_tag, record_result=config.record_result,
+        record_replace=config.record_replace, coalesce=config.coalesce, verbose=args.verbose,
+    )
+    pid = daemon.spawn(child, log_file)
     log.info("mounted %s at %s (daemon %d, log %s)", args.ref, config.mountpoint, pid, log_file)
     return 0
 
@@ -207,22 +205,37 @@ def _default_log_file(config: MountConfig) -> Path:
     return config.cache_dir / "logs" / (daemon.pid_file(config.mountpoint).stem + ".log")
 
 
-def _child_args(args: argparse.Namespace, config: MountConfig, log_file: Path) -> list[str]:
-    verbosity = ["-" + "v" * args.verbose] if args.verbose else []
-    # The daemon runs in / (so that it pins no working directory): make the store absolute.
-    store = args.store if "://" in args.store else os.path.abspath(args.store)
+def mount_args(
+    ref: str, mountpoint: Path, store: str, cache_dir: Path, *, log_file: Path,
+    cache_size: int | None = None, deadline: float | None = None,
+    allow_other: bool | None = None, hint: str | None = None, fetch_all: bool = False,
+    record_tag: str | None = None, record_result: Path | None = None,
+    record_replace: bool = False, coalesce: bool = True, verbose: int = 0,
+) -> list[str]:
+    """The arguments of `weenv mount REF MOUNTPOINT --foreground` for `daemon.spawn`.
+
+    Keywords are MountConfig's fields; None leaves an option to the daemon's default. The
+    daemon runs in / (so that it pins no working directory): a store folder is made
+    absolute here, every other path must be absolute already."""
+    store = store if "://" in store else os.path.abspath(store)
+    optional: list[str] = []
+    if cache_size is not None:
+        optional += ["--cache-size", str(cache_size)]
+    if deadline is not None:
+        optional += ["--deadline", repr(deadline)]
+    if allow_other is not None:
+        optional.append("--allow-other" if allow_other else "--no-allow-other")
+    if hint is not None:
+        optional += ["--hint", hint]
     return [
-        *verbosity, "--log-file", str(log_file),
-        "mount", args.ref, str(config.mountpoint), "--store", store,
-        "--cache", str(config.cache_dir), "--cache-size", str(config.cache_size),
-        "--deadline", repr(config.deadline), "--foreground",
-        "--allow-other" if config.allow_other else "--no-allow-other",
-        "--hint", config.hint,
-        *(["--fetch-all"] if config.fetch_all else []),
-        *(["--record-hints", config.record_tag] if config.record_tag is not None else []),
-        *(["--record-result", str(config.record_result)] if config.record_result else []),
-        *(["--record-replace"] if config.record_replace else []),
-        *([] if config.coalesce else ["--no-coalesce"]),
+        *(["-" + "v" * verbose] if verbose else []), "--log-file", str(log_file),
+        "mount", ref, str(mountpoint), "--store", store, "--cache", str(cache_dir),
+        "--foreground", *optional,
+        *(["--fetch-all"] if fetch_all else []),
+        *(["--record-hints", record_tag] if record_tag is not None else []),
+        *(["--record-result", str(record_result)] if record_result else []),
+        *(["--record-replace"] if record_replace else []),
+        *([] if coalesce else ["--no-coalesce"]),
     ]
 
 

@@ -1,11 +1,13 @@
 """Running a mount in the background and stopping it: spawn, readiness, pid files, unmount.
 
 Owns:
-- `spawn`: start `python -m weenvfs mount --foreground ... --ready-fd N` in a new session
-  (working directory /, stdin /dev/null, stdout and stderr appended to the log file; every
-  path in its arguments must be absolute) and wait, with a timeout,
-  until it writes `ok` on the pipe (the mount answers) or an error line (reported as is);
-- `ReadyPipe`: the child's end of that pipe;
+- `spawn`: start `python -m weenvfs mount --foreground ... --ready-fd N` as a daemon that is
+  not our child (`setsid --fork`: a new session, re-parented to init, so nobody ever has to
+  reap it; working directory /, stdin /dev/null, stdout and stderr appended to the log file;
+  every path in its arguments must be absolute), and wait, with a timeout, until it writes
+  `ok` on the pipe (the mount answers) or an error line (reported as is). The daemon's first
+  line is its pid, which `spawn` returns; whoever unmounts waits for that pid to go;
+- `ReadyPipe`: the daemon's end of that pipe;
 - pid files, one per mount point, in `RUN_DIR` (`/run/weenv/mounts` for root, else under
   $XDG_RUNTIME_DIR or /tmp): JSON with pid, mount point, reference and log file, written once
   the mount answers and removed when the daemon exits;
@@ -16,11 +18,13 @@ Must not: serve requests (mount.py) or parse arguments (commands.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -32,6 +36,7 @@ from typing import Any
 from weenvfs.errors import UsageError, WeenvError
 
 READY = "ok"
+PID = "pid"  # the daemon's first line: `pid N`
 SPAWN_TIMEOUT = 60.0  # seconds for the daemon to mount and answer
 EXIT_TIMEOUT = 30.0  # seconds for a daemon to exit after its unmount
 _POLL = 0.05
@@ -99,20 +104,32 @@ def process_alive(pid: int) -> bool:
 
 
 class ReadyPipe:
-    """The write end of the readiness pipe a foreground child reports on (or nothing)."""
+    """The write end of the readiness pipe a foreground daemon reports on (or nothing).
+
+    Making one tells the parent this process's pid: `spawn` starts the daemon through a fork
+    it does not see, and needs the pid to return it or to stop a daemon that hangs."""
 
     def __init__(self, fd: int | None) -> None:
         self.fd = fd
+        self._write(f"{PID} {os.getpid()}")
 
-    def _send(self, line: str) -> None:
+    def _write(self, line: str) -> None:
         if self.fd is None:
             return
         try:
             os.write(self.fd, (" ".join(line.split()) + "\n").encode())
-            os.close(self.fd)
-        except OSError:
-            pass  # the parent gave up waiting; nothing to tell
-        self.fd = None
+        except OSError:  # the parent gave up waiting; nothing to tell
+            self._close()
+
+    def _close(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
+
+    def _send(self, line: str) -> None:
+        self._write(line)
+        self._close()
 
     def ready(self) -> None:
         """Tell the parent that the mount answers."""
@@ -127,63 +144,88 @@ class ReadyPipe:
 
 
 def spawn(args: Sequence[str], log_file: Path, timeout: float = SPAWN_TIMEOUT) -> int:
-    """Start `python -m weenvfs <args> --ready-fd N` detached; return its pid once ready.
+    """Start `python -m weenvfs <args> --ready-fd N` as a daemon; return its pid once ready.
 
-    Raises WeenvError with the child's own error line, or naming the log file.
+    The daemon is not a child of this process (see the module docstring): nothing to reap,
+    ever. Raises WeenvError with the daemon's own error line, or naming the log file (a
+    daemon that does not answer within `timeout` seconds is stopped first).
     """
     read_end, write_end = os.pipe()
     try:
         with open(log_file, "ab") as log, open(os.devnull, "rb") as devnull:
-            child = subprocess.Popen(
-                [sys.executable, "-m", "weenvfs", *args, "--ready-fd", str(write_end)],
-                stdin=devnull, stdout=log, stderr=log, pass_fds=(write_end,),
-                start_new_session=True, cwd="/",
+            # setsid forks, exits at once (reaped here) and its child execs the daemon.
+            launcher = subprocess.Popen(
+                [_setsid(), "--fork", sys.executable, "-m", "weenvfs", *args,
+                 "--ready-fd", str(write_end)],
+                stdin=devnull, stdout=log, stderr=log, pass_fds=(write_end,), cwd="/",
             )
         os.close(write_end)
         write_end = -1
-        line = _read_line(read_end, child, timeout)
+        launcher.wait()
+        pid, line = _await_ready(read_end, timeout)
     finally:
         os.close(read_end)
         if write_end >= 0:
             os.close(write_end)
-    if line == READY:
-        child.returncode = 0  # detached on purpose: do not warn that it is still running
-        return child.pid
+    if line == READY and pid is not None:
+        return pid
     if line is None:
-        _stop(child)
+        if pid is not None:
+            _stop(pid)
         raise WeenvError(f"mount did not answer within {timeout:g} s; see {log_file}")
     if line.startswith("error: "):
-        child.wait(EXIT_TIMEOUT)
+        if pid is not None:
+            with contextlib.suppress(WeenvError):
+                wait_exit(pid, EXIT_TIMEOUT)
         raise WeenvError(line[len("error: "):])
-    code = child.wait(EXIT_TIMEOUT)
-    raise WeenvError(f"mount daemon exited with status {code}; see {log_file}")
+    raise WeenvError(f"mount daemon exited before it answered; see {log_file}")
 
 
-def _read_line(fd: int, child: subprocess.Popen[bytes], timeout: float) -> str | None:
-    """The first line on `fd` ('' at EOF), or None after `timeout` seconds."""
+def _setsid() -> str:
+    path = shutil.which("setsid")
+    if path is None:
+        raise WeenvError("setsid not found (install the Debian package util-linux)")
+    return path
+
+
+def _await_ready(fd: int, timeout: float) -> tuple[int | None, str | None]:
+    """The daemon's pid (from its `pid N` line) and its next line: `ok`, `error: ...`, ''
+    at EOF (it exited), or None after `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    data = b""
-    while b"\n" not in data:
+    data, pid = b"", None
+    while True:
+        while b"\n" in data:
+            raw, data = data.split(b"\n", 1)
+            line = raw.decode(errors="replace").strip()
+            word, _, rest = line.partition(" ")
+            if word == PID and rest.isdigit() and pid is None:
+                pid = int(rest)
+                continue
+            return pid, line
         left = deadline - time.monotonic()
         if left <= 0:
-            return None
+            return pid, None
         readable, _, _ = select.select([fd], [], [], left)
         if not readable:
             continue
         part = os.read(fd, 4096)
         if not part:
-            break
+            return pid, ""
         data += part
-    return data.split(b"\n", 1)[0].decode(errors="replace").strip()
 
 
-def _stop(child: subprocess.Popen[bytes]) -> None:
-    child.terminate()
-    try:
-        child.wait(EXIT_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()
+def _stop(pid: int) -> None:
+    """SIGTERM a daemon that hangs, SIGKILL it if it does not exit in time."""
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            return
+        try:
+            wait_exit(pid, EXIT_TIMEOUT)
+            return
+        except WeenvError:
+            continue
 
 
 # -- unmount --------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from .policy import PolicyConfig, initial_limits, quantize
 log = logging.getLogger(__name__)
 
 DEFAULT_HISTORY_DIR = Path("/var/lib/weenv/provision/history")
+HISTORY_ENV = "WEENV_PROVISION_HISTORY"
 START_WINDOW = 30.0  # seconds counted as a run's start-up
 KEEP_RUNS = 20
 SEED_RUNS = 5
@@ -111,6 +112,16 @@ class RunStats:
             oom_kills=last.oom_kills - first.oom_kills,
             ended=time.time(),
         )
+
+
+def history_dir(path: Path | str | None = None) -> Path:
+    """The node's history folder: `path`, else $WEENV_PROVISION_HISTORY, else the default.
+
+    The runtime (seeding a new sandbox) and the sidecar (recording a finished one) must agree
+    on it without talking to each other, as they do on the spool folder."""
+    if path is not None:
+        return Path(path)
+    return Path(os.environ.get(HISTORY_ENV) or DEFAULT_HISTORY_DIR)
 
 
 def _file_name(env: str) -> str:

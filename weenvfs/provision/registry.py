@@ -7,10 +7,13 @@ Owns: the spool folder (default /run/weenv/provision, or $WEENV_PROVISION_DIR):
     status.json                   current figures, rewritten atomically every tick
     sidecar.log                   stderr of a sidecar started in the background
 and the calls on it: `register` (applies the initial limits at once, so the sandbox is limited
-from its first instant, then hands it over), `unregister`, `registrations`, `running_pid`,
-`ensure_sidecar` / `start_sidecar` / `stop_sidecar`, `read_status`.
+from its first instant, then hands it over), `unregister` (optionally waiting until the
+sidecar let go of the sandbox, its run then being in the history), `registrations`,
+`running_pid`, `ensure_sidecar` / `start_sidecar` / `stop_sidecar`, `read_status`.
 Must not: decide limits (policy.py) or watch cgroups (sidecar.py). A folder rather than a
-socket: registrations survive a sidecar restart and need no live peer.
+socket: registrations survive a sidecar restart and need no live peer. A sidecar that says
+so in its status (`"wake": "SIGUSR1"`) is signalled after each change, so that it takes the
+change at once instead of at its next tick.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .cgroup import MIB, CgroupDriver, Limits, ProvisionError, detect_driver
-from .history import DEFAULT_HISTORY_DIR, History
+from .history import History, history_dir
 from .policy import PolicyConfig, initial_limits
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ DEFAULT_SPOOL = Path("/run/weenv/provision")
 SPOOL_ENV = "WEENV_PROVISION_DIR"
 DEFAULT_MEM = 512 * MIB  # first limits of an environment never seen on this node
 DEFAULT_CPU = 1000
+WAKE_SIGNALS = {"SIGUSR1": signal.SIGUSR1}  # what a sidecar's status may offer as "wake"
 _SANDBOX_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
 
@@ -127,14 +131,17 @@ def register(
     mem_ceiling: int = 0,
     cpu_ceiling: int = 0,
     start: bool = False,
+    memory: int | None = None,
+    cpu_millis: int | None = None,
 ) -> Registration:
     """Put a sandbox under the node's provisioner; returns its registration.
 
     `cgroups` are the sandbox's cgroup directories (or one name relative to the hierarchy
     roots); `env` identifies the environment (its manifest digest), whose earlier runs on this
-    node seed the initial limits unless `initial` is given (else 512 MiB and one core). The
-    initial limits are written to the cgroup before this returns. `start=True` starts the
-    sidecar if none runs.
+    node (in `history`, default `history_dir()`) seed the initial limits unless `initial` is
+    given (else 512 MiB and one core); `memory` (bytes of the elastic limit) and `cpu_millis`
+    override one side of the seed. The initial limits are written to the cgroup before this
+    returns. `start=True` starts the sidecar if none runs.
     """
     folder = spool_dir(spool)
     path = _sandbox_file(folder, sandbox_id)
@@ -144,8 +151,9 @@ def register(
         raise ProvisionError(f"cgroup {cgroup.name} does not exist ({driver.describe()})")
     config = node_config(driver.version, config)
     if initial is None:
-        seeded = (history or History(DEFAULT_HISTORY_DIR)).seed(env, config)
-        initial = seeded or initial_limits(config, DEFAULT_MEM, DEFAULT_CPU)
+        seeded = (history or History(history_dir())).seed(env, config)
+        seeded = seeded or initial_limits(config, DEFAULT_MEM, DEFAULT_CPU)
+        initial = initial_limits(config, memory or seeded.mem_high, cpu_millis or seeded.cpu_millis)
     driver.apply(cgroup, initial)
     registration = Registration(
         sandbox_id, tuple(cgroup.paths()), env, initial, time.time(), mem_ceiling, cpu_ceiling
@@ -155,14 +163,59 @@ def register(
     log.info("registered sandbox %s (%s) with %s", sandbox_id, cgroup.name, initial)
     if start:
         ensure_sidecar(folder)
+    wake_sidecar(folder)
     return registration
 
 
-def unregister(sandbox_id: str, *, spool: Path | str | None = None) -> bool:
-    """Take a sandbox from the provisioner (it records the run); False if it was not there."""
+def unregister(sandbox_id: str, *, spool: Path | str | None = None, wait: float = 0.0) -> bool:
+    """Take a sandbox from the provisioner (it records the run); False if it was not there.
+
+    With `wait` > 0 and a sidecar running, return only once the sidecar no longer watches the
+    sandbox (its run is in the history then, and no limit write of it is still coming), or
+    after `wait` seconds (logged)."""
+    folder = spool_dir(spool)
     try:
-        _sandbox_file(spool_dir(spool), sandbox_id).unlink()
+        _sandbox_file(folder, sandbox_id).unlink()
     except FileNotFoundError:
+        return False
+    wake_sidecar(folder)
+    if wait > 0:
+        _await_release(folder, sandbox_id, wait)
+    return True
+
+
+def _await_release(folder: Path, sandbox_id: str, timeout: float) -> None:
+    """Wait until the running sidecar's status no longer lists `sandbox_id`."""
+    deadline = time.monotonic() + timeout
+    while running_pid(folder) is not None:
+        try:
+            status = json.loads((folder / "status.json").read_text(encoding="utf-8"))
+            watched = status["sandboxes"]
+        except (OSError, ValueError, KeyError, TypeError):
+            watched = {}  # no status yet: the sidecar has not seen the sandbox either
+        if sandbox_id not in watched:
+            return
+        if time.monotonic() > deadline:
+            log.info("the provisioner still watches %s after %g s; going on", sandbox_id, timeout)
+            return
+        time.sleep(0.005)
+
+
+def wake_sidecar(spool: Path | str | None = None) -> bool:
+    """Ask the running sidecar to take registration changes now rather than at its next
+    tick, if its status offers a wake-up signal; returns whether it was signalled."""
+    folder = spool_dir(spool)
+    try:
+        status = json.loads((folder / "status.json").read_text(encoding="utf-8"))
+        pid, signum = int(status["pid"]), WAKE_SIGNALS[status["wake"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    # The pid must be the lock holder's: a stale status may name a reused pid.
+    if running_pid(folder) != pid:
+        return False
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
         return False
     return True
 
@@ -254,9 +307,12 @@ def start_sidecar(spool: Path | str | None = None, args: Sequence[str] = ()) -> 
         )
     deadline = time.monotonic() + 30.0
     while time.monotonic() < deadline:
-        if running_pid(folder) == process.pid:
-            return process.pid
+        pid = running_pid(folder)
+        if pid == process.pid:
+            return pid
         if process.poll() is not None:
+            if pid is not None:
+                return pid  # another process started one meanwhile: ours stepped aside
             tail = (folder / "sidecar.log").read_text(errors="replace").strip().splitlines()[-3:]
             raise ProvisionError(f"the provisioner exited at once: {' | '.join(tail)}")
         time.sleep(0.05)

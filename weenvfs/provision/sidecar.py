@@ -12,6 +12,10 @@ thread (`trio.to_thread.run_sync`, bounded by a CapacityLimiter); a newer decisi
 pending one (latest wins), and a write stuck in reclaim delays no other sandbox. Those threads
 are the only calls sent off the loop. A cgroup that vanishes is dropped (its run goes into the
 history); a garbled file skips that sandbox for the tick; both are logged and the loop goes on.
+
+Between ticks, `wake()` (SIGUSR1, sent by the registry after each change) takes registration
+changes at once and rewrites the status: a new sandbox is watched from its first instant, and
+an unregistering runtime learns within milliseconds that the run is in the history.
 """
 
 from __future__ import annotations
@@ -53,6 +57,10 @@ from .status import EventLog, Watched, status_document
 log = logging.getLogger(__name__)
 
 WRITE_DRAIN = 5.0  # seconds a stopping sidecar waits for writes under way
+# A folder's mtime has the kernel's coarse clock granularity (milliseconds): two changes in
+# one step share one mtime, so the spool is rescanned while its mtime is this recent.
+SPOOL_SETTLE_NS = 1_000_000_000
+WAKE_SIGNAL = signal.SIGUSR1
 
 
 def node_memory(meminfo: str = "/proc/meminfo") -> int:
@@ -111,7 +119,10 @@ class Sidecar:
         self._spool_mtime = -1
         self._limiter = trio.CapacityLimiter(config.write_threads)
         self._stop = trio.Event()
+        self._wake = trio.Event()
         self._last_overcommitted = False
+        self._granted = (0, 0)  # memory and CPU granted at the last tick, for the status
+        self.wake_signal: str | None = None  # set by whoever delivers wake-ups (run_sidecar)
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -135,8 +146,7 @@ class Sidecar:
                     deadline += self.config.interval
                     if deadline < trio.current_time():  # fell behind: do not burst
                         deadline = trio.current_time() + self.config.interval
-                    with trio.move_on_at(deadline):
-                        await self._stop.wait()
+                    await self._sleep_until(deadline)
                 self._pending.clear()
                 with trio.move_on_after(WRITE_DRAIN):  # let writes under way finish
                     while self._in_flight:
@@ -158,9 +168,26 @@ class Sidecar:
             except (ProvisionError, OSError) as error:
                 log.info("sandbox %s: cannot release its hold: %s", key, error)
 
+    async def _sleep_until(self, deadline: float) -> None:
+        """Wait for the next tick; registration changes signalled meanwhile are taken now."""
+        with trio.move_on_at(deadline):
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                if self._stop.is_set():
+                    return
+                now = self.clock()
+                self._sync_registrations(now, force=True)
+                self._write_status(now, *self._granted)
+
     def stop(self) -> None:
         """End the loop after the current tick (call from the loop's trio thread)."""
         self._stop.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Take registration changes now, not at the next tick (call from the loop's thread)."""
+        self._wake.set()
 
     def tick(self, nursery: trio.Nursery) -> None:
         """One tick: registrations, samples, policy, writes, status."""
@@ -189,6 +216,7 @@ class Sidecar:
                 mem_granted=result.mem_granted,
                 cpu_granted=result.cpu_granted,
             )
+        self._granted = (result.mem_granted, result.cpu_granted)
         self._write_status(now, result.mem_granted, result.cpu_granted)
 
     def _act(
@@ -224,13 +252,14 @@ class Sidecar:
 
     # --- sandboxes coming and going -------------------------------------------------------
 
-    def _sync_registrations(self, now: float) -> None:
+    def _sync_registrations(self, now: float, force: bool = False) -> None:
         folder = self.config.spool / "sandboxes"
         try:
             mtime = folder.stat().st_mtime_ns
         except FileNotFoundError:
             mtime = 0
-        if mtime == self._spool_mtime:
+        settled = abs(time.time_ns() - mtime) > SPOOL_SETTLE_NS
+        if mtime == self._spool_mtime and settled and not force:
             return
         self._spool_mtime = mtime
         current = registrations(self.config.spool)
@@ -417,6 +446,8 @@ class Sidecar:
             self.watched,
             self.states,
         )
+        if self.wake_signal is not None:
+            document["wake"] = self.wake_signal
         try:
             write_json_atomic(self.config.spool / "status.json", document)
         except OSError as error:
@@ -424,10 +455,14 @@ class Sidecar:
 
 
 async def _serve(sidecar: Sidecar) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, WAKE_SIGNAL) as signals:
+        sidecar.wake_signal = WAKE_SIGNAL.name
 
         async def stop_on_signal() -> None:
             async for signum in signals:
+                if signum == WAKE_SIGNAL:
+                    sidecar.wake()
+                    continue
                 log.info("provisioner: signal %d, stopping", signum)
                 sidecar.stop()
                 return
@@ -441,6 +476,9 @@ async def _serve(sidecar: Sidecar) -> None:
 def run_sidecar(config: SidecarConfig, driver: CgroupDriver) -> None:
     """Run the node's sidecar in this process until SIGTERM/SIGINT (holds the pid lock)."""
     config.spool.mkdir(parents=True, exist_ok=True)
+    # SIGUSR1 would end the process until _serve listens for it: once running_pid() names us,
+    # registries may send it (they do only when the status offers it, but be safe).
+    signal.signal(WAKE_SIGNAL, signal.SIG_IGN)
     with pid_lock(config.spool):
         sidecar = Sidecar(config, driver)
         log.info(

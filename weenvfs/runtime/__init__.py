@@ -4,7 +4,8 @@ Modules, bottom up:
 - `rootfs`: overlay/tmpfs mounts through libc, safe file access inside a root, image users;
 - `launcher`: the one interface over the isolating program (runc, with a generated OCI spec);
 - `mounts`: one FUSE mount per environment digest per node, shared and reference-counted;
-- `cgroups`: limits, the cgroup hook the provisioner takes over, cgroup files;
+- `cgroups`: limits, the cgroup hook every start of an init goes through, cgroup files;
+- `elastic`: elastic sandboxes, handed to the node's provisioner (weenvfs.provision);
 - `sandbox`: one sandbox's state, build, reset and teardown;
 - `environment`: `Environment` / `AsyncEnvironment`, the API for RL frameworks;
 - `gc`: removal of what crashed controllers left; `commands`: `weenv run` and `weenv sandbox`.

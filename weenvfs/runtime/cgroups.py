@@ -6,12 +6,13 @@ and the few cgroup file operations the runtime needs whatever the version: the d
 of a cgroup in every mounted hierarchy (`cgroup_dirs`; v1 has one per controller, v2 one),
 its pids, killing one session in it, and forced removal (kill what is left, rmdir).
 
-The default hook, `create_cgroup`, names `/weenv/ID` and lets runc create it (memory, cpu,
-pids and the other v1 controllers, or one v2 directory) and write the limits. The
-provisioner (issue 8) takes over with `set_cgroup_factory`: its factory creates the cgroup
-with its own driver, sets the first limits, and returns the path with empty resources, so
-that runc only joins it. The hook runs at every start of a sandbox's init (create and
-reset), since a reset kills the init and runc removes the cgroup with it.
+The hook runs at every start of a sandbox's init (create and reset), since a reset kills the
+init and runc removes the cgroup with it. The default, `create_cgroup`, names `/weenv/ID`
+and lets runc create it (memory, cpu, pids and the other v1 controllers, or one v2
+directory) and write the limits. For an elastic sandbox (`Limits.elastic`) it names runc's
+child `/weenv/ID/runc` with the pids limit only: `/weenv/ID` itself is the provisioner's,
+made and registered once by elastic.py, so its limits and registration outlive every reset
+(limits bind a whole subtree). A replacement hook (`set_cgroup_factory`) must do the same.
 
 Must not: decide limits over time (weenvfs.provision) or know sandboxes.
 """
@@ -33,16 +34,20 @@ from .launcher import CgroupSpec
 log = logging.getLogger(__name__)
 
 CGROUP_PARENT = "weenv"
+ELASTIC_CHILD = "runc"  # runc's cgroup below an elastic sandbox's own
 DEFAULT_PIDS = 4096  # a fork bomb must not take the node down even when no limit is asked
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Static limits of one sandbox (None: unlimited)."""
+    """Limits of one sandbox (None: unlimited). `cpus` and `memory` are fixed, or with
+    `elastic` the first limits the node's provisioner starts from (None: from the history of
+    the environment on this node); `pids` is always fixed."""
 
     cpus: float | None = None
     memory: int | None = None
     pids: int | None = DEFAULT_PIDS
+    elastic: bool = False
 
 
 def oci_resources(limits: Limits) -> dict[str, Any]:
@@ -58,9 +63,18 @@ def oci_resources(limits: Limits) -> dict[str, Any]:
     return resources
 
 
+def sandbox_cgroup(sandbox_id: str) -> str:
+    """The cgroup of sandbox `sandbox_id` below each hierarchy's root: `/weenv/ID`."""
+    return f"/{CGROUP_PARENT}/{sandbox_id}"
+
+
 def create_cgroup(sandbox_id: str, limits: Limits) -> CgroupSpec:
-    """The default cgroup hook: `/weenv/ID`, created and limited by the runtime."""
-    return CgroupSpec(f"/{CGROUP_PARENT}/{sandbox_id}", oci_resources(limits))
+    """The default cgroup hook: `/weenv/ID`, created and limited by runc; for an elastic
+    sandbox runc's `/weenv/ID/runc` below the provisioner's cgroup, with the pids limit only."""
+    if limits.elastic:
+        return CgroupSpec(f"{sandbox_cgroup(sandbox_id)}/{ELASTIC_CHILD}",
+                          oci_resources(Limits(pids=limits.pids)))
+    return CgroupSpec(sandbox_cgroup(sandbox_id), oci_resources(limits))
 
 
 CgroupFactory = Callable[[str, Limits], CgroupSpec]
@@ -98,13 +112,14 @@ def cgroup_pids(path: str) -> list[int]:
 
 
 def remove_cgroup(path: str, timeout: float = 10.0) -> list[Path]:
-    """Kill what is left in cgroup `path` and remove its directories; return those removed."""
-    dirs = cgroup_dirs(path)
+    """Kill what is left in cgroup `path` and below it, and remove its directories (deepest
+    first) in every hierarchy; return those removed."""
+    folders = [Path(top) for d in cgroup_dirs(path) for top, _, _ in os.walk(d, topdown=False)]
     deadline = time.monotonic() + timeout
     removed = []
-    for folder in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+    for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
         while True:
-            for pid in cgroup_pids(path):
+            for pid in _procs(folder):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             try:
@@ -119,6 +134,13 @@ def remove_cgroup(path: str, timeout: float = 10.0) -> list[Path]:
                     break
                 time.sleep(0.01)
     return removed
+
+
+def _procs(folder: Path) -> list[int]:
+    try:
+        return [int(x) for x in (folder / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
 
 
 def kill_session(path: str, leader: int, rounds: int = 200) -> int:

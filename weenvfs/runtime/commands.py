@@ -25,8 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 from weenvfs.cli import add_command
 from weenvfs.errors import UsageError
+from weenvfs.units import size_arg
 
 if TYPE_CHECKING:
+    from .elastic import NodeView
     from .sandbox import Sandbox
 
 Sub = argparse._SubParsersAction  # type: ignore[type-arg]
@@ -76,12 +78,6 @@ def _non_negative(text: str) -> float:
     return value
 
 
-def _size(text: str) -> int:
-    from weenvfs.fuse.commands import parse_size
-
-    return parse_size(text)
-
-
 def _env_pair(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -94,7 +90,7 @@ def _add_sandbox_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", type=Path, metavar="DIR",
                    help="node chunk cache (default: as `weenv mount`)")
     p.add_argument("--cpus", type=_positive_float, metavar="N", help="CPU quota in cores")
-    p.add_argument("--memory", type=_size, metavar="SIZE", help="memory limit, e.g. 2G")
+    p.add_argument("--memory", type=size_arg, metavar="SIZE", help="memory limit, e.g. 2G")
     p.add_argument("--pids", type=int, metavar="N",
                    help="most processes at once (default 4096)")
     p.add_argument("--tmpfs-upper", action="store_true",
@@ -103,6 +99,10 @@ def _add_sandbox_options(p: argparse.ArgumentParser) -> None:
                    help="none: loopback only (default); host: the node's network")
     p.add_argument("--keep-warm", type=_non_negative, default=0.0, metavar="SECS",
                    help="keep the environment mounted SECS after its last sandbox ends")
+    p.add_argument("--elastic", action="store_true",
+                   help="let the node's provisioner size memory and CPU from use (starts it "
+                   "if needed); --memory/--cpus are then the first limits (default: from "
+                   "earlier sandboxes of the environment)")
     _add_process_options(p)
 
 
@@ -129,6 +129,7 @@ def _register_run(subparsers: Sub) -> None:
             "weenv run debian:12 --store /srv/weenv -- cat /etc/os-release",
             "weenv run py:3.11 --store s3://envs/weenv --cpus 2 --memory 4G -- python3 -V",
             "weenv run task:1234 --store /srv/weenv --tmpfs-upper -e SEED=7 -- ./run.sh",
+            "weenv run task:1234 --store /srv/weenv --elastic --memory 1G -- make test",
         ],
         func=_cmd_run,
     )
@@ -147,6 +148,7 @@ def _register_create(sub: Sub) -> None:
         examples=[
             "weenv sandbox create debian:12 --store /srv/weenv",
             "weenv sandbox create py:3.11 --store /srv/weenv --memory 2G --name episode-7",
+            "weenv sandbox create py:3.11 --store /srv/weenv --elastic",
         ],
         func=_cmd_create,
     )
@@ -257,7 +259,8 @@ def _options(args: argparse.Namespace, **extra: Any) -> Any:
     from .cgroups import DEFAULT_PIDS, Limits
     from .sandbox import SandboxOptions
 
-    limits = Limits(args.cpus, args.memory, DEFAULT_PIDS if args.pids is None else args.pids)
+    limits = Limits(args.cpus, args.memory, DEFAULT_PIDS if args.pids is None else args.pids,
+                    args.elastic)
     return SandboxOptions(
         limits=limits, tmpfs_upper=args.tmpfs_upper, network=args.network,
         keep_warm=args.keep_warm, env=dict(args.env), user=args.user, cwd=args.workdir,
@@ -378,8 +381,16 @@ def _cmd_rm(args: argparse.Namespace) -> int:
     return 0
 
 
-def _describe(box: Sandbox) -> dict[str, Any]:
+def _describe(box: Sandbox, node: NodeView) -> dict[str, Any]:
+    """One sandbox for `ls --json`: `limits` are those in force (for an elastic sandbox read
+    from its cgroup, as the provisioner left them), `provisioner` says more (or is null)."""
     state = box.state
+    limits = dict(state.get("limits") or {})
+    provisioner = None
+    if box.is_elastic:
+        provisioner = node.describe(box.id)
+        provisioner["initial"] = (state.get("elastic") or {}).get("initial")
+        limits.update(cpus=provisioner["cpus"], memory=provisioner["memory"])
     return {
         "id": box.id,
         "status": box.status(),
@@ -392,7 +403,9 @@ def _describe(box: Sandbox) -> dict[str, Any]:
         "upper": str(box.upper_root / "upper"),
         "tmpfs_upper": state.get("tmpfs_upper"),
         "network": state.get("network"),
-        "limits": state.get("limits"),
+        "elastic": box.is_elastic,
+        "limits": limits,
+        "provisioner": provisioner,
         "cgroup": (state.get("cgroup") or {}).get("path"),
         "init_pid": state.get("init_pid"),
     }
@@ -400,21 +413,32 @@ def _describe(box: Sandbox) -> dict[str, Any]:
 
 def _cmd_ls(args: argparse.Namespace) -> int:
     from . import mounts, sandbox
+    from .elastic import NodeView
 
     boxes = []
+    node = NodeView.take()
     for sandbox_id in sandbox.list_ids():
         with contextlib.suppress(UsageError):
-            boxes.append(_describe(sandbox.Sandbox.load(sandbox_id)))
+            boxes.append(_describe(sandbox.Sandbox.load(sandbox_id), node))
     if args.json:
         document = {"sandboxes": boxes, "environments": [e.to_json() for e in mounts.list_envs()]}
         print(json.dumps(document, indent=2, sort_keys=True))
         return 0
-    print(f"{'ID':<24} {'STATUS':<10} {'OWNER':>7} {'AGE':>8}  ENV")
+    print(f"{'ID':<24} {'STATUS':<10} {'OWNER':>7} {'AGE':>8}  {'LIMITS':<22} ENV")
     now = time.time()
     for b in boxes:
         age = f"{now - b['created']:.0f}s" if b["created"] else "-"
-        print(f"{b['id']:<24} {b['status']:<10} {b['owner'] or '-':>7} {age:>8}  {b['env']}")
+        print(f"{b['id']:<24} {b['status']:<10} {b['owner'] or '-':>7} {age:>8}  "
+              f"{_limits_text(b):<22} {b['env']}")
     return 0
+
+
+def _limits_text(box: dict[str, Any]) -> str:
+    """`2cpu 512M`, `- -` when unlimited, with `elastic` in front when the provisioner sizes
+    them."""
+    cpus, memory = box["limits"].get("cpus"), box["limits"].get("memory")
+    text = (f"{cpus:g}cpu" if cpus else "-") + " " + (f"{memory >> 20}M" if memory else "-")
+    return f"elastic {text}" if box["elastic"] else text
 
 
 def _cmd_gc(args: argparse.Namespace) -> int:

@@ -43,7 +43,7 @@ from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
 from . import rootfs
-from .cgroups import Limits
+from .cgroups import DEFAULT_PIDS, Limits
 from .launcher import check_args, parse_exec_failure
 from .sandbox import CommandNotFound, EnvSource, Sandbox, SandboxOptions
 
@@ -118,13 +118,17 @@ class Environment:
         cpus: float | None = None, memory: int | None = None, pids: int | None = None,
         tmpfs_upper: bool = False, network: str = "none", keep_warm: float = 0.0,
         env: dict[str, str] | None = None, user: str | None = None, cwd: str | None = None,
+        elastic: bool = False,
     ) -> Environment:
         """Start a sandbox of `ref` from `store` (a URL or directory); `cache` is the node's
         chunk cache (default as `weenv mount`). `memory` is in bytes; `pids` defaults to
         cgroups.DEFAULT_PIDS. The environment mount stays `keep_warm` seconds after the
-        last sandbox of it closes."""
+        last sandbox of it closes. With `elastic` the node's provisioner sizes memory and
+        CPU from what the sandbox uses (starting its sidecar if none runs): `cpus` and
+        `memory` are then the first limits (default: from earlier sandboxes of the
+        environment on this node), and closing records the run for the next ones."""
         source = resolve_source(ref, store, cache)
-        limits = Limits(cpus, memory) if pids is None else Limits(cpus, memory, pids)
+        limits = Limits(cpus, memory, DEFAULT_PIDS if pids is None else pids, elastic)
         options = SandboxOptions(limits=limits, tmpfs_upper=tmpfs_upper, network=network,
                                  keep_warm=keep_warm, env=dict(env or {}), user=user, cwd=cwd)
         env = cls(Sandbox.create(source, options, owner_pid=os.getpid()))

@@ -6,7 +6,8 @@ Owns the rules for what is an orphan, and their removal:
   killed it): `Sandbox.destroy` kills its
   processes, unmounts its overlay and tmpfs, removes its cgroup and upper dir and drops its
   hold on the environment mount;
-- runc containers and cgroups under `/weenv/` with no sandbox folder (a crash between
+- registrations with the node's provisioner of sandboxes that are gone (elastic.py), then
+  runc containers and cgroups under `/weenv/` with no sandbox folder (a crash between
   steps of create or destroy);
 - upper dirs with no sandbox that were not kept on purpose, and trash left by a reset;
 - environment mounts: holders whose sandbox is gone are dropped, and a mount with no holder
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from weenvfs.errors import UsageError, WeenvError
 
-from . import cgroups, mounts, sandbox
+from . import cgroups, elastic, mounts, sandbox
 from .cgroups import CGROUP_PARENT
 from .launcher import Launcher, default_launcher
 from .sandbox import KEPT_MARKER, UPPERS_ROOT, Sandbox
@@ -40,6 +41,7 @@ class GcReport:
     """What one collection removed."""
 
     sandboxes: list[str] = field(default_factory=list)
+    registrations: list[str] = field(default_factory=list)
     containers: list[str] = field(default_factory=list)
     cgroups: list[str] = field(default_factory=list)
     uppers: list[str] = field(default_factory=list)
@@ -73,6 +75,7 @@ def collect(*, mounts_only: bool = False, launcher: Launcher | None = None) -> G
     if not mounts_only:
         launcher = launcher or default_launcher()
         _sandboxes(report, launcher)
+        report.registrations.extend(elastic.drop_orphans(sandbox.exists))
         _containers(report, launcher)
         _cgroups(report)
         _uppers(report)

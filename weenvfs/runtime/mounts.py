@@ -3,7 +3,8 @@
 Owns the folder `/run/weenv/envs/<digest>/`:
 
     lock            flock'ed by whoever changes anything below (any process)
-    root/           the mount point (`weenv mount <digest>`, daemon started by fuse/daemon.py)
+    root/           the mount point (`weenv mount <digest>`, daemon started by fuse/daemon.py;
+                    it is not our child, so whichever process unmounts only waits for its pid)
     holders/<id>    one empty file per sandbox that uses the mount: the reference count
     mount.json      store URL, cache folder, log file, and `warm_until` / `timer_pid` while
                     the mount is kept warm with no holder
@@ -36,6 +37,7 @@ from typing import Any
 
 from weenvfs.errors import UsageError, WeenvError
 from weenvfs.fuse import daemon
+from weenvfs.fuse.commands import mount_args
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +163,7 @@ def _mount(digest: str, mp: Path, store_url: str, cache_dir: Path) -> dict[str, 
     cache_dir.mkdir(parents=True, exist_ok=True)
     log_file = cache_dir / "logs" / f"env-{digest[:12]}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    args = ["--log-file", str(log_file), "mount", digest, str(mp), "--store", store_url,
-            "--cache", str(cache_dir), "--foreground", "--allow-other"]
+    args = mount_args(digest, mp, store_url, cache_dir, log_file=log_file, allow_other=True)
     started = time.monotonic()
     pid = daemon.spawn(args, log_file)
     log.info("mounted environment %s at %s in %.0f ms (daemon %d)", digest[:12], mp,
@@ -222,7 +223,6 @@ def _teardown(folder: Path) -> None:
             _force_unmount(mp)
             _wait_daemon(info)
         log.info("unmounted environment %s", folder.name[:12])
-    _reap(info.get("pid"))
     # Everything goes, the lock file last while still held (see `locked`).
     for child in folder.iterdir():
         if child.name == "lock":
@@ -250,14 +250,6 @@ def _wait_daemon(info: dict[str, Any]) -> None:
     if isinstance(pid, int):
         with contextlib.suppress(WeenvError):
             daemon.wait_exit(pid, daemon.EXIT_TIMEOUT)
-
-
-def _reap(pid: object) -> None:
-    """Collect the exit status of a mount daemon this process started (daemon.spawn does
-    not wait for it), so that it does not stay a zombie for as long as we run."""
-    if isinstance(pid, int):
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
 
 
 def _start_timer(seconds: float) -> int:

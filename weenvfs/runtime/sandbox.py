@@ -15,8 +15,10 @@ environment mount (mounts.py), the upper, the overlay, the rootfs fixes (working
 /tmp) and the init (launcher.py). Teardown runs the same steps backwards, each one tolerant
 of the previous ones never having happened, so `destroy` also cleans up after crashes.
 
-Every start of the init (create and reset) gets its cgroup from `cgroups.cgroup_factory`, the
-hook the provisioner takes over.
+Every start of the init (create and reset) gets its cgroup from `cgroups.cgroup_factory`. An
+elastic sandbox is put under the node's provisioner (elastic.py) first, before anything else
+is built, and taken from it first in a teardown, while its processes still run: the sidecar's
+last samples are the run's, and it records them in the environment's history.
 
 Must not: parse arguments (commands.py), capture output or apply timeouts (environment.py).
 """
@@ -34,13 +36,13 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
 from weenvfs.errors import UsageError, WeenvError
 
-from . import cgroups, mounts, rootfs
+from . import cgroups, elastic, mounts, rootfs
 from .cgroups import Limits, cgroup_pids, remove_cgroup
 from .launcher import Launcher, LaunchSpec, ProcessSpec, default_launcher
 
@@ -189,8 +191,14 @@ class Sandbox:
 
     @property
     def cgroup_path(self) -> str | None:
-        """The cgroup path below each hierarchy's root, once the init has started."""
+        """The path below each hierarchy's root of the cgroup its processes are in, once the
+        init has started (`/weenv/ID`, or `/weenv/ID/runc` for an elastic sandbox)."""
         return self.state.get("cgroup", {}).get("path")
+
+    @property
+    def is_elastic(self) -> bool:
+        """Whether the node's provisioner sizes the sandbox's memory and CPU."""
+        return bool(self.state.get("limits", {}).get("elastic"))
 
     def status(self) -> str:
         """'creating', 'running', 'stopped' (init gone) or 'orphaned' (owner gone)."""
@@ -253,6 +261,9 @@ class Sandbox:
 
     def _build(self, source: EnvSource, options: SandboxOptions) -> None:
         started = time.monotonic()
+        if options.limits.elastic:  # first: fails fast on a node without usable cgroups
+            self.state["elastic"] = elastic.attach(self.id, source.digest, options.limits)
+            self.save()
         lower = mounts.acquire(source.digest, self.id, store_url=source.store_url,
                                cache_dir=source.cache_dir, is_live=exists)
         self.state["lower"] = str(lower)
@@ -336,14 +347,14 @@ class Sandbox:
         return None
 
     def _stop(self) -> None:
-        """Kill every process of the sandbox and remove its cgroup."""
+        """Kill every process of the sandbox and remove the cgroup runc made for them."""
         try:
             self.launcher.destroy(self.id)
         except WeenvError as error:
             log.info("%s; killing its cgroup directly", error)
         # A sandbox that died before its first start has no cgroup in its state, but runc
         # may have made one: the default path is where it would be.
-        remove_cgroup(self.cgroup_path or f"/{cgroups.CGROUP_PARENT}/{self.id}")
+        remove_cgroup(self.cgroup_path or cgroups.sandbox_cgroup(self.id))
 
     def destroy(self, keep_upper: bool | None = None) -> None:
         """Tear everything down (tolerates any half-made state); keep the on-disk upper if
@@ -353,7 +364,11 @@ class Sandbox:
         with _locked(self.dir) as present:
             if not present:
                 return
+            if self.is_elastic:
+                elastic.release(self.id)
             self._stop()
+            if self.is_elastic:  # the provisioner's cgroup, kept across resets
+                remove_cgroup(cgroups.sandbox_cgroup(self.id))
             rootfs.unmount(self.rootfs)
             if self.state["tmpfs_upper"]:
                 rootfs.unmount(self.upper_root)
@@ -443,8 +458,7 @@ def _initial_state(sandbox_id: str, source: EnvSource, options: SandboxOptions,
         "status": "creating",
         "env": {"ref": source.ref, "digest": source.digest, "store": source.store_url,
                 "cache": str(source.cache_dir)},
-        "limits": {"cpus": options.limits.cpus, "memory": options.limits.memory,
-                   "pids": options.limits.pids},
+        "limits": asdict(options.limits),
         "network": options.network,
         "tmpfs_upper": options.tmpfs_upper,
         "tmpfs_size": options.tmpfs_size,
