@@ -100,6 +100,10 @@ class Stats:
         self.prefetch_hint_hits = 0  # demand reads served by a chunk prefetch brought
         self.prefetch_dropped = 0  # read-ahead batches dropped (too many in flight)
         self._prefetched: OrderedDict[bytes, None] = OrderedDict()
+        # Chunks demand used before their prefetch was recorded: the prefetch's decoder thread
+        # writes the cache before the trio task records the chunk, and a demand read may hit
+        # the cache in between. That is still a hit, not waste.
+        self._used_early: OrderedDict[bytes, None] = OrderedDict()
 
     def record_request(self, nbytes: int, seconds: float) -> None:
         """One successful store request of `nbytes` that took `seconds`."""
@@ -114,14 +118,21 @@ class Stats:
         """A chunk (`nbytes` of plaintext) that prefetch brought into the cache."""
         self.prefetched_chunks += 1
         self.prefetched_bytes += nbytes
+        if self._used_early.pop(digest, 0) is None:
+            self.prefetch_hint_hits += 1
+            return
         self._prefetched[digest] = None
         if len(self._prefetched) > _PREFETCH_MEMORY:
             self._prefetched.popitem(last=False)
 
     def record_demand_use(self, digest: bytes) -> None:
         """A demand read used `digest`: a hint hit if prefetch brought it (counted once)."""
-        if self._prefetched and self._prefetched.pop(digest, 0) is None:
+        if self._prefetched.pop(digest, 0) is None:
             self.prefetch_hint_hits += 1
+        elif self.prefetch_requests:  # a prefetch may be about to record it
+            self._used_early[digest] = None
+            if len(self._used_early) > _PREFETCH_MEMORY:
+                self._used_early.popitem(last=False)
 
     def unused_prefetched(self, digests: Iterable[bytes] | None = None) -> int:
         """Waste: prefetched chunks no demand read has used (yet), among `digests` if given.
