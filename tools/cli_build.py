@@ -33,6 +33,48 @@ from .progress import Progress
 from .publish import compose_env
 
 
+def add_chunk_arguments(p: argparse.ArgumentParser) -> None:
+    """The chunking options every command that builds groups takes (build, convert)."""
+    p.add_argument(
+        "--chunk-size",
+        type=size_arg,
+        default=C.DEFAULT_CHUNK_SIZE,
+        metavar="SIZE",
+        help="size of large-file chunks (default 1M)",
+    )
+    p.add_argument(
+        "--batch-threshold",
+        type=size_arg,
+        default=C.DEFAULT_BATCH_THRESHOLD,
+        metavar="SIZE",
+        help="files smaller than this are batched (default 64K)",
+    )
+    p.add_argument(
+        "--max-blob-size",
+        type=size_arg,
+        default=DEFAULT_MAX_BLOB_SIZE,
+        metavar="SIZE",
+        help="roll over to a new blob at this size (default 256M)",
+    )
+    p.add_argument(
+        "--level",
+        type=int,
+        default=DEFAULT_LEVEL,
+        metavar="N",
+        help="zstd compression level, 1-22 (default 3)",
+    )
+
+
+def chunk_options(args: argparse.Namespace) -> ChunkOptions:
+    """ChunkOptions from `add_chunk_arguments`' options (ValueError if they do not fit)."""
+    return ChunkOptions(
+        chunk_size=args.chunk_size,
+        batch_threshold=args.batch_threshold,
+        level=args.level,
+        max_blob_size=args.max_blob_size,
+    )
+
+
 def _key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -82,34 +124,7 @@ def _register_build(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument("source", metavar="SOURCE", help="a directory, a tar file, or '-' (stdin)")
     p.add_argument("--store", required=True, metavar="URL", help="store URL or directory")
     p.add_argument("--group", required=True, metavar="NAME[:TAG]", help="group to publish")
-    p.add_argument(
-        "--chunk-size",
-        type=size_arg,
-        default=C.DEFAULT_CHUNK_SIZE,
-        metavar="SIZE",
-        help="size of large-file chunks (default 1M)",
-    )
-    p.add_argument(
-        "--batch-threshold",
-        type=size_arg,
-        default=C.DEFAULT_BATCH_THRESHOLD,
-        metavar="SIZE",
-        help="files smaller than this are batched (default 64K)",
-    )
-    p.add_argument(
-        "--max-blob-size",
-        type=size_arg,
-        default=DEFAULT_MAX_BLOB_SIZE,
-        metavar="SIZE",
-        help="roll over to a new blob at this size (default 256M)",
-    )
-    p.add_argument(
-        "--level",
-        type=int,
-        default=DEFAULT_LEVEL,
-        metavar="N",
-        help="zstd compression level, 1-22 (default 3)",
-    )
+    add_chunk_arguments(p)
     p.add_argument(
         "--dedup-with",
         action="append",
@@ -203,12 +218,7 @@ def _build_options(args: argparse.Namespace) -> BuildOptions:
     if not 1 <= args.level <= 22:
         raise UsageError(f"--level must be within 1..22, got {args.level}")
     try:
-        chunk = ChunkOptions(
-            chunk_size=args.chunk_size,
-            batch_threshold=args.batch_threshold,
-            level=args.level,
-            max_blob_size=args.max_blob_size,
-        )
+        chunk = chunk_options(args)
     except ValueError as e:
         raise UsageError(str(e)) from None
     return BuildOptions(chunk, not args.no_dedup_previous, tuple(args.dedup_with))

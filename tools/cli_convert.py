@@ -18,13 +18,12 @@ from pathlib import Path
 
 from weenvfs.cli import add_command
 from weenvfs.errors import UsageError
-from weenvfs.format import constants as C
 from weenvfs.format.refs import parse_name_tag
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
-from weenvfs.units import format_size, size_arg
+from weenvfs.units import format_size
 
-from .chunker import ChunkOptions
+from .cli_build import add_chunk_arguments, chunk_options
 from .convert import ConvertOptions, ConvertResult, GroupSpec, convert_image
 from .image_source import SourceOptions, open_image_source
 from .layout import load_layout_order
@@ -89,23 +88,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="allow --insecure (and plain-HTTP token services) for non-loopback hosts",
     )
-    p.add_argument(
-        "--chunk-size",
-        type=size_arg,
-        default=C.DEFAULT_CHUNK_SIZE,
-        metavar="SIZE",
-        help="size of large-file chunks (default 1M)",
-    )
-    p.add_argument(
-        "--batch-threshold",
-        type=size_arg,
-        default=C.DEFAULT_BATCH_THRESHOLD,
-        metavar="SIZE",
-        help="files smaller than this are batched (default 64K)",
-    )
-    p.add_argument(
-        "--level", type=int, default=3, metavar="N", help="zstd compression level, 1-22 (default 3)"
-    )
+    add_chunk_arguments(p)
     p.add_argument(
         "--dedup-with",
         action="append",
@@ -148,9 +131,7 @@ def _options(args: argparse.Namespace) -> ConvertOptions:
     if not 1 <= args.level <= 22:
         raise UsageError(f"--level must be within 1..22, got {args.level}")
     try:
-        chunk = ChunkOptions(
-            chunk_size=args.chunk_size, batch_threshold=args.batch_threshold, level=args.level
-        )
+        chunk = chunk_options(args)
     except ValueError as e:
         raise UsageError(str(e)) from None
     return ConvertOptions(
