@@ -1,0 +1,299 @@
+"""WeEnv, the subject of the cold-start benchmark: its store (SeaweedFS), the family published
+into it once, prefetch hints, and what a rollout harness runs (weenvfs.runtime).
+
+Owns:
+- `seaweed(folder)` / `NetnsSeaweedFS`: SeaweedFS (weenvfs.store.seaweed) with its data kept in
+  a folder between runs, on 127.0.0.1 or on the server address of a shaped link (netshape.py);
+  both use the same credentials, exported to this process's environment for boto3 and the
+  mount daemons it starts;
+- `publish_family`: every layer tar built as group `swe-LAYER:v1` (`build_group`, as `weenv
+  build LAYER.tar` does) and every image composed as environment `swe-IMAGE:v1`, skipping
+  groups whose layer did not change (a key file in the SeaweedFS folder);
+- `record_hints`: `weenv hints record ... --tag bench-v2 --replace` of each task's scripted
+  commands, once per environment; `set_hints(enabled)` points (or not) each environment's hint
+  tag `latest`, the one a mount replays, at that recording;
+- `mirror`: copy what one store holds and another lacks (the shaped link's store);
+- `WeenvPeer`: `Environment.open` / `exec` / `close` (the Python API an RL harness uses; it
+  spawns one mount daemon per environment on the node), a cold node (node cache emptied),
+  and the bytes fetched to get ready (`weenv stats` of each mount, plus the manifest, indexes
+  and hint object every mount loads).
+
+Must not: build layer tars (workloads.py) or time anything (coldstart.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from workloads import IMAGE_ENV, Family
+
+from weenvfs.errors import RefNotFound, StoreError
+from weenvfs.format.manifest import RuntimeConfig
+from weenvfs.fuse.commands import read_stats
+from weenvfs.runtime.environment import Environment
+from weenvfs.store import open_store
+from weenvfs.store.base import Store
+from weenvfs.store.repository import Repository
+from weenvfs.store.seaweed import SeaweedFS
+from weenvfs.tools.builder import BuildOptions, build_group, open_source
+from weenvfs.tools.publish import compose_env
+
+PREFIX = "swe"
+HINT_TAG = "bench-v2"  # bump when the recorded commands change
+PROVENANCE = {"benchmark": "coldstart"}
+
+
+def group_name(layer: str) -> str:
+    return f"swe-{layer}"
+
+
+def env_ref(image: str, tag: str = "v1") -> str:
+    return f"swe-{image}:{tag}"
+
+
+class NetnsSeaweedFS(SeaweedFS):
+    """SeaweedFS run inside a network namespace (`prefix`: `ip netns exec NS`), listening on
+    `ip` only."""
+
+    def __init__(self, directory: Path, prefix: list[str], ip: str) -> None:
+        super().__init__(directory)
+        self._prefix, self._ip = prefix, ip
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self._ip}:{self.ports['s3']}"
+
+    @property
+    def filer_url(self) -> str:
+        return f"http://{self._ip}:{self.ports['filer']}"
+
+    def _command(self, data: Path, config: Path) -> list[str]:
+        argv = super()._command(data, config)
+        return [*self._prefix, *(a.replace("127.0.0.1", self._ip) for a in argv)]
+
+
+def start_seaweed(folder: Path | None, like: SeaweedFS | None = None,
+                  netns: tuple[list[str], str] | None = None) -> SeaweedFS:
+    """SeaweedFS keeping its data in `folder` (None: a temp folder, deleted at stop; on the
+    link `netns` = (prefix, ip) if given), with the credentials of `like` if given; exports
+    them to os.environ."""
+    if netns is None:
+        server = SeaweedFS(folder)
+    else:
+        assert folder is not None
+        server = NetnsSeaweedFS(folder, *netns)
+    if like is not None:
+        server.access_key, server.secret_key = like.access_key, like.secret_key
+    server.start()
+    os.environ.update(server.env())
+    _wait_readable(server.url(PREFIX))
+    return server
+
+
+def _wait_readable(url: str, timeout: float = 120.0) -> None:
+    """Wait until the objects of a kept folder can be read: after a restart the volume
+    server reports its volumes to the master a few seconds after S3 takes writes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open_store(url) as store:
+                for kind in ("tags/", "manifests/", "indexes/", "blobs/"):
+                    for key in itertools.islice(store.list(kind), 1):
+                        store.get_range(key, 0, 1)
+            return
+        except StoreError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _build_if_changed(repo: Repository, family: Family, folder: Path,
+                      layers: Iterable[str]) -> None:
+    key_file = folder / "published.json"
+    try:
+        done: dict[str, str] = json.loads(key_file.read_text())
+    except (OSError, ValueError):
+        done = {}
+    for name in layers:
+        layer = family.layers[name]
+        if done.get(name) == layer.diff_id:
+            try:
+                repo.resolve_group(f"{group_name(name)}:v1")
+                continue
+            except RefNotFound:
+                pass
+        print(f"weenv: building group {group_name(name)}:v1 from {layer.tar} (once)",
+              flush=True)
+        source = open_source(layer.tar)
+        try:
+            build_group(source, repo, group_name(name), "v1", BuildOptions())
+        finally:
+            source.close()
+        done[name] = layer.diff_id
+        key_file.write_text(json.dumps(done, indent=1, sort_keys=True))
+
+
+def publish_family(family: Family, url: str, folder: Path, images: Sequence[str]) -> None:
+    """Groups for every layer (built only when their layer changed) and environments for
+    `images`."""
+    with open_store(url, create=True) as store:
+        repo = Repository(store)
+        needed = dict.fromkeys(layer for image in images for layer in family.image(image))
+        _build_if_changed(repo, family, folder, needed)
+        config = RuntimeConfig(env=tuple(IMAGE_ENV), cwd="/")
+        for image in images:
+            groups = [f"{group_name(layer)}:v1" for layer in family.image(image)]
+            compose_env(repo, f"swe-{image}", "v1", groups, config, PROVENANCE)
+
+
+def _weenv(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "weenvfs", *args], capture_output=True,
+                          text=True, errors="replace", check=False)
+
+
+def record_hints(family: Family, url: str, images: Iterable[str], work: Path) -> None:
+    """Record each image's hint (its task's commands in a chroot of its mount), unless the
+    store has one already."""
+    with open_store(url) as store:
+        repo = Repository(store)
+        todo = [i for i in images if _hint_digest(repo, i) is None]
+    for image in todo:
+        if image.startswith("task-"):
+            commands = family.task_commands(int(image.removeprefix("task-")))
+        else:  # the reference tree has no repository: its first command only
+            commands = [family.ready_command(image)]
+        script = "; ".join(" ".join(_quote(a) for a in argv) for argv in commands)
+        print(f"weenv: recording the hint of {env_ref(image)} (once)", flush=True)
+        done = _weenv("hints", "record", env_ref(image), "--store", url, "--tag", HINT_TAG,
+                      "--replace", "--cache", str(work / "hint-cache"), "--",
+                      "/bin/sh", "-c", f"( {script} ) > /dev/null")
+        shutil.rmtree(work / "hint-cache", ignore_errors=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"weenv hints record {image} failed: {done.stderr.strip()}")
+
+
+def _quote(arg: str) -> str:
+    return arg if arg.replace("/", "").replace("-", "").replace(".", "").isalnum() \
+        else "'" + arg.replace("'", "'\\''") + "'"
+
+
+def _hint_digest(repo: Repository, image: str) -> str | None:
+    digest, _ = repo.resolve_env(env_ref(image))
+    try:
+        return repo.get_tag("hints", digest, HINT_TAG)
+    except RefNotFound:
+        return None
+
+
+def set_hints(url: str, images: Iterable[str], enabled: bool) -> None:
+    """Point the hint tag `latest` of each image's environment at its recording, or remove
+    it (a mount then replays no hint)."""
+    with open_store(url) as store:
+        repo = Repository(store)
+        for image in images:
+            digest, _ = repo.resolve_env(env_ref(image))
+            hint = _hint_digest(repo, image)
+            if enabled and hint is not None:
+                repo.set_tag("hints", digest, "latest", hint)
+            else:
+                with contextlib.suppress(RefNotFound):
+                    repo.delete_tag("hints", digest, "latest")
+
+
+def mirror(src_url: str, dst_url: str) -> int:
+    """Copy every object of `src` that `dst` lacks, and every tag; returns bytes copied."""
+    copied = 0
+    with open_store(src_url) as src, open_store(dst_url, create=True) as dst:
+        have = set(dst.list())
+        for key in src.list():
+            if key.startswith("tags/") or key not in have:
+                data = src.get(key)
+                dst.put(key, data)
+                copied += len(data)
+    return copied
+
+
+def store_bytes(url: str) -> dict[str, int]:
+    """Every object's size, by key."""
+    with open_store(url) as store:
+        return {key: store.size(key) for key in store.list()}
+
+
+def _meta_bytes(store: Store, repo: Repository, image: str, hints: bool) -> int:
+    """What every mount of `image` loads besides chunks: manifest, indexes, hint."""
+    digest, manifest = repo.resolve_env(env_ref(image))
+    total = store.size(f"manifests/{digest}")
+    total += sum(store.size(f"indexes/{g.index}") for g in manifest.groups)
+    hint = _hint_digest(repo, image) if hints else None
+    if hint is not None:
+        total += store.size(f"hints/{hint}")
+    return total
+
+
+class FetchMeter:
+    """Bytes the mounts of a batch fetched (chunks, manifest, indexes, hint)."""
+
+    def __init__(self, peer: WeenvPeer) -> None:
+        self.peer = peer
+
+    def begin(self) -> None:
+        """Nothing: each batch mounts afresh, so its mounts' counters start at zero."""
+
+    def read(self, envs: Sequence[tuple[str, Environment]]) -> dict[str, Any]:
+        return self.peer.fetched(envs)
+
+
+class WeenvPeer:
+    """WeEnv through its Python API (`Environment`), node cache `cache`, with or without
+    replaying hints."""
+
+    def __init__(self, url: str, cache: Path, images: Sequence[str], hints: bool) -> None:
+        self.url, self.cache, self.hints = url, cache, hints
+        self.name = "weenv + hints" if hints else "weenv"
+        with open_store(url) as store:
+            repo = Repository(store)
+            self.meta = {i: _meta_bytes(store, repo, i, hints) for i in images}
+        self.images = list(images)
+
+    def prepare(self) -> None:
+        """Make mounts replay the recorded hints (or none): called before each turn."""
+        set_hints(self.url, self.images, self.hints)
+
+    def reset_cold(self) -> None:
+        """Empty the node cache (every environment of ours is closed by then: each mount
+        ends with its last sandbox)."""
+        shutil.rmtree(self.cache, ignore_errors=True)
+
+    def start(self, image: str) -> Environment:
+        return Environment.open(env_ref(image), store=self.url, cache=self.cache)
+
+    def exec(self, env: Environment, argv: Sequence[str]) -> None:
+        result = env.exec(list(argv), timeout=900)
+        if not result.ok:
+            raise RuntimeError(f"{' '.join(argv)} failed in {env.id} ({result.exit_code}): "
+                               f"{result.stderr.decode(errors='replace')[-800:]}")
+
+    def stop(self, env: Environment) -> None:
+        env.close()
+
+    def fetched(self, envs: Sequence[tuple[str, Environment]]) -> dict[str, Any]:
+        """Bytes fetched by the mounts of `envs` ((image, env) pairs) so far."""
+        seen: dict[str, str] = {}
+        for image, env in envs:
+            seen.setdefault(env.sandbox.state["lower"], image)
+        chunks = meta = 0
+        for mountpoint, image in seen.items():
+            chunks += int(read_stats(mountpoint)["fetch"]["bytes_fetched"])
+            meta += self.meta[image]
+        return {"bytes": chunks + meta, "chunk_bytes": chunks, "metadata_bytes": meta,
+                "mounts": len(seen)}
