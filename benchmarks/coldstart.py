@@ -61,7 +61,7 @@ from weenv_peer import (
     set_hints,
     start_seaweed,
 )
-from workloads import WORK, Family, build_family
+from workloads import Family, build_family
 
 NAME = "coldstart"
 FULL_REPEATS = 3
@@ -346,8 +346,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {plot}")
     return 0
 
-
-__all__ = ["WORK", "main"]
 
 if __name__ == "__main__":
     os.umask(0o022)

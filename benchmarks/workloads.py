@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from _mounting import BENCH_DIR
-from oci_layers import Diff, subtree, tree_diff, write_layer
+from oci_layers import subtree, tree_diff, write_layer
 
 from weenvfs.tools.sample import sample_tree
 
@@ -417,11 +417,3 @@ def _libraries(binary: str) -> list[str]:
         if words:
             found.append(words[0])
     return found
-
-
-def describe(family: Family) -> list[list[object]]:
-    """Rows (layer, MB, whiteouts) for a table of the family's layers."""
-    return [[layer.name, layer.size / 1e6, layer.whiteouts] for layer in family.layers.values()]
-
-
-__all__ = ["Diff", "Family", "Layer", "build_family", "describe", "IMAGE_ENV"]
