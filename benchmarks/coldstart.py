@@ -12,7 +12,7 @@ tars for both peers. Every server runs on this machine, started by this script:
   `weenvfs.runtime.Environment` (runc over the lazy FUSE mount); cold = node cache emptied
   and page cache dropped; with and without the recorded prefetch hint (weenv_peer.py).
 - Then the same over a shaped link: both servers in a network namespace behind a veth pair
-  with netem (default 1 Gbit/s, 2 ms RTT) (netshape.py).
+  shaped by tbf plus a delaying relay (default 1 Gbit/s, 2 ms RTT; netshape.py).
 Figures, each a ratio of the two systems in the same run, repeated, median and spread:
 1. time-to-ready (start to the first task command's exit, `python3 -c "import numpy,
    pandas"`) on a cold node and on a warm node (another task ran before), for N concurrent
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import sys
@@ -61,7 +62,7 @@ from weenv_peer import (
     set_hints,
     start_seaweed,
 )
-from workloads import Family, build_family
+from workloads import Family, build_family, image_layers
 
 NAME = "coldstart"
 FULL_REPEATS = 3
@@ -105,6 +106,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--only", default="ready,update,rl", help="figures to run: ready,update,rl")
     add("--no-plots", action="store_true", help="do not draw the plots into docs/")
     add("--plots-dir", type=Path, default=DOCS, help=f"where plots go (default {DOCS})")
+    add("--replot", type=Path, metavar="JSON", default=None,
+        help="print the tables and draw the plots of an earlier run's JSON, run nothing")
     return parser.parse_args(argv)
 
 
@@ -160,6 +163,7 @@ class Run:
         self.registry: Registry | None = None
 
         self.say = Log(lambda message: print(message, flush=True))
+        self.checkpoint: Any = lambda: None  # writes the JSON so far (set by main)
 
     # -- servers ----------------------------------------------------------------------------
 
@@ -206,6 +210,7 @@ class Run:
             by_n[str(n)] = ready_rounds(contenders, self.family, [f"task-{i}" for i in
                                         range(1, n + 1)], self.s["repeats"],
                                         warm_extra=self.warm_extra(), log=self.say)
+            self.checkpoint()
         if self.s["reference"] and label == "loopback":
             self.say("reference tree (DESIGN.md), cold, N=1")
             self.results["reference"] = ready_rounds(
@@ -218,10 +223,12 @@ class Run:
         for name, c in contenders.items():
             c.peer.prepare()
             ideal[name] = ideal_task(c.peer, self.family)
-        runs = {str(k): rl_rounds(contenders, self.family, k, self.s["think"],
-                                  self.s["repeats"], self.warm_extra(), self.say)
-                for k in self.s["rl_k"]}
+        runs: dict[str, Any] = {}
         self.results["rl"] = {"think_s": self.s["think"], "ideal_task_s": ideal, "runs": runs}
+        for k in self.s["rl_k"]:
+            runs[str(k)] = rl_rounds(contenders, self.family, k, self.s["think"],
+                                     self.s["repeats"], self.warm_extra(), self.say)
+            self.checkpoint()
 
     def update(self) -> None:
         n = self.s["update_n"]
@@ -306,6 +313,8 @@ class _LinkMeter:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.replot is not None:
+        return _replot(args)
     s = _settings(args)
     _check(s)
     print(describe_machine())
@@ -313,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     family = build_family(tasks, smoke=s["smoke"], reference=s["reference"])
     BENCH_DIR.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="coldstart-", dir=BENCH_DIR))
+    params = {k: sorted(v) if isinstance(v, set) else v for k, v in s.items()}
     with contextlib.ExitStack() as stack:
         stack.callback(_cleanup, work)
         run = Run(s, family, work, stack)
@@ -321,30 +331,54 @@ def main(argv: list[str] | None = None) -> int:
         if "docker" in s["peers"]:
             run.start_docker()
         contenders = run.contenders(run.registry, run.url)
-        if "ready" in s["only"]:
-            run.ready("loopback", contenders, s["n"])
-        if "rl" in s["only"]:
-            run.rl(contenders)
-        if "update" in s["only"]:
-            run.update()
-        if "ready" in s["only"] and s["shaped_n"]:
-            run.shaped()
+        run.checkpoint = lambda: _save(args, {**params, "partial": True}, run.results,
+                                       family, quiet=True)
+        # Longest last; the JSON is rewritten after each figure, so an interrupted run
+        # keeps what it measured (params.partial says so).
+        steps = [("ready", lambda: run.ready("loopback", contenders, s["n"])),
+                 ("update", run.update),
+                 ("ready", run.shaped if s["shaped_n"] else lambda: None),
+                 ("rl", lambda: run.rl(contenders))]
+        for figure, step in steps:
+            if figure in s["only"]:
+                step()
+                run.checkpoint()
         if run.url:
             set_hints(run.url, run.hinted, False)
-        results = run.results
-    results["family"] = {"root": str(family.root),
-                         "layers": {n: {"bytes": la.size, "whiteouts": la.whiteouts}
-                                    for n, la in family.layers.items()},
-                         "image_bytes": family.image_bytes("task-1")}
-    results["summary"] = summarize(results, family)
+    results = _save(args, params, run.results, family)
     report(results)
-    params = {k: sorted(v) if isinstance(v, set) else v for k, v in s.items()}
-    path = write_json(NAME, args.out, params, results)
-    print(f"\nwrote {path}")
     if not args.no_plots:
         for plot in plot_all(results, args.plots_dir):
             print(f"wrote {plot}")
     return 0
+
+
+def _replot(args: argparse.Namespace) -> int:
+    """--replot: the tables and plots of a written JSON (its summary is recomputed)."""
+    document = json.loads(args.replot.read_text())
+    results = document["results"]
+    layers = results["family"]["layers"]
+    results["summary"] = summarize(
+        results, lambda image: sum(layers[name]["bytes"] for name in image_layers(image)))
+    report(results)
+    if not args.no_plots:
+        for plot in plot_all(results, args.plots_dir):
+            print(f"wrote {plot}")
+    return 0
+
+
+def _save(args: argparse.Namespace, params: dict[str, Any], results: dict[str, Any],
+          family: Family, quiet: bool = False) -> dict[str, Any]:
+    """Summarize `results` and write the JSON; returns the results with their summary."""
+    results["family"] = {"root": str(family.root),
+                         "layers": {n: {"bytes": la.size, "whiteouts": la.whiteouts}
+                                    for n, la in family.layers.items()},
+                         "image_bytes": family.image_bytes("task-1")}
+    results["summary"] = summarize(results, family.image_bytes)
+    path = write_json(NAME, args.out, params, results)
+    if not quiet:
+        print(f"\nwrote {path}")
+    return results
 
 
 if __name__ == "__main__":

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from _common import print_table
-from workloads import Family
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 BUDGET_SPEEDUP = 15.0
@@ -98,8 +97,9 @@ def _rl_block(by_contender: dict[str, list[dict[str, Any]]], ideal: float) -> di
     return out
 
 
-def summarize(results: dict[str, Any], family: Family) -> dict[str, Any]:
-    """Medians, spreads, ratios and budget checks of a run's results."""
+def summarize(results: dict[str, Any], image_bytes: Callable[[str], int]) -> dict[str, Any]:
+    """Medians, spreads, ratios and budget checks of a run's results; `image_bytes(image)`
+    is an image's size (its layer tars)."""
     summary: dict[str, Any] = {"ready": {}}
     for label, by_n in results["ready"].items():
         summary["ready"][label] = {n: {sc: _ready_block(c) for sc, c in by_sc.items()}
@@ -122,14 +122,14 @@ def summarize(results: dict[str, Any], family: Family) -> dict[str, Any]:
     if results["rl"]:
         rl = results["rl"]
         ideal = rl["think_s"] + min(rl["ideal_task_s"].values())
-        summary["rl"] = {"ideal_s": ideal, "by_k": {
+        summary["rl"] = {"ideal_s": ideal, "think_s": rl["think_s"], "by_k": {
             k: {sc: _rl_block(c, ideal) for sc, c in by_sc.items()}
             for k, by_sc in rl["runs"].items()}}
-    summary["budgets"] = _budgets(summary, family)
+    summary["budgets"] = _budgets(summary, image_bytes)
     return summary
 
 
-def _budgets(summary: dict[str, Any], family: Family) -> dict[str, Any]:
+def _budgets(summary: dict[str, Any], image_bytes: Callable[[str], int]) -> dict[str, Any]:
     """DESIGN.md's two cold-start budgets, on the reference tree when it ran, and on a task
     of the family (cold node, N = 1, servers on loopback)."""
     out = {}
@@ -139,12 +139,12 @@ def _budgets(summary: dict[str, Any], family: Family) -> dict[str, Any]:
     for case, block, image in cases:
         if not block:
             continue
-        image_bytes = family.image_bytes(image)
-        entry: dict[str, Any] = {"image_bytes": image_bytes}
+        size = image_bytes(image)
+        entry: dict[str, Any] = {"image_bytes": size}
         for name, cell in block.items():
             if name == "docker" or "bytes" not in cell:
                 continue
-            fraction = cell["bytes"]["median"] / image_bytes
+            fraction = cell["bytes"]["median"] / size
             entry[name] = {"bytes_fraction_of_image": fraction,
                            "bytes_within_budget": fraction < BUDGET_FRACTION}
             if "docker_over_this" in cell:
@@ -245,10 +245,13 @@ def plot_all(results: dict[str, Any], out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = results["summary"]
-    written = [_plot_ready(summary, out_dir, "all_ready_s", "coldstart-ready.png",
-                           "time until all N environments are ready (s, log)", log=True)]
-    written.append(_plot_ready(summary, out_dir, "bytes", "coldstart-bytes.png",
-                               "bytes moved to get ready (MB, log)", scale=MB, log=True))
+    written = []
+    if summary["ready"]:
+        written.append(_plot_ready(summary, out_dir, "all_ready_s", "coldstart-ready.png",
+                                   "time until all N environments are ready (s, log)",
+                                   log=True))
+        written.append(_plot_ready(summary, out_dir, "bytes", "coldstart-bytes.png",
+                                   "bytes moved to get ready (MB, log)", scale=MB, log=True))
     if summary.get("update"):
         written.append(_plot_update(summary["update"], results["update"]["n"], out_dir))
     if summary.get("rl"):
@@ -336,7 +339,8 @@ def _plot_rl(rl: dict[str, Any], out_dir: Path) -> Path:
     ax.set_xticks(range(len(bars)))
     ax.set_xticklabels([label for label, _ in bars], fontsize=7)
     ax.set_ylabel("iteration wall time (s)")
-    ax.legend(fontsize=8)
+    ax.set_title(f"RL iteration: each environment runs its commands, then {rl['think_s']:g} s")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     fig.tight_layout()
     path = out_dir / "coldstart-rl.png"
     fig.savefig(path, dpi=110)

@@ -95,6 +95,17 @@ class Layer:
     whiteouts: int
 
 
+def image_layers(name: str) -> tuple[str, ...]:
+    """The layers of image `name` ('task-K', 'packages', 'reference', ...), lowest first."""
+    if name.startswith("task-"):
+        return (*LOWER, name)
+    if name == "reference":
+        return ("base", "reference")
+    if name == "packages-v2":
+        return ("base", "python", "packages-v2")
+    return LOWER[: LOWER.index(name) + 1]
+
+
 @dataclass(frozen=True)
 class Family:
     """The built workload family: its layers and the commands of its tasks."""
@@ -105,14 +116,8 @@ class Family:
     smoke: bool
 
     def image(self, name: str) -> tuple[str, ...]:
-        """The layers of image `name` ('task-K', 'packages', 'reference', ...), lowest first."""
-        if name.startswith("task-"):
-            return (*LOWER, name)
-        if name == "reference":
-            return ("base", "reference")
-        if name == "packages-v2":
-            return ("base", "python", "packages-v2")
-        return LOWER[: LOWER.index(name) + 1]
+        """The layers of image `name`, lowest first (see `image_layers`)."""
+        return image_layers(name)
 
     def image_bytes(self, name: str) -> int:
         """Bytes of the image's layer tars (its uncompressed size, as `docker images` shows)."""
