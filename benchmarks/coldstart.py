@@ -121,8 +121,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "quick": args.quick, "smoke": smoke, "peers": peers, "n": n,
         "repeats": repeats_for(args, FULL_REPEATS),
-        "shaped_n": [] if args.no_shaped or smoke else
-        (args.shaped_n or ([1] if quick else [1, 8])),
+        "shaped_n": [] if args.no_shaped else
+        (args.shaped_n or ([] if smoke else [1] if quick else [1, 8])),
         "update_n": args.update_n or (2 if smoke else 5 if quick else 50),
         "rl_k": args.rl_k or ([2] if smoke else [4] if quick else [8, 32]),
         "think": args.think if args.think is not None else (0.2 if smoke else 5.0 if quick
