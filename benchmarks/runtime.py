@@ -3,16 +3,21 @@
 
 Owns these measurements (results summarized in docs/benchmarks.md):
 1. Time to ready: create a sandbox of an environment whose mount is warm (another sandbox
-   holds it) and run `true` in it (`Environment.open` + `exec`), against `bwrap` running
-   `true` over a local directory holding the same tree (read-only bind, new pid/net/ipc/uts
-   namespaces: no writable layer, no cgroup, so a lower bound), and against `docker run --rm`
-   of the same image only when a Docker daemon answers (the script says when it does not).
-2. One more command in a running sandbox (`exec true`) against one more `bwrap ... true`.
+   holds it) and run `true` in it (`Environment.open` + `exec`), against `docker run --rm
+   --network none` of the same tree as an image already on the node (`docker import`), and
+   against `bwrap` running `true` over a local directory holding the same tree (read-only
+   bind, new pid/net/ipc/uts namespaces: no writable layer, no cgroup, so a lower bound).
+2. One more command in a running sandbox (`exec true`) against `docker exec` in a running
+   container and one more `bwrap ... true`.
 3. Reset (back to the pristine tree, after the episode wrote files) against tearing the
-   sandbox down and creating a new one; with the writable layer on disk and on tmpfs.
+   sandbox down and creating a new one, with the writable layer on disk and on tmpfs; and
+   against what Docker offers for the same: `docker rm -f` of the dirty container and
+   `docker run -d` of a new one.
 4. For reference: teardown, and a cold start (no mount yet, chunks cached) to `true`.
 The environment is the cached Debian minbase sample (tools/sample.py), built into a
-temporary local store, unless --store and --ref name another one.
+temporary local store, unless --store and --ref name another one. Docker is a dockerd this
+script starts with its own data root (`--bridge=none --iptables=false --ip-masq=false`,
+benchmarks/docker_peer.py) and stops at the end; --no-docker leaves it out.
 
 Must not: assert anything about the numbers; it reports them (table on stdout, JSON file).
 """
@@ -20,6 +25,7 @@ Must not: assert anything about the numbers; it reports them (table on stdout, J
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -40,6 +46,7 @@ from _common import (
     repeats_for,
     write_json,
 )
+from docker_peer import DOCKER, Dockerd, docker_unavailable
 
 from weenvfs.runtime.environment import Environment
 from weenvfs.store import open_store
@@ -51,6 +58,8 @@ from weenvfs.tools.sample import sample_tree
 NAME = "runtime"
 FULL_REPEATS = 15
 DIRTY_FILES = 200  # files an episode writes before a reset (so the upper is not empty)
+DIRTY_EPISODE = (f"mkdir -p /root/ep && for i in $(seq {DIRTY_FILES}); do echo $i > "
+                 "/root/ep/$i; done; rm -rf /etc/apt")
 BWRAP = ("bwrap --ro-bind {tree} / --proc /proc --dev /dev --tmpfs /tmp --unshare-pid "
          "--unshare-net --unshare-ipc --unshare-uts --die-with-parent true")
 EXAMPLES = """\
@@ -85,17 +94,6 @@ def export(ref: str, store: Path, dest: Path) -> Path:
     return dest
 
 
-def docker_status() -> str | None:
-    """None when a Docker daemon answers, else why not (printed and recorded)."""
-    if shutil.which("docker") is None:
-        return "no docker client installed"
-    done = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"],
-                          capture_output=True, text=True, check=False, timeout=30)
-    if done.returncode != 0:
-        return "no Docker daemon is running on this machine: not measured"
-    return None
-
-
 class Bench:
     """The environment under test."""
 
@@ -115,8 +113,7 @@ class Bench:
 
     def dirty(self, env: Environment) -> None:
         """What an episode might leave: new files, a deleted directory."""
-        env.exec(f"mkdir -p /root/ep && for i in $(seq {DIRTY_FILES}); do "
-                 "echo $i > /root/ep/$i; done; rm -rf /etc/apt")
+        env.exec(DIRTY_EPISODE)
 
 
 def _clock(fn: Callable[[], object]) -> float:
@@ -125,27 +122,34 @@ def _clock(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def bench_ready(b: Bench, tree: Path, repeats: int) -> dict[str, Any]:
-    """1 and 2: create + true on a warm mount, and exec true, against bwrap (and Docker)."""
+def bench_ready(b: Bench, tree: Path, docker: DockerSide | None,
+                repeats: int) -> dict[str, Any]:
+    """1 and 2: create + true on a warm mount, and exec true, against Docker and bwrap."""
     bwrap = BWRAP.format(tree=tree).split()
     holder = b.open()  # keeps the environment mounted (its chunks are cached already)
+    running = docker.create() if docker else ""
     try:
         contenders: dict[str, Callable[[], object]] = {
             "weenv create + true": b.create_and_true,
             "bwrap true": lambda: subprocess.run(bwrap, check=True),
         }
-        if docker_status() is None:
-            contenders["docker run --rm true"] = _docker_contender(tree)
+        execs: dict[str, Callable[[], object]] = {
+            "weenv exec true": lambda: holder.exec(["true"]),
+            "bwrap true": lambda: subprocess.run(bwrap, check=True),
+        }
+        if docker:
+            contenders["docker run --rm true"] = docker.run_true
+            execs["docker exec true"] = lambda: docker.exec_true(running)
         ready = measure_interleaved(contenders, repeats)
-        exec_true = measure_interleaved(
-            {"weenv exec true": lambda: holder.exec(["true"]),
-             "bwrap true": lambda: subprocess.run(bwrap, check=True)}, repeats)
+        exec_true = measure_interleaved(execs, repeats)
         close = []
         for _ in range(repeats):
             env = b.open()
             close.append(_clock(env.close))
     finally:
         holder.close()
+        if docker:
+            docker.remove(running)
     out = {
         "create_and_true": {k: v.as_dict() for k, v in ready.items()},
         "create_vs_bwrap": paired_ratio(ready["weenv create + true"], ready["bwrap true"]),
@@ -154,22 +158,56 @@ def bench_ready(b: Bench, tree: Path, repeats: int) -> dict[str, Any]:
         "close": Timing(tuple(close)).as_dict(),
         "bwrap_command": BWRAP.format(tree=tree),
     }
-    if "docker run --rm true" in ready:
+    if docker:
         out["create_vs_docker"] = paired_ratio(ready["weenv create + true"],
                                                ready["docker run --rm true"])
+        out["exec_vs_docker"] = paired_ratio(exec_true["weenv exec true"],
+                                             exec_true["docker exec true"])
     return out
 
 
-def _docker_contender(tree: Path) -> Callable[[], object]:
-    """Import `tree` as an image once; return `docker run --rm` of it (not run here: this
-    machine has no Docker daemon)."""
-    image = "weenv-bench-runtime:latest"
-    tar = subprocess.Popen(["tar", "-C", str(tree), "-cf", "-", "."], stdout=subprocess.PIPE)
-    subprocess.run(["docker", "import", "-", image], stdin=tar.stdout, check=True,
-                   capture_output=True)
-    tar.wait()
-    command = ["docker", "run", "--rm", "--network", "none", image, "true"]
-    return lambda: subprocess.run(command, check=True)
+class DockerSide:
+    """The same tree as a Docker image on our own dockerd: what Docker does for the same
+    steps (the image is already on the node, as a warm mount is for WeEnv)."""
+
+    IMAGE = "weenv-bench-runtime:latest"
+
+    def __init__(self, dockerd: Dockerd, tree: Path) -> None:
+        self.env = dockerd.env()
+        self._count = 0
+        tar = subprocess.Popen(["tar", "-C", str(tree), "-cf", "-", "."],
+                               stdout=subprocess.PIPE)
+        subprocess.run([DOCKER, "import", "-", self.IMAGE], stdin=tar.stdout, check=True,
+                       capture_output=True, env=self.env)
+        if tar.wait() != 0:
+            raise RuntimeError(f"tar of {tree} failed")
+
+    def docker(self, *args: str) -> str:
+        done = subprocess.run([DOCKER, *args], env=self.env, capture_output=True, text=True,
+                              check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"docker {args[0]} failed: {done.stderr.strip()[-500:]}")
+        return done.stdout
+
+    def run_true(self) -> None:
+        self.docker("run", "--rm", "--network", "none", self.IMAGE, "true")
+
+    def create(self) -> str:
+        """A long-lived container (`sleep infinity`), what a rollout then runs commands in."""
+        self._count += 1
+        name = f"weenv-bench-runtime-{self._count}"
+        self.docker("run", "-d", "--network", "none", "--name", name, self.IMAGE,
+                    "sleep", "infinity")
+        return name
+
+    def exec_true(self, name: str) -> None:
+        self.docker("exec", name, "true")
+
+    def dirty(self, name: str) -> None:
+        self.docker("exec", name, "sh", "-c", DIRTY_EPISODE)
+
+    def remove(self, name: str) -> None:
+        self.docker("rm", "-f", name)
 
 
 def bench_reset(b: Bench, repeats: int, tmpfs: bool) -> dict[str, Any]:
@@ -206,6 +244,37 @@ def bench_reset(b: Bench, repeats: int, tmpfs: bool) -> dict[str, Any]:
     }
 
 
+def bench_docker_reset(b: Bench, docker: DockerSide, repeats: int) -> dict[str, Any]:
+    """3, Docker's side: Docker has no reset, so a pristine container after an episode is
+    `docker rm -f` of the dirty one and `docker run -d` of a new one; timed in the same
+    rounds as a WeEnv reset (disk upper) after the same episode, alternating which goes
+    first."""
+    holder = b.open()
+    env = b.open()
+    container = docker.create()
+    reset, replace = [], []
+
+    def renew() -> None:
+        nonlocal container
+        docker.remove(container)
+        container = docker.create()
+
+    try:
+        for r in range(max(1, repeats)):
+            b.dirty(env)
+            docker.dirty(container)
+            order = [(reset, env.reset), (replace, renew)]
+            for samples, step in order[::-1] if r % 2 else order:
+                samples.append(_clock(step))
+    finally:
+        env.close()
+        holder.close()
+        docker.remove(container)
+    reset_t, replace_t = Timing(tuple(reset)), Timing(tuple(replace))
+    return {"reset": reset_t.as_dict(), "docker_rm_and_run": replace_t.as_dict(),
+            "reset_vs_docker": paired_ratio(reset_t, replace_t)}
+
+
 def bench_cold(b: Bench, repeats: int) -> dict[str, Any]:
     """4: no mount yet (chunks cached): the first sandbox mounts, then runs `true`."""
     return {"cold_mount_create_and_true": measure(b.create_and_true, repeats).as_dict()}
@@ -224,17 +293,25 @@ def report(results: dict[str, Any], repeats: int) -> None:
                      r["reset"]["spread"]))
         rows.append((f"close + create, {r['upper']} upper",
                      r["close_and_create"]["median_s"] * 1000, r["close_and_create"]["spread"]))
+    docker_reset = results.get("docker_reset")
+    if docker_reset:
+        t = docker_reset["docker_rm_and_run"]
+        rows.append(("docker rm -f + run -d (new container)", t["median_s"] * 1000,
+                     t["spread"]))
     cold = results["cold"]["cold_mount_create_and_true"]
     rows.append(("cold: mount + create + true", cold["median_s"] * 1000, cold["spread"]))
     print_table(f"sandbox runtime, {repeats} rounds (median)", ["what", "ms", "spread"], rows)
     ratios = [("weenv create + true / bwrap true", ready["create_vs_bwrap"]),
               ("weenv exec true / bwrap true", ready["exec_vs_bwrap"])]
     if "create_vs_docker" in ready:
-        ratios.append(("weenv create + true / docker run --rm true", ready["create_vs_docker"]))
+        ratios += [("weenv create + true / docker run --rm true", ready["create_vs_docker"]),
+                   ("weenv exec true / docker exec true", ready["exec_vs_docker"])]
     ratios += [(f"reset / (close + create), {r['upper']}", r["reset_vs_recreate"])
                for r in results["reset"]]
+    if docker_reset:
+        ratios.append(("weenv reset / (docker rm -f + run -d)", docker_reset["reset_vs_docker"]))
     print_table("ratios (paired, median over rounds)", ["ratio", "x"], ratios)
-    print(f"\ndocker run --rm: {results['docker']}")
+    print(f"\ndocker: {results['docker']}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -247,6 +324,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_common_args(parser, FULL_REPEATS)
     parser.add_argument("--store", help="an existing store (default: build the sample)")
     parser.add_argument("--ref", help="environment in --store (with --store)")
+    parser.add_argument("--no-docker", action="store_true",
+                        help="leave Docker out (default: start a dockerd of our own)")
     parser.add_argument("--work", type=Path, metavar="DIR",
                         help="scratch folder (default: a new temporary folder, removed after)")
     return parser.parse_args(argv)
@@ -263,17 +342,28 @@ def main(argv: list[str] | None = None) -> int:
     print(describe_machine())
     work = Path(tempfile.mkdtemp(prefix="weenv-bench-runtime-", dir=args.work))
     try:
-        if args.store:
-            ref, store = args.ref, Path(args.store).absolute()
-            tree = export(ref, store, work / "tree")
-        else:
-            ref, store, tree = publish_sample(work)
-        bench = Bench(ref, store, work / "cache")
-        results: dict[str, Any] = {"ref": ref, "docker": docker_status() or "measured"}
-        results["cold"] = bench_cold(bench, 1)  # fills the chunk cache; then mounts are warm
-        results["ready"] = bench_ready(bench, tree, repeats)
-        results["reset"] = [bench_reset(bench, repeats, tmpfs) for tmpfs in (False, True)]
-        results["cold"] = bench_cold(bench, repeats)
+        with contextlib.ExitStack() as stack:
+            if args.store:
+                ref, store = args.ref, Path(args.store).absolute()
+                tree = export(ref, store, work / "tree")
+            else:
+                ref, store, tree = publish_sample(work)
+            bench = Bench(ref, store, work / "cache")
+            why_not = "--no-docker" if args.no_docker else docker_unavailable()
+            docker = None
+            if why_not is None:
+                dockerd = Dockerd(work / "docker").start()
+                stack.callback(dockerd.stop)
+                docker = DockerSide(dockerd, tree)
+            results: dict[str, Any] = {"ref": ref,
+                                       "docker": f"not measured: {why_not}" if why_not
+                                       else "dockerd of this run, image imported from the tree"}
+            results["cold"] = bench_cold(bench, 1)  # fills the chunk cache; mounts are warm
+            results["ready"] = bench_ready(bench, tree, docker, repeats)
+            results["reset"] = [bench_reset(bench, repeats, tmpfs) for tmpfs in (False, True)]
+            if docker:
+                results["docker_reset"] = bench_docker_reset(bench, docker, repeats)
+            results["cold"] = bench_cold(bench, repeats)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report(results, repeats)
