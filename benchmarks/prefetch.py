@@ -22,6 +22,12 @@ environment, tag latest) and, as the floor, `cached` (every chunk already in the
 page cache dropped). After each run it reads `weenv stats` (bytes and requests fetched,
 prefetched chunks, hint hits, waste) before unmounting. For SeaweedFS the local store is
 copied into a throw-away `weed server -s3` on 127.0.0.1 (weenvfs.store.seaweed).
+Docker runs in the same rounds next to SeaweedFS (loopback and shaped): the same tree as a
+one-layer image in Debian's docker-registry on 127.0.0.1 (behind the same kind of shaped
+proxy for the shaped link), pulled and run by a dockerd this script starts with its own data
+root (`--bridge=none --iptables=false --ip-masq=false`); cold = every image removed and the
+page cache dropped; timed: `docker pull` + `docker run --rm --network none IMAGE workload`
+(docker_tree.py). --no-docker leaves it out.
 
 Must not: assert anything about the numbers; it reports them (table on stdout, JSON file,
 and with --doc a section appended to docs/benchmarks.md).
@@ -58,6 +64,8 @@ from _common import (
     write_json,
 )
 from _mounting import BENCH_DIR, Mounts, Published, can_drop_caches, drop_caches, published, weenv
+from docker_peer import Dockerd, Registry, docker_unavailable
+from docker_tree import ColdDockerRun, push_tree
 
 from weenvfs.store import open_store
 from weenvfs.tools.sample import sample_tree
@@ -67,6 +75,7 @@ FULL_REPEATS = 5
 WORKLOAD = ("python3", "-c", "import numpy, pandas")
 QUICK_WORKLOAD = ("python3", "-c", "import json, sqlite3, decimal")
 CONTENDERS = ("no hint", "hint", "hint + layout", "cached")
+DOCKER = "docker pull + run"
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 PATH_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 MB = 1e6
@@ -97,6 +106,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="shaped link: one-way delay in ms (default 10: a 20 ms RTT)")
     parser.add_argument("--rate-mbs", type=float, default=50.0,
                         help="shaped link: MB/s per connection and direction (default 50)")
+    parser.add_argument("--no-docker", action="store_true",
+                        help="leave Docker out (default: a dockerd and registry of our own)")
     parser.add_argument("--doc", action="store_true",
                         help=f"append the results as a section to {DOC}")
     return parser.parse_args(argv)
@@ -229,9 +240,10 @@ def summarize(stats: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def measure_store(runner: Runner, store: str, pub: Published, laid: str, repeats: int
-                  ) -> dict[str, Any]:
-    """Every contender, `repeats` rounds in rotating order, on one store."""
+def measure_store(runner: Runner, store: str, pub: Published, laid: str, repeats: int,
+                  docker: ColdDockerRun | None = None) -> dict[str, Any]:
+    """Every contender (and Docker's cold pull + run, if given), `repeats` rounds in rotating
+    order, on one store."""
     caches = runner.work / "caches"
     warm = caches / "warm"
     runner.settle(store, pub.ref, warm, ("--hint", "none"))
@@ -241,26 +253,31 @@ def measure_store(runner: Runner, store: str, pub: Published, laid: str, repeats
         "hint + layout": (laid, caches / "cold", (), False),
         "cached": (pub.ref, warm, ("--hint", "none"), True),
     }
-    samples: dict[str, list[float]] = {name: [] for name in CONTENDERS}
-    details: dict[str, list[dict[str, Any]]] = {name: [] for name in CONTENDERS}
+    names = (*CONTENDERS, DOCKER) if docker else CONTENDERS
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    details: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for r in range(repeats):
-        order = CONTENDERS[r % len(CONTENDERS):] + CONTENDERS[: r % len(CONTENDERS)]
-        for name in order:
-            ref, cache, extra, keep = plans[name]
-            seconds, stats = runner.run(store, ref, cache, extra, keep_cache=keep)
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            if name == DOCKER:
+                assert docker is not None
+                seconds, detail = docker.run()
+            else:
+                ref, cache, extra, keep = plans[name]
+                seconds, stats = runner.run(store, ref, cache, extra, keep_cache=keep)
+                detail = summarize(stats)
             samples[name].append(seconds)
-            details[name].append(summarize(stats))
-            print(f"  {name:<14} {seconds:7.2f} s  {details[name][-1]['bytes_fetched'] / MB:7.1f}"
-                  f" MB fetched, {details[name][-1]['requests']} requests", flush=True)
+            details[name].append(detail)
+            print(f"  {name:<17} {seconds:7.2f} s  {detail['bytes_fetched'] / MB:7.1f} MB "
+                  f"fetched", flush=True)
     timings = {name: Timing(tuple(values)) for name, values in samples.items()}
-    return {
-        name: {
-            **timings[name].as_dict(),
-            "vs_no_hint": paired_ratio(timings[name], timings["no hint"]),
-            "runs": details[name],
-        }
-        for name in CONTENDERS
-    }
+    out = {}
+    for name in names:
+        out[name] = {**timings[name].as_dict(),
+                     "vs_no_hint": paired_ratio(timings[name], timings["no hint"]),
+                     "runs": details[name]}
+        if docker:
+            out[name]["docker_over_this"] = paired_ratio(timings[DOCKER], timings[name])
+    return out
 
 
 # -- output ----------------------------------------------------------------------------------
@@ -269,19 +286,20 @@ def measure_store(runner: Runner, store: str, pub: Published, laid: str, repeats
 def table_rows(results: dict[str, Any]) -> list[list[object]]:
     rows: list[list[object]] = []
     for store, per in results["stores"].items():
-        for name in CONTENDERS:
-            r = per[name]
+        for name, r in per.items():
             last = r["runs"][-1]
             rows.append([
-                store, name, r["median_s"], r["vs_no_hint"], r["spread"],
-                last["bytes_fetched"] / MB, last["requests"], last["prefetched_chunks"],
-                last["hint_hits"], last["hint_waste"],
+                store, name, r["median_s"], r["vs_no_hint"], r.get("docker_over_this", NA),
+                r["spread"], last["bytes_fetched"] / MB,
+                *(last.get(k, NA) for k in ("requests", "prefetched_chunks", "hint_hits",
+                                            "hint_waste")),
             ])
     return rows
 
 
-HEADERS = ["store", "contender", "ready s", "vs no hint", "spread", "fetched MB", "requests",
-           "prefetched", "hint hits", "waste"]
+NA = "n/a"
+HEADERS = ["store", "contender", "ready s", "vs no hint", "docker / this", "spread",
+           "fetched MB", "requests", "prefetched", "hint hits", "waste"]
 
 
 def markdown(results: dict[str, Any], params: dict[str, Any]) -> str:
@@ -317,14 +335,15 @@ def markdown(results: dict[str, Any], params: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "| store | contender | time-to-ready | vs no hint | spread | fetched | requests "
-        "| prefetched chunks | hint hits | waste |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| store | contender | time-to-ready | vs no hint | docker / this | spread | fetched "
+        "| requests | prefetched chunks | hint hits | waste |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in table_rows(results):
-        store, name, med, ratio, spread, fetched, req, pre, hits, waste = row
+        store, name, med, ratio, over, spread, fetched, req, pre, hits, waste = row
+        over_text = f"{over:.1f}x" if isinstance(over, float) else over
         lines.append(
-            f"| {store} | {name} | {med:.2f} s | **{ratio:.2f}** | {spread:.0%} | "
+            f"| {store} | {name} | {med:.2f} s | **{ratio:.2f}** | {over_text} | {spread:.0%} | "
             f"{fetched:.1f} MB | {req} | {pre} | {hits} | {waste} |"
         )
     return "\n".join(lines) + "\n"
@@ -343,21 +362,27 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="weenv-prefetch-", dir=BENCH_DIR))
     runner = Runner(work, workload)
     results: dict[str, Any] = {"stores": {}, "hints": {}}
+    why_not = "--no-docker" if args.no_docker else docker_unavailable()
     try:
-        pub, laid = prepare(profile, workload, work)
-        for ref in (pub.ref, laid):
-            results["hints"][ref] = hint_info(str(pub.store), ref)
-        if "local" in stores:
-            print("local store", flush=True)
-            results["stores"]["local"] = measure_store(runner, str(pub.store), pub, laid, repeats)
-        if "seaweed" in stores or "shaped" in stores:
-            results["stores"].update(_seaweed(runner, pub, laid, repeats, args, stores))
+        with contextlib.ExitStack() as stack:
+            pub, laid = prepare(profile, workload, work)
+            for ref in (pub.ref, laid):
+                results["hints"][ref] = hint_info(str(pub.store), ref)
+            docker = None if why_not else _start_docker(stack, work, pub, profile)
+            if "local" in stores:
+                print("local store", flush=True)
+                results["stores"]["local"] = measure_store(runner, str(pub.store), pub, laid,
+                                                           repeats)
+            if "seaweed" in stores or "shaped" in stores:
+                results["stores"].update(_seaweed(runner, pub, laid, repeats, args, stores,
+                                                  docker))
     finally:
         runner.mounts.close()
         shutil.rmtree(work, ignore_errors=True)
     params = {"profile": profile, "workload": list(workload), "repeats": repeats,
               "stores": stores, "image_bytes": pub.image_bytes, "stored_bytes": pub.stored_bytes,
-              "shaped_delay_ms": args.delay_ms, "shaped_rate_mbs": args.rate_mbs}
+              "shaped_delay_ms": args.delay_ms, "shaped_rate_mbs": args.rate_mbs,
+              "docker": f"not measured: {why_not}" if why_not else "measured"}
     print_table("cold time-to-ready (mount + workload)", HEADERS, table_rows(results))
     path = write_json(NAME, args.out, params, results)
     print(f"\nwrote {path}")
@@ -368,8 +393,38 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+class DockerRig:
+    """Our dockerd, and a registry (on 127.0.0.1) holding the tree as image `name`."""
+
+    def __init__(self, dockerd: Dockerd, registry: Registry, name: str,
+                 workload: tuple[str, ...]) -> None:
+        self.dockerd, self.registry, self.name, self.workload = dockerd, registry, name, workload
+
+    def cold_run(self, port: int | None = None) -> ColdDockerRun:
+        """Cold pull + run from the registry, or through a proxy of it on 127.0.0.1:`port`."""
+        host = f"127.0.0.1:{port}" if port else self.registry.host
+        return ColdDockerRun(self.dockerd, self.registry, host, self.name, self.workload)
+
+
+def _start_docker(stack: contextlib.ExitStack, work: Path, pub: Published,
+                  profile: str) -> DockerRig:
+    """Start our dockerd (data root in `work`) and the registry (kept between runs under the
+    benchmark folder), and push the tree there once."""
+    folder = BENCH_DIR / "prefetch-docker"
+    registry = Registry(folder / "registry").start()
+    stack.callback(registry.stop)
+    dockerd = Dockerd(work / "docker").start()
+    stack.callback(dockerd.stop)
+    name = f"hint-{profile}"
+    key = {"tree_key": pub.store.with_name(pub.store.name + ".key").read_text(), "v": 1}
+    push_tree(sample_tree(None, profile, progress=False), key, registry, name, folder / "layers")
+    workload = QUICK_WORKLOAD if profile == "python" else WORKLOAD
+    return DockerRig(dockerd, registry, name, workload)
+
+
 def _seaweed(runner: Runner, pub: Published, laid: str, repeats: int,
-             args: argparse.Namespace, stores: list[str]) -> dict[str, Any]:
+             args: argparse.Namespace, stores: list[str],
+             docker: DockerRig | None) -> dict[str, Any]:
     from weenvfs.store.seaweed import REGION, SeaweedFS
 
     out: dict[str, Any] = {}
@@ -380,15 +435,23 @@ def _seaweed(runner: Runner, pub: Published, laid: str, repeats: int,
         print(f"SeaweedFS: {copied / MB:.0f} MB copied in {seconds:.0f} s", flush=True)
         if "seaweed" in stores:
             print("SeaweedFS over loopback", flush=True)
-            out["seaweedfs"] = measure_store(runner, url, pub, laid, repeats)
+            out["seaweedfs"] = measure_store(runner, url, pub, laid, repeats,
+                                             docker.cold_run() if docker else None)
         if "shaped" in stores:
             delay, rate = args.delay_ms / 1000, args.rate_mbs * MB
-            with shaped_link(("127.0.0.1", server.ports["s3"]), delay, rate) as port:
+            with contextlib.ExitStack() as links:
+                port = links.enter_context(shaped_link(("127.0.0.1", server.ports["s3"]),
+                                                       delay, rate))
                 shaped = f"s3://{server.bucket}/prefetch?endpoint=http://127.0.0.1:{port}" \
                          f"&region={REGION}"
+                cold_docker = None
+                if docker:  # the registry behind a link shaped the same way
+                    registry_port = links.enter_context(shaped_link(
+                        ("127.0.0.1", docker.registry.port), delay, rate))
+                    cold_docker = docker.cold_run(registry_port)
                 name = f"seaweedfs, {2 * args.delay_ms:g} ms RTT, {args.rate_mbs:g} MB/s"
                 print(name, flush=True)
-                out[name] = measure_store(runner, shaped, pub, laid, repeats)
+                out[name] = measure_store(runner, shaped, pub, laid, repeats, cold_docker)
     return out
 
 
