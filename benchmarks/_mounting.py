@@ -1,12 +1,14 @@
 """What the mount benchmarks (mount.py, coldstart_ref.py, read.py) share: published stores
 cached between runs, the real `weenv` CLI in a subprocess, mounts that are always undone,
-dropping the page cache, walking a tree.
+dropping the page cache, walking a tree, and the node's mount server.
 
 Owns: the benchmark work folder (`BENCH_DIR`, default /var/tmp/weenv-bench, or
 $WEENV_BENCH_DIR): generated trees and stores built from them are kept there and reused while
 their recipe (a key written next to them) is unchanged, so a run pays for a build only once.
 `Mounts` mounts with `weenv mount` exactly as a user does and unmounts everything it mounted
-in `close()` (`weenv umount`, then `fusermount3 -u -z` if that failed).
+in `close()` (`weenv umount`, then `fusermount3 -u -z` if that failed). `mount_server` runs
+`weenv mountd` for the duration of a block, as a node would (Docker's daemon is resident too):
+mounts this process starts, directly or through the CLI, fork from it.
 
 Must not: time anything or print tables (the scripts and _common.py do), or kill a process
 it did not start.
@@ -14,6 +16,7 @@ it did not start.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -21,6 +24,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +53,29 @@ def weenv(*args: str) -> str:
     if done.returncode != 0:
         sys.exit(f"weenv {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
     return done.stdout
+
+
+@contextlib.contextmanager
+def mount_server(folder: Path, enabled: bool = True) -> Iterator[None]:
+    """`weenv mountd` with its socket in `folder` ($WEENV_MOUNTD_SOCKET of this process, so
+    its mounts and the CLI it runs use it), stopped at the end of the block. With `enabled`
+    False, mounts start the slow way (WEENV_MOUNTD=off) for the block instead."""
+    saved = {k: os.environ.get(k) for k in ("WEENV_MOUNTD_SOCKET", "WEENV_MOUNTD")}
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ["WEENV_MOUNTD_SOCKET"] = str(folder / "mountd.sock")
+    os.environ["WEENV_MOUNTD"] = "on" if enabled else "off"
+    if enabled:
+        weenv("mountd", "--detach")
+    try:
+        yield
+    finally:
+        if enabled:
+            weenv("mountd", "--stop")
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def can_drop_caches() -> bool:

@@ -10,7 +10,9 @@ tars for both peers. Every server runs on this machine, started by this script:
   every image removed and the page cache dropped.
 - WeEnv: SeaweedFS (S3) on 127.0.0.1 holding the groups and environments; sandboxes from
   `weenvfs.runtime.Environment` (runc over the lazy FUSE mount); cold = node cache emptied
-  and page cache dropped; with and without the recorded prefetch hint (weenv_peer.py).
+  and page cache dropped; with and without the recorded prefetch hint (weenv_peer.py). The
+  node runs `weenv mountd` (resident like dockerd: mount daemons fork from it) unless
+  --no-mountd.
 - Then the same over a shaped link: both servers in a network namespace behind a veth pair
   shaped by tbf plus a delaying relay (default 1 Gbit/s, 2 ms RTT; netshape.py).
 Figures, each a ratio of the two systems in the same run, repeated, median and spread:
@@ -39,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import add_common_args, describe_machine, repeats_for, write_json
-from _mounting import BENCH_DIR, can_drop_caches
+from _mounting import BENCH_DIR, can_drop_caches, mount_server
 from coldstart_ready import Contender, Log, ideal_task, ready_rounds, rl_rounds
 from coldstart_report import DOCS, plot_all, report, summarize
 from coldstart_update import seed_docker, stamped_layer, update_docker, update_weenv
@@ -101,6 +103,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--rate-mbit", type=float, default=1000.0, help="shaped link rate (default 1000)")
     add("--rtt-ms", type=float, default=2.0, help="shaped link round trip (default 2)")
     add("--no-shaped", action="store_true", help="skip the shaped link")
+    add("--no-mountd", action="store_true", help="WeEnv without its resident mount server "
+        "(`weenv mountd`): each mount daemon starts a new interpreter")
     add("--reference", action=argparse.BooleanOptionalAction, default=None,
         help="also the cold start of DESIGN.md's reference tree (default: on, off with --quick)")
     add("--only", default="ready,update,rl", help="figures to run: ready,update,rl")
@@ -129,7 +133,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
                                                              else 30.0),
         "reference": (not quick) if args.reference is None else args.reference and not smoke,
         "only": set(args.only.split(",")),
-        "rate_mbit": args.rate_mbit, "rtt_ms": args.rtt_ms,
+        "rate_mbit": args.rate_mbit, "rtt_ms": args.rtt_ms, "mountd": not args.no_mountd,
     }
 
 
@@ -168,6 +172,8 @@ class Run:
     # -- servers ----------------------------------------------------------------------------
 
     def start_weenv(self) -> None:
+        # The node's resident mount server, as dockerd is Docker's (unless --no-mountd).
+        self.stack.enter_context(mount_server(self.work / "mountd", self.s["mountd"]))
         # --smoke: a throw-away store (fast to stop, nothing kept); else one kept between runs
         folder = self.work if self.s["smoke"] else self.root / "seaweed-lo"
         self.seaweed_lo = start_seaweed(None if self.s["smoke"] else folder)

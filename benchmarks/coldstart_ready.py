@@ -125,14 +125,17 @@ def run_batch(peer: Peer, family: Family, images: Sequence[str], meter: Meter | 
         meter.begin()
     with ThreadPoolExecutor(max_workers=n) as pool:
         futures = [pool.submit(worker, i) for i in range(n)]
-        t0[0] = time.perf_counter()
-        go.wait()
-        for event in ready:
-            event.wait()
         moved: dict[str, Any] = {}
         try:
+            t0[0] = time.perf_counter()
+            go.wait()
+            for event in ready:
+                event.wait()
             if meter is not None:
                 moved = meter.read([(images[i], h) for i, h in enumerate(handles) if h])
+        except BaseException:
+            go.abort()  # Ctrl-C: workers still at the start line leave, the others stop
+            raise
         finally:
             release.set()
         for future in futures:

@@ -6,7 +6,10 @@ Owns:
 - `require_or_skip(condition, reason)`: skip with a reason, or fail when WEENVFS_TEST_STRICT=1
   (set by .ci/run), so a missing component can never make CI pass silently;
 - FUSE: the `requires_fuse` marker and fixture skip when /dev/fuse or fusermount3 is unusable,
-  and fail instead when WEENVFS_TEST_FUSE=1.
+  and fail instead when WEENVFS_TEST_FUSE=1;
+- isolation from the node: $WEENV_MOUNTD_SOCKET points into a folder of this session, so a
+  mount server running on the machine (`weenv mountd`) never serves the tests' mounts; tests
+  of the server start their own (tests/fuse/test_mountd.py).
 It must not start servers or build fixtures of any area; those live in tests/<area>/conftest.py.
 """
 
@@ -19,6 +22,7 @@ import os
 import re
 import shutil
 import stat
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -29,6 +33,9 @@ if not faulthandler.is_enabled():
     faulthandler.enable()
 
 WATCHED_LOGGER = "weenvfs"
+
+os.environ["WEENV_MOUNTD_SOCKET"] = os.path.join(
+    tempfile.mkdtemp(prefix="weenv-tests-mountd-"), "mountd.sock")
 
 
 def _env_flag(name: str) -> bool:

@@ -49,6 +49,7 @@ FAST_COMMANDS: dict[str, str] = {
     "mount": "weenvfs.fuse.commands",
     "umount": "weenvfs.fuse.commands",
     "stats": "weenvfs.fuse.commands",
+    "mountd": "weenvfs.fuse.commands",
 }
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE from sysexits.h

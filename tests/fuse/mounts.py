@@ -105,11 +105,13 @@ class Mount:
 
 
 def _is_our_daemon(pid: int, mountpoint: Path) -> bool:
+    """Whether `pid` is the daemon of `mountpoint` (started by exec, its arguments; forked
+    by a mount server, its process title: one string)."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
     except OSError:
         return False
-    return b"weenvfs" in cmdline and os.fsencode(str(mountpoint)) in cmdline
+    return b"weenvfs" in cmdline and os.fsencode(f" {mountpoint} ") in cmdline + b" "
 
 
 def _wait_gone(pid: int, seconds: float) -> bool:

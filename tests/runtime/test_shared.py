@@ -8,9 +8,12 @@ import stat
 import threading
 import time
 import traceback
+from pathlib import Path
 
+import pytest
 import trio
 from rt_support import EnvRef, run_weenv
+from support.mount_server import mount_server
 
 from weenvfs.fuse import daemon
 from weenvfs.runtime import gc, mounts, sandbox
@@ -105,6 +108,30 @@ def test_several_environments_at_once_from_threads(make_env: object) -> None:
         t.join()
     assert not failures, "\n".join(failures)
     assert outcome == {f"{n}": f"{n}!".encode() for n in range(6)}
+
+
+def test_sandboxes_whose_mount_forks_from_a_mount_server(
+        env_ref: EnvRef, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `weenv mountd` on the node, the shared mount is forked from it: the sandboxes work
+    the same, and closing the last one unmounts and ends that daemon (node_clean checks the
+    rest)."""
+    with mount_server(tmp_path / "mountd.sock", monkeypatch) as server:
+        envs = open_many([env_ref.ref] * 2, store=env_ref.store, cache=env_ref.cache)
+        try:
+            mp = mounts.mountpoint(env_ref.digest)
+            record = daemon.read_pid_file(mp)
+            assert record is not None
+            title = Path(f"/proc/{record['pid']}/cmdline").read_bytes()
+            assert b"mountd" not in title and str(mp).encode() in title
+            envs[0].write_file("/root/mine", "0")
+            assert envs[1].exec(["cat", "/etc/debian_version"]).exit_code == 0
+            assert envs[1].exec(["test", "-e", "/root/mine"]).exit_code == 1
+        finally:
+            for env in envs:
+                env.close()
+        assert not daemon.is_mounted(mp)
+        assert not daemon.process_alive(record["pid"])
+        assert daemon.process_alive(server)
 
 
 def test_async_environments_run_concurrently(make_env: object) -> None:

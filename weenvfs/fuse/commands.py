@@ -1,4 +1,4 @@
-"""The `weenv mount`, `weenv umount` and `weenv stats` commands.
+"""The `weenv mount`, `weenv umount`, `weenv stats` and `weenv mountd` commands.
 
 Owns: their arguments, defaults and output, and `mount_args`, the one place that turns mount
 options back into the daemon's command line (also used by the runtime). `mount` without
@@ -58,10 +58,11 @@ def _positive(text: str) -> float:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `mount`, `umount` and `stats`."""
+    """Add `mount`, `umount`, `stats` and `mountd`."""
     _register_mount(subparsers)
     _register_umount(subparsers)
     _register_stats(subparsers)
+    _register_mountd(subparsers)
 
 
 def _register_mount(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -146,6 +147,37 @@ def _register_stats(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     )
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
     p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _register_mountd(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_command(
+        subparsers,
+        "mountd",
+        help="run the mount server: mounts start by fork, without Python start-up",
+        description=(
+            "Run the node's mount server in this process (for a supervisor such as systemd),\n"
+            "or in the background with --detach. While it runs, `weenv mount`, `weenv run`\n"
+            "and the Python API start each mount daemon by forking the server's warm\n"
+            "interpreter (tenths of a second less per mount); without it they start a new\n"
+            "interpreter, as before. Socket: $WEENV_MOUNTD_SOCKET, else /run/weenv/mountd.sock\n"
+            "for root. WEENV_MOUNTD=off makes clients ignore a running server."
+        ),
+        examples=[
+            "weenv mountd                    # foreground, until SIGTERM",
+            "weenv mountd --detach --idle 600  # background, exits after 10 idle minutes",
+            "weenv mountd --check            # exit 0 if a server answers",
+            "weenv mountd --stop",
+        ],
+        func=_cmd_mountd,
+    )
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--detach", action="store_true",
+                      help="start in the background; return once it listens")
+    what.add_argument("--check", action="store_true", help="only check that a server answers")
+    what.add_argument("--stop", action="store_true", help="stop the running server")
+    p.add_argument("--idle", type=float, default=0.0, metavar="SECS",
+                   help="exit after SECS without a request (default 0: never)")
+    p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
 
 # -- mount ----------------------------------------------------------------------------------
@@ -279,6 +311,45 @@ def _log_to_file_only() -> None:
     for handler in list(root.handlers):
         if type(handler) is logging.StreamHandler and handler.stream is sys.stderr:
             root.removeHandler(handler)
+
+
+# -- mountd ---------------------------------------------------------------------------------
+
+
+def _cmd_mountd(args: argparse.Namespace) -> int:
+    from . import mountd
+
+    if args.check:
+        mountd.check_running()
+        print(f"a mount server answers on {mountd.socket_path()}")
+        return 0
+    if args.stop:
+        pid = mountd.stop()
+        print(f"stopped mount server {pid}" if pid else "no mount server was running")
+        return 0
+    if args.detach:
+        try:
+            mountd.check_running()
+        except WeenvError:
+            pass
+        else:
+            print(f"a mount server already answers on {mountd.socket_path()}")
+            return 0
+        log_file = mountd.socket_path().with_suffix(".log")
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        argv = [*(["--log-file", args.log_file] if args.log_file else []), "mountd",
+                "--idle", repr(args.idle)]
+        pid = daemon.spawn(argv, log_file, use_server=False)
+        print(f"mount server {pid} listens on {mountd.socket_path()} (log {log_file})")
+        return 0
+    pipe = daemon.ReadyPipe(args.ready_fd)
+    if args.ready_fd is not None:
+        _log_to_file_only()
+    try:
+        return mountd.serve(args.idle, ready=pipe.ready)
+    except Exception as error:
+        pipe.failed(str(error) or type(error).__name__)
+        raise
 
 
 # -- umount and stats -----------------------------------------------------------------------

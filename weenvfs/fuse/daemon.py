@@ -31,7 +31,7 @@ import time
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from weenvfs.errors import UsageError, WeenvError
 
@@ -143,25 +143,25 @@ class ReadyPipe:
 # -- the parent's end -----------------------------------------------------------------------
 
 
-def spawn(args: Sequence[str], log_file: Path, timeout: float = SPAWN_TIMEOUT) -> int:
+def spawn(args: Sequence[str], log_file: Path, timeout: float = SPAWN_TIMEOUT,
+          use_server: bool = True) -> int:
     """Start `python -m weenvfs <args> --ready-fd N` as a daemon; return its pid once ready.
 
-    The daemon is not a child of this process (see the module docstring): nothing to reap,
-    ever. Raises WeenvError with the daemon's own error line, or naming the log file (a
-    daemon that does not answer within `timeout` seconds is stopped first).
+    A running mount server (mountd.py) forks the daemon from its warm interpreter when it
+    can; otherwise `setsid --fork` starts a new interpreter. Either way the daemon is not a
+    child of this process (see the module docstring): nothing to reap, ever. Raises
+    WeenvError with the daemon's own error line, or naming the log file (a daemon that does
+    not answer within `timeout` seconds is stopped first).
     """
+    from . import mountd
+
     read_end, write_end = os.pipe()
     try:
-        with open(log_file, "ab") as log, open(os.devnull, "rb") as devnull:
-            # setsid forks, exits at once (reaped here) and its child execs the daemon.
-            launcher = subprocess.Popen(
-                [_setsid(), "--fork", sys.executable, "-m", "weenvfs", *args,
-                 "--ready-fd", str(write_end)],
-                stdin=devnull, stdout=log, stderr=log, pass_fds=(write_end,), cwd="/",
-            )
+        with open(log_file, "ab") as log:
+            if not (use_server and mountd.launch(list(args), write_end, log.fileno())):
+                _exec_detached(args, write_end, log)
         os.close(write_end)
         write_end = -1
-        launcher.wait()
         pid, line = _await_ready(read_end, timeout)
     finally:
         os.close(read_end)
@@ -179,6 +179,18 @@ def spawn(args: Sequence[str], log_file: Path, timeout: float = SPAWN_TIMEOUT) -
                 wait_exit(pid, EXIT_TIMEOUT)
         raise WeenvError(line[len("error: "):])
     raise WeenvError(f"mount daemon exited before it answered; see {log_file}")
+
+
+def _exec_detached(args: Sequence[str], ready_fd: int, log: IO[bytes]) -> None:
+    """`setsid --fork python -m weenvfs ARGS --ready-fd N`: setsid forks, exits at once
+    (reaped here) and its child execs the daemon in a new session."""
+    with open(os.devnull, "rb") as devnull:
+        launcher = subprocess.Popen(
+            [_setsid(), "--fork", sys.executable, "-m", "weenvfs", *args,
+             "--ready-fd", str(ready_fd)],
+            stdin=devnull, stdout=log, stderr=log, pass_fds=(ready_fd,), cwd="/",
+        )
+    launcher.wait()
 
 
 def _setsid() -> str:

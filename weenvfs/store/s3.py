@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import boto3
+import botocore.loaders
+import botocore.session
 from botocore.config import Config
 
 from weenvfs.errors import ObjectMissing, StoreError, StoreUnavailable
@@ -57,6 +59,28 @@ DEFAULT_REGION = "us-east-1"
 CONTENT_ADDRESSED = ("blobs/", "indexes/", "manifests/", "hints/")
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _RANGE_SLACK = 16 * MiB  # a server ignoring Range: slice a full body only this much larger
+_LOADER_LOCK = threading.Lock()
+_loader: Any = None
+
+
+def _shared_loader() -> Any:
+    """botocore's service-model loader, shared by every session of this process: loading the
+    S3 model costs about 0.1 s per session otherwise, and the models never change while a
+    process runs (the AWS configuration and credentials are still read per session)."""
+    global _loader
+    with _LOADER_LOCK:
+        if _loader is None:
+            _loader = botocore.loaders.create_loader()
+        return _loader
+
+
+def warm_up() -> None:
+    """Load the S3 model now (the mount server does, before it forks mount daemons)."""
+    loader = _shared_loader()
+    loader.load_service_model("s3", "service-2")
+    loader.load_service_model("s3", "endpoint-rule-set-1")
+    loader.load_data("endpoints")
+    loader.load_data("partitions")
 
 
 class S3Store(Store):
@@ -110,8 +134,11 @@ class S3Store(Store):
     def _new_session(self) -> tuple[Any, Credentials]:
         """A session, which reads the AWS configuration anew, and its credentials now."""
         try:
+            core = botocore.session.Session()
+            core.register_component("data_loader", _shared_loader())
             session = boto3.session.Session(
-                profile_name=self.location.profile, **self._session_options
+                botocore_session=core, profile_name=self.location.profile,
+                **self._session_options,
             )
             credentials = session.get_credentials()
             frozen = credentials.get_frozen_credentials() if credentials else None

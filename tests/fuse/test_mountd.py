@@ -1,0 +1,246 @@
+"""The mount server (`weenv mountd`): mounts started by fork serve the same bytes, take the
+client's environment, and a server that cannot serve a client declines so that the client
+starts its daemon the usual way.
+
+Every server here listens on a socket of the test's own ($WEENV_MOUNTD_SOCKET) and is stopped
+by the `server` fixture, also when the test fails.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from mounts import force_unmount, publish, run_weenv
+from support import trees
+from support.mount_server import mount_server, server_pid
+
+from weenvfs.errors import WeenvError
+from weenvfs.fuse import daemon, mountd
+from weenvfs.fuse.commands import mount_args
+
+pytestmark = pytest.mark.requires_fuse
+
+
+@pytest.fixture
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A mount server of this test (`weenv mountd --detach`); its socket path."""
+    sock = tmp_path / "mountd" / "mountd.sock"
+    with mount_server(sock, monkeypatch):
+        yield sock
+
+
+@pytest.fixture
+def launches(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """What each `mountd.launch` of this process answered (True: the server forked)."""
+    answers: list[bool] = []
+    real = mountd.launch
+
+    def spy(*args: object) -> bool:
+        answers.append(real(*args))  # type: ignore[arg-type]
+        return answers[-1]
+
+    monkeypatch.setattr(mountd, "launch", spy)
+    return answers
+
+
+@pytest.fixture
+def spawned(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """`spawned(ref, store, **mount options)`: daemon.spawn of a mount in this process; the
+    mount point. Everything is unmounted afterwards."""
+    mountpoints: list[Path] = []
+
+    def spawn(ref: str, store: Path, args: list[str] | None = None) -> Path:
+        mp = tmp_path / f"mnt{len(mountpoints)}"
+        mp.mkdir()
+        mountpoints.append(mp)
+        log = tmp_path / f"mount{len(mountpoints)}.log"
+        argv = args if args is not None else mount_args(
+            ref, mp, str(store), tmp_path / "cache", log_file=log)
+        daemon.spawn([a.replace("{MP}", str(mp)) for a in argv], log)
+        return mp
+
+    try:
+        yield spawn
+    finally:
+        for mp in mountpoints:
+            if daemon.is_mounted(mp):
+                try:
+                    daemon.unmount(mp)
+                except WeenvError:
+                    force_unmount(mp)
+
+
+def test_a_forked_daemon_serves_the_tree_exactly(tmp_path: Path, server: Path,
+                                                 launches: list[bool],
+                                                 spawned: Callable[..., Path]) -> None:
+    src = trees.hostile_tree(tmp_path / "src")
+    ref = publish(tmp_path / "store", [src])
+    mp = spawned(ref, tmp_path / "store")
+    assert launches == [True]
+    trees.assert_trees_equal(src, mp)
+    record = daemon.read_pid_file(mp)
+    assert record is not None
+    pid = record["pid"]
+    # Re-parented (nobody has to reap it), and `ps` shows what it serves.
+    assert _parent(pid) not in (os.getpid(), server_pid(server))
+    assert str(mp).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    daemon.unmount(mp)
+    assert not daemon.process_alive(pid)
+    mountd.check_running()  # the server outlives its mounts
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_the_daemon_takes_the_clients_environment(tmp_path: Path, server: Path,
+                                                  launches: list[bool],
+                                                  spawned: Callable[..., Path],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server started without $WEENV_CACHE; the client sets it, and the daemon (no
+    --cache) caches there."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "data").write_bytes(os.urandom(300_000))
+    ref = publish(tmp_path / "store", [src])
+    cache = tmp_path / "client-cache"
+    monkeypatch.setenv("WEENV_CACHE", str(cache))
+    log = tmp_path / "m.log"
+    mp = spawned(ref, tmp_path / "store", ["--log-file", str(log), "mount", ref, "{MP}",
+                                           "--store", str(tmp_path / "store"), "--foreground"])
+    assert launches == [True]
+    assert (mp / "data").read_bytes() == (src / "data").read_bytes()
+    assert any(p.is_file() for p in cache.rglob("*")), "the chunk was not cached in $WEENV_CACHE"
+
+
+def test_a_stale_server_declines_and_exits(tmp_path: Path, server: Path, launches: list[bool],
+                                           spawned: Callable[..., Path],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Code installed after the server started: the client mounts the slow way, and the
+    server exits rather than fork old code again."""
+    pid = server_pid(server)
+    assert pid is not None
+    monkeypatch.setattr(mountd, "fingerprint", lambda: "weenvfs was upgraded")
+    src = trees.hostile_tree(tmp_path / "src")
+    ref = publish(tmp_path / "store", [src])
+    mp = spawned(ref, tmp_path / "store")
+    assert launches == [False]
+    trees.assert_trees_equal(src, mp)
+    daemon.wait_exit(pid, 30)
+    assert not server.exists()
+
+
+def test_another_namespace_is_declined(tmp_path: Path, server: Path, launches: list[bool],
+                                       spawned: Callable[..., Path],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mountd, "_namespaces", lambda: {"mnt": "mnt:[1]", "net": "net:[2]"})
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_text("x")
+    ref = publish(tmp_path / "store", [src])
+    mp = spawned(ref, tmp_path / "store")
+    assert launches == [False]
+    assert (mp / "f").read_text() == "x"
+    mountd.check_running()  # still serving clients of its own namespaces
+
+
+def test_a_client_in_a_private_mount_namespace_mounts_the_slow_way(
+        tmp_path: Path, server: Path) -> None:
+    """A mount the server made would be invisible inside `unshare -m`: the real check."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_text("private")
+    ref = publish(tmp_path / "store", [src])
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from weenvfs.fuse import daemon, mountd\n"
+        "from weenvfs.fuse.commands import mount_args\n"
+        f"mp, log = Path({str(mp)!r}), Path({str(tmp_path / 'm.log')!r})\n"
+        f"args = mount_args({ref!r}, mp, {str(tmp_path / 'store')!r}, "
+        f"Path({str(tmp_path / 'cache')!r}), log_file=log)\n"
+        "answers = []\n"
+        "real = mountd.launch\n"
+        "mountd.launch = lambda *a: answers.append(real(*a)) or answers[-1]\n"
+        "daemon.spawn(args, log)\n"
+        "print(answers, (mp / 'f').read_text())\n"
+        "daemon.unmount(mp)\n"
+    )
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable,
+                           "-c", code], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[False]", "private"]
+
+
+def test_a_daemon_error_is_reported_the_same_way(tmp_path: Path, server: Path,
+                                                 launches: list[bool],
+                                                 spawned: Callable[..., Path],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    publish(tmp_path / "store", [src])
+    messages = []
+    for switch in ("on", "off"):
+        monkeypatch.setenv(mountd.SWITCH_ENV, switch)
+        with pytest.raises(WeenvError) as caught:
+            spawned("missing:t", tmp_path / "store")
+        messages.append(str(caught.value))
+    assert launches == [True, False]
+    assert messages[0] == messages[1] and "missing" in messages[0] and "\n" not in messages[0]
+    mountd.check_running()
+
+
+def test_bad_requests_are_refused_and_the_server_goes_on(server: Path) -> None:
+    def ask(payload: bytes, fds: list[int]) -> bytes:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(10)
+            conn.connect(str(server))
+            ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+            conn.sendmsg([payload], ancillary if fds else [])
+            return conn.recv(4096)
+
+    assert ask(b"not json\n", []).startswith(b"error:")
+    request = (b'{"argv": [], "env": {}, "umask": 18, "fingerprint": "%s", "namespaces": %s}\n'
+               % (mountd.fingerprint().encode(),
+                  str(mountd._namespaces()).replace("'", '"').encode()))
+    assert ask(request, []).startswith(b"refused: a request passes exactly two")
+    read_end, write_end = os.pipe()
+    try:
+        assert ask(request, [write_end]).startswith(b"refused")
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    mountd.check_running()
+
+
+def test_check_stop_and_idle_exit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sock = tmp_path / "mountd.sock"
+    monkeypatch.setenv(mountd.SOCKET_ENV, str(sock))
+    done = run_weenv("mountd", "--check", check=False)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1
+    assert "no mount server answers" in done.stderr
+    assert "no mount server was running" in run_weenv("mountd", "--stop").stdout
+    run_weenv("mountd", "--detach", "--idle", "1")
+    pid = server_pid(sock)
+    assert pid is not None
+    try:
+        # A second server on the same socket steps aside at once.
+        second = subprocess.run([sys.executable, "-m", "weenvfs", "mountd"], timeout=60,
+                                capture_output=True, text=True, check=False)
+        assert second.returncode == 0
+        daemon.wait_exit(pid, 30)  # idle for a second: gone
+        assert not sock.exists()
+    finally:
+        if daemon.process_alive(pid) and mountd._is_server(pid):
+            os.kill(pid, signal.SIGKILL)
