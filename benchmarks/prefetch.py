@@ -27,7 +27,8 @@ one-layer image in Debian's docker-registry on 127.0.0.1 (behind the same kind o
 proxy for the shaped link), pulled and run by a dockerd this script starts with its own data
 root (`--bridge=none --iptables=false --ip-masq=false`); cold = every image removed and the
 page cache dropped; timed: `docker pull` + `docker run --rm --network none IMAGE workload`
-(docker_tree.py). --no-docker leaves it out.
+(docker_tree.py). --no-docker leaves it out. WeEnv's node runs `weenv mountd` (resident, as
+dockerd is) unless --no-mountd.
 
 Must not: assert anything about the numbers; it reports them (table on stdout, JSON file,
 and with --doc a section appended to docs/benchmarks.md).
@@ -63,7 +64,16 @@ from _common import (
     timed,
     write_json,
 )
-from _mounting import BENCH_DIR, Mounts, Published, can_drop_caches, drop_caches, published, weenv
+from _mounting import (
+    BENCH_DIR,
+    Mounts,
+    Published,
+    can_drop_caches,
+    drop_caches,
+    mount_server,
+    published,
+    weenv,
+)
 from docker_peer import Dockerd, Registry, docker_unavailable
 from docker_tree import ColdDockerRun, push_tree
 
@@ -106,6 +116,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="shaped link: one-way delay in ms (default 10: a 20 ms RTT)")
     parser.add_argument("--rate-mbs", type=float, default=50.0,
                         help="shaped link: MB/s per connection and direction (default 50)")
+    parser.add_argument("--no-mountd", action="store_true",
+                        help="no resident mount server: mount daemons start a new interpreter")
     parser.add_argument("--no-docker", action="store_true",
                         help="leave Docker out (default: a dockerd and registry of our own)")
     parser.add_argument("--doc", action="store_true",
@@ -365,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     why_not = "--no-docker" if args.no_docker else docker_unavailable()
     try:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(mount_server(work / "mountd", not args.no_mountd))
             pub, laid = prepare(profile, workload, work)
             for ref in (pub.ref, laid):
                 results["hints"][ref] = hint_info(str(pub.store), ref)
@@ -382,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     params = {"profile": profile, "workload": list(workload), "repeats": repeats,
               "stores": stores, "image_bytes": pub.image_bytes, "stored_bytes": pub.stored_bytes,
               "shaped_delay_ms": args.delay_ms, "shaped_rate_mbs": args.rate_mbs,
-              "docker": f"not measured: {why_not}" if why_not else "measured"}
+              "docker": f"not measured: {why_not}" if why_not else "measured",
+              "mountd": not args.no_mountd}
     print_table("cold time-to-ready (mount + workload)", HEADERS, table_rows(results))
     path = write_json(NAME, args.out, params, results)
     print(f"\nwrote {path}")

@@ -17,7 +17,8 @@ Owns these measurements (results summarized in docs/benchmarks.md):
 The environment is the cached Debian minbase sample (tools/sample.py), built into a
 temporary local store, unless --store and --ref name another one. Docker is a dockerd this
 script starts with its own data root (`--bridge=none --iptables=false --ip-masq=false`,
-benchmarks/docker_peer.py) and stops at the end; --no-docker leaves it out.
+benchmarks/docker_peer.py) and stops at the end; --no-docker leaves it out. WeEnv's node
+runs `weenv mountd` (resident, as dockerd is) unless --no-mountd.
 
 Must not: assert anything about the numbers; it reports them (table on stdout, JSON file).
 """
@@ -46,6 +47,7 @@ from _common import (
     repeats_for,
     write_json,
 )
+from _mounting import mount_server
 from docker_peer import DOCKER, Dockerd, docker_unavailable
 
 from weenvfs.runtime.environment import Environment
@@ -324,6 +326,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_common_args(parser, FULL_REPEATS)
     parser.add_argument("--store", help="an existing store (default: build the sample)")
     parser.add_argument("--ref", help="environment in --store (with --store)")
+    parser.add_argument("--no-mountd", action="store_true",
+                        help="no resident mount server: mount daemons start a new interpreter")
     parser.add_argument("--no-docker", action="store_true",
                         help="leave Docker out (default: start a dockerd of our own)")
     parser.add_argument("--work", type=Path, metavar="DIR",
@@ -343,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="weenv-bench-runtime-", dir=args.work))
     try:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(mount_server(work / "mountd", not args.no_mountd))
             if args.store:
                 ref, store = args.ref, Path(args.store).absolute()
                 tree = export(ref, store, work / "tree")
@@ -355,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
                 dockerd = Dockerd(work / "docker").start()
                 stack.callback(dockerd.stop)
                 docker = DockerSide(dockerd, tree)
-            results: dict[str, Any] = {"ref": ref,
+            results: dict[str, Any] = {"ref": ref, "mountd": not args.no_mountd,
                                        "docker": f"not measured: {why_not}" if why_not
                                        else "dockerd of this run, image imported from the tree"}
             results["cold"] = bench_cold(bench, 1)  # fills the chunk cache; mounts are warm
