@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench
+.PHONY: setup bench-setup demo test lint bench
 
 setup:
 	bash scripts/setup.sh
@@ -18,8 +18,12 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 
+# The benchmarks' peers too: Debian docker.io (dockerd) and matplotlib.
+bench-setup:
+	bash scripts/setup.sh --bench
+
 # Runs every benchmark in its quick mode; each script prints its own numbers.
-bench: setup
+bench: bench-setup
 	@shopt -s nullglob; scripts=(benchmarks/*.py); \
 	if (( $${#scripts[@]} == 0 )); then echo "no benchmarks in benchmarks/"; exit 0; fi; \
 	for script in "$${scripts[@]}"; do \

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install what WeEnv needs on a fresh Debian 12 machine, as root: Debian packages, then the
 # dev venv .venv with an editable install of the project and its test tools.
+# `setup.sh --bench` adds what the benchmarks compare against and draw with: Debian's
+# docker.io (dockerd, started by the benchmarks themselves) and matplotlib.
 # Idempotent, and quick when everything is in place: apt runs only for missing packages and
 # pip only when pyproject.toml changed (or the install is broken).
 set -euo pipefail
@@ -14,6 +16,12 @@ DEBIAN_PACKAGES=(
     iproute2                           # network namespaces and veths (distributed store tests)
     runc catatonit bubblewrap          # sandboxes: OCI runtime, its init; bwrap as a benchmark baseline
 )
+BENCH_DEBIAN_PACKAGES=(docker.io)     # the Docker peer of the runtime/prefetch/cold-start benchmarks
+EXTRAS=test
+if [[ ${1:-} == --bench ]]; then
+    DEBIAN_PACKAGES+=("${BENCH_DEBIAN_PACKAGES[@]}")
+    EXTRAS=test,bench
+fi
 PYTHON=${PYTHON:-python3}
 VENV=.venv
 STAMP=$VENV/.weenv-setup-stamp
@@ -57,7 +65,7 @@ install_debian_packages() {
 }
 
 stamp_value() {
-    { "$PYTHON" -VV; cat pyproject.toml; } | sha256sum | cut -d' ' -f1
+    { "$PYTHON" -VV; cat pyproject.toml; echo "$EXTRAS"; } | sha256sum | cut -d' ' -f1
 }
 
 install_venv() {
@@ -77,8 +85,8 @@ install_venv() {
         log "$VENV up to date"
         return
     fi
-    log "installing the project into $VENV (editable, with test tools)"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
+    log "installing the project into $VENV (editable, extras: $EXTRAS)"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]"
     echo "$want" >"$STAMP"
 }
 
