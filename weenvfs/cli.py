@@ -14,12 +14,13 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 
 from weenvfs import __version__
-from weenvfs.errors import UsageError, WeenvError
+from weenvfs.errors import Terminated, UsageError, WeenvError
 from weenvfs.format.errors import FormatError
 
 log = logging.getLogger(__name__)
@@ -281,6 +282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"weenv: error: {_one_line(error)}", file=sys.stderr)
         return int(getattr(error, "exit_code", 1))
+    except Terminated as stop:
+        print(f"weenv: terminated by {signal.Signals(stop.signum).name}", file=sys.stderr)
+        return 128 + stop.signum
     except KeyboardInterrupt:
         print("weenv: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -17,6 +17,15 @@ class WeenvError(Exception):
         super().__init__(message or (self.__doc__ or "").strip())
 
 
+class Terminated(KeyboardInterrupt):
+    """A signal other than SIGINT (SIGTERM, SIGHUP) stops a command: `finally` blocks run as
+    for Ctrl-C, and `main()` exits with 128 + `signum`, as a shell reports a death by it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 class UsageError(WeenvError):
     """Invalid arguments."""
 

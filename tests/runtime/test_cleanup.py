@@ -106,7 +106,9 @@ def test_weenv_run_terminated_removes_its_sandbox(env_ref: EnvRef) -> None:
         box = Sandbox.load(running[0])
         pids = box.processes()
         child.send_signal(signal.SIGTERM)
-        assert child.wait(WAIT) != 0
+        assert child.wait(WAIT) == 128 + signal.SIGTERM
+        assert child.stderr is not None
+        assert child.stderr.read().decode().strip().endswith("weenv: terminated by SIGTERM")
     finally:
         if child.poll() is None:
             child.kill()

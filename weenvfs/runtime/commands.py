@@ -24,7 +24,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from weenvfs.cli import add_command
-from weenvfs.errors import UsageError
+from weenvfs.errors import Terminated, UsageError
 from weenvfs.units import size_arg
 
 if TYPE_CHECKING:
@@ -270,10 +270,11 @@ def _options(args: argparse.Namespace, **extra: Any) -> Any:
 
 @contextlib.contextmanager
 def _signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt, so `finally` blocks clean up."""
+    """SIGTERM and SIGHUP raise Terminated (a KeyboardInterrupt), so `finally` blocks clean
+    up and the exit status says which signal it was."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+        raise Terminated(signum)
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
