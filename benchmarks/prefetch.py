@@ -374,7 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="weenv-prefetch-", dir=BENCH_DIR))
     runner = Runner(work, workload)
     results: dict[str, Any] = {"stores": {}, "hints": {}}
-    why_not = "--no-docker" if args.no_docker else docker_unavailable()
+    why_not = ("--no-docker" if args.no_docker else
+               "only next to SeaweedFS (--stores seaweed or shaped)"
+               if not {"seaweed", "shaped"} & set(stores) else docker_unavailable())
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(mount_server(work / "mountd", not args.no_mountd))
