@@ -97,13 +97,18 @@ def _rl_block(by_contender: dict[str, list[dict[str, Any]]], ideal: float) -> di
     return out
 
 
+def _by_number(by_n: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Items keyed by N ('1', '8', '32'), in numeric order (the JSON sorts keys as text)."""
+    return sorted(by_n.items(), key=lambda item: int(item[0]))
+
+
 def summarize(results: dict[str, Any], image_bytes: Callable[[str], int]) -> dict[str, Any]:
     """Medians, spreads, ratios and budget checks of a run's results; `image_bytes(image)`
     is an image's size (its layer tars)."""
     summary: dict[str, Any] = {"ready": {}}
     for label, by_n in results["ready"].items():
         summary["ready"][label] = {n: {sc: _ready_block(c) for sc, c in by_sc.items()}
-                                   for n, by_sc in by_n.items()}
+                                   for n, by_sc in _by_number(by_n)}
     if "reference" in results:
         summary["reference"] = {sc: _ready_block(c) for sc, c in results["reference"].items()}
     if results["update"]:
@@ -124,7 +129,7 @@ def summarize(results: dict[str, Any], image_bytes: Callable[[str], int]) -> dic
         ideal = rl["think_s"] + min(rl["ideal_task_s"].values())
         summary["rl"] = {"ideal_s": ideal, "think_s": rl["think_s"], "by_k": {
             k: {sc: _rl_block(c, ideal) for sc, c in by_sc.items()}
-            for k, by_sc in rl["runs"].items()}}
+            for k, by_sc in _by_number(rl["runs"])}}
     summary["budgets"] = _budgets(summary, image_bytes)
     return summary
 
