@@ -298,7 +298,8 @@ def measure_store(runner: Runner, store: str, pub: Published, laid: str, repeats
 def table_rows(results: dict[str, Any]) -> list[list[object]]:
     rows: list[list[object]] = []
     for store, per in results["stores"].items():
-        for name, r in per.items():
+        for name in [c for c in (*CONTENDERS, DOCKER) if c in per]:  # JSON sorts the keys
+            r = per[name]
             last = r["runs"][-1]
             rows.append([
                 store, name, r["median_s"], r["vs_no_hint"], r.get("docker_over_this", NA),
@@ -312,6 +313,15 @@ def table_rows(results: dict[str, Any]) -> list[list[object]]:
 NA = "n/a"
 HEADERS = ["store", "contender", "ready s", "vs no hint", "docker / this", "spread",
            "fetched MB", "requests", "prefetched", "hint hits", "waste"]
+
+
+DOCKER_NOTE = (
+    "`docker pull + run` is the same tree as a one-layer image in Debian's docker-registry on "
+    "127.0.0.1, behind the same shaped proxy for the shaped rows, pulled by a dockerd of the "
+    "script's own (cold: every image removed, page cache dropped) and run with `docker run "
+    "--rm --network none IMAGE` + the workload, in the same rounds; `docker / this` is its "
+    "time over each row's (paired per round). "
+)
 
 
 def markdown(results: dict[str, Any], params: dict[str, Any]) -> str:
@@ -334,7 +344,9 @@ def markdown(results: dict[str, Any], params: dict[str, Any]) -> str:
         "hint order; everything else deduplicated against the first build), with its own "
         "recorded hint. The shaped link is a TCP proxy in front of SeaweedFS that delays each "
         f"direction by {params['shaped_delay_ms']:g} ms and limits each connection to "
-        f"{params['shaped_rate_mbs']:g} MB/s. {params['repeats']} rounds, {date}; "
+        f"{params['shaped_rate_mbs']:g} MB/s. " + (DOCKER_NOTE if params.get("docker") ==
+                                                  "measured" else "")
+        + f"{params['repeats']} rounds, {date}; "
         "`fetched` ... `waste` are from the last round; full data in "
         "`benchmarks/results/prefetch.json`.",
         "",
