@@ -49,7 +49,8 @@ RULES: dict[str, Rule] = {
     ),
     "core": _rule({"trio"} | CODEC, {"format", "store", "errors", "units"}),
     "fuse": _rule(
-        {"pyfuse3", "trio"}, {"core", "store", "errors", "units"}, store={"weenvfs.store"}
+        {"pyfuse3", "trio", "setproctitle"}, {"core", "store", "errors", "units"},
+        store={"weenvfs.store"},
     ),
     "runtime": _rule({"trio"}, {"core", "fuse", "store", "provision", "errors", "units"}),
     "tools": _rule({"requests", "urllib3"} | CODEC, {"format", "store", "errors", "units"}),

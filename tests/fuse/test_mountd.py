@@ -244,3 +244,21 @@ def test_check_stop_and_idle_exit(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     finally:
         if daemon.process_alive(pid) and mountd._is_server(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_socket_path_longer_than_a_unix_address(tmp_path: Path, launches: list[bool],
+                                                  spawned: Callable[..., Path],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """sun_path holds 108 bytes; a deeper socket is reached through /proc/self/fd."""
+    sock = tmp_path / ("d" * 60) / ("e" * 60) / "mountd.sock"
+    sock.parent.mkdir(parents=True)
+    assert len(str(sock)) > 108
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_text("deep")
+    ref = publish(tmp_path / "store", [src])
+    with mount_server(sock, monkeypatch):
+        mountd.check_running()
+        mp = spawned(ref, tmp_path / "store")
+        assert launches == [True]
+        assert (mp / "f").read_text() == "deep"

@@ -346,7 +346,9 @@ def _cmd_mountd(args: argparse.Namespace) -> int:
     if args.ready_fd is not None:
         _log_to_file_only()
     try:
-        return mountd.serve(args.idle, ready=pipe.ready)
+        from weenvfs import cli
+
+        return mountd.serve(args.idle, cli.main, ready=pipe.ready)
     except Exception as error:
         pipe.failed(str(error) or type(error).__name__)
         raise

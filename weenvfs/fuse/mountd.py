@@ -39,10 +39,10 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import weenvfs
 from weenvfs.errors import WeenvError
 
 from . import daemon
@@ -54,8 +54,10 @@ SWITCH_ENV = "WEENV_MOUNTD"  # "off": never use a server
 CONNECT_TIMEOUT = 5.0  # seconds for a server to accept and answer one request
 MAX_REQUEST = 1 << 20
 # Imported before the first fork: what `weenv mount --foreground` needs for any store.
-PRELOAD = ("weenvfs.cli", "weenvfs.fuse.commands", "weenvfs.fuse.mount", "weenvfs.core.hints",
+PRELOAD = ("weenvfs.fuse.commands", "weenvfs.fuse.mount", "weenvfs.core.hints",
            "weenvfs.store.s3", "weenvfs.store.http", "weenvfs.store.local")
+PACKAGE = Path(__file__).resolve().parent.parent  # the weenvfs folder
+SUN_PATH_MAX = 107  # bytes of a unix socket path, NUL excluded
 
 
 def socket_path() -> Path:
@@ -70,9 +72,22 @@ def _sibling(sock: Path, suffix: str) -> Path:
 
 def fingerprint() -> str:
     """What the server's code must match: interpreter, package folder and its newest file."""
-    package = Path(weenvfs.__file__).parent
-    newest = max((p.stat().st_mtime_ns for p in package.rglob("*.py")), default=0)
-    return f"{sys.executable}|{package}|{newest}"
+    newest = max((p.stat().st_mtime_ns for p in PACKAGE.rglob("*.py")), default=0)
+    return f"{sys.executable}|{PACKAGE}|{newest}"
+
+
+@contextlib.contextmanager
+def _addressable(path: Path) -> Iterator[str]:
+    """An address for `path` that fits a unix socket (108 bytes): the path itself, or, when
+    it is longer, the same file through /proc/self/fd of its folder opened with O_PATH."""
+    if len(os.fsencode(str(path))) <= SUN_PATH_MAX:
+        yield str(path)
+        return
+    folder = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{folder}/{path.name}"
+    finally:
+        os.close(folder)
 
 
 def _namespaces() -> dict[str, str]:
@@ -99,9 +114,10 @@ def launch(args: list[str], ready_fd: int, log_fd: int) -> bool:
         "fingerprint": fingerprint(), "namespaces": _namespaces(),
     }).encode() + b"\n"
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn, \
+                _addressable(path) as address:
             conn.settimeout(CONNECT_TIMEOUT)
-            conn.connect(str(path))
+            conn.connect(address)
             conn.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                       array.array("i", [ready_fd, log_fd]))])
             answer = _read_line(conn)
@@ -160,10 +176,12 @@ class _Stop(Exception):
     """SIGTERM/SIGINT arrived: leave the accept loop."""
 
 
-def serve(idle: float, ready: Any = None) -> int:
+def serve(idle: float, run: Callable[[list[str]], int],
+          ready: Callable[[], None] | None = None) -> int:
     """Run the server until SIGTERM, or `idle` seconds without a request (0: forever).
-    Returns 0; 0 at once too when another server holds the socket already. `ready()` is
-    called once the socket accepts requests."""
+    A forked daemon calls `run(ARGV)` (the CLI's `main`: fuse may not import the CLI) and
+    exits with what it returns. Returns 0; 0 at once too when another server holds the
+    socket already. `ready()` is called once the socket accepts requests."""
     import importlib
 
     for name in PRELOAD:
@@ -185,7 +203,8 @@ def serve(idle: float, ready: Any = None) -> int:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_mask = os.umask(0o177)  # the socket is created 0600: our uid only
     try:
-        listener.bind(str(path))
+        with _addressable(path) as address:
+            listener.bind(address)
     finally:
         os.umask(old_mask)
     bound = os.stat(path).st_ino
@@ -211,7 +230,7 @@ def serve(idle: float, ready: Any = None) -> int:
             conn, _ = listener.accept()
             last = time.monotonic()
             with conn:
-                if not _handle(conn, listener, code_print, namespaces):
+                if not _handle(conn, listener, code_print, namespaces, run):
                     break
     except _Stop:
         log.info("mount server stopping")
@@ -228,7 +247,7 @@ def serve(idle: float, ready: Any = None) -> int:
 
 
 def _handle(conn: socket.socket, listener: socket.socket, code_print: str,
-            namespaces: dict[str, str]) -> bool:
+            namespaces: dict[str, str], run: Callable[[list[str]], int]) -> bool:
     """Serve one request; False when this server must exit (its code is stale)."""
     conn.settimeout(CONNECT_TIMEOUT)
     fds: list[int] = []
@@ -251,7 +270,7 @@ def _handle(conn: socket.socket, listener: socket.socket, code_print: str,
         if len(fds) != 2:
             _answer(conn, "refused: a request passes exactly two file descriptors")
             return True
-        _fork_daemon(request, fds, conn, listener)
+        _fork_daemon(request, fds, conn, listener, run)
         _answer(conn, "ok")
     except (OSError, ValueError, KeyError, TypeError) as error:
         log.warning("bad mount request: %s", error)
@@ -287,7 +306,7 @@ def _answer(conn: socket.socket, text: str) -> None:
 
 
 def _fork_daemon(request: dict[str, Any], fds: list[int], conn: socket.socket,
-                 listener: socket.socket) -> None:
+                 listener: socket.socket, run: Callable[[list[str]], int]) -> None:
     """Fork; the child forks the daemon and exits at once (reaped here), so the daemon is
     nobody's child, in a session of its own."""
     argv = [str(a) for a in request["argv"]]
@@ -303,13 +322,13 @@ def _fork_daemon(request: dict[str, Any], fds: list[int], conn: socket.socket,
             os._exit(0)
         conn.close()
         listener.close()
-        _become_daemon(argv, env, umask, ready_fd=fds[0], log_fd=fds[1])
+        _become_daemon(argv, env, umask, run, ready_fd=fds[0], log_fd=fds[1])
     except BaseException:  # noqa: BLE001 - a forked child must never return into the loop
         os._exit(70)
 
 
-def _become_daemon(argv: list[str], env: dict[str, str], umask: int, ready_fd: int,
-                   log_fd: int) -> None:
+def _become_daemon(argv: list[str], env: dict[str, str], umask: int,
+                   run: Callable[[list[str]], int], ready_fd: int, log_fd: int) -> None:
     """In the forked daemon: the client's view of the world, then `weenv ARGV` in-process."""
     import setproctitle
 
@@ -332,9 +351,7 @@ def _become_daemon(argv: list[str], env: dict[str, str], umask: int, ready_fd: i
     root = logging.getLogger()
     for handler in list(root.handlers):  # the server's logging is not the daemon's
         root.removeHandler(handler)
-    from weenvfs import cli
-
-    code = cli.main([*argv, "--ready-fd", str(ready_fd)])
+    code = run([*argv, "--ready-fd", str(ready_fd)])
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -345,9 +362,10 @@ def check_running() -> None:
     """WeenvError unless a server answers on `socket_path()` (for `weenv mountd --check`)."""
     path = socket_path()
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn, \
+                _addressable(path) as address:
             conn.settimeout(CONNECT_TIMEOUT)
-            conn.connect(str(path))
+            conn.connect(address)
     except OSError as error:
         raise WeenvError(f"no mount server answers on {path}: {error.strerror or error}") \
             from None
