@@ -113,6 +113,7 @@ def launch(args: list[str], ready_fd: int, log_fd: int) -> bool:
         "argv": list(args), "env": dict(os.environ), "umask": _umask(),
         "fingerprint": fingerprint(), "namespaces": _namespaces(),
     }).encode() + b"\n"
+    sent = False
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn, \
                 _addressable(path) as address:
@@ -120,10 +121,13 @@ def launch(args: list[str], ready_fd: int, log_fd: int) -> bool:
             conn.connect(address)
             conn.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                       array.array("i", [ready_fd, log_fd]))])
+            sent = True
             answer = _read_line(conn)
     except OSError as error:
         log.debug("mount server at %s did not answer: %s", path, error)
-        return False
+        # Once the request is out, the server may have forked the daemon: starting a second
+        # one could race it for the mount point. The readiness pipe tells either way.
+        return sent
     if answer != b"ok":
         log.debug("mount server declined: %s", answer.decode(errors="replace"))
         return False
@@ -131,9 +135,12 @@ def launch(args: list[str], ready_fd: int, log_fd: int) -> bool:
 
 
 def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    """This process's umask, read without changing it (other threads may create files)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o022
 
 
 def _read_line(conn: socket.socket) -> bytes:
