@@ -50,18 +50,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
 
 
-def _stop_on_sigterm() -> None:
-    """SIGTERM (a supervisor, `kill`) stops like Ctrl-C, so the temp data folder goes too."""
+def _stop_on_signals() -> None:
+    """SIGTERM (a supervisor, `kill`) stops like Ctrl-C, so the temp data folder goes too;
+    and SIGINT does even when this process started with it ignored (a shell's background
+    job), since Ctrl-C/SIGINT is how the usage says to stop it."""
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupt)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, interrupt)
 
 
 def _cmd_seaweedfs(args: argparse.Namespace) -> int:
     server = SeaweedFS(args.dir, s3_port=args.port, bucket=args.bucket)
-    _stop_on_sigterm()
+    _stop_on_signals()
     try:
         server.start()
         _print_usage(server)
