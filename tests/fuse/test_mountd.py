@@ -262,3 +262,21 @@ def test_a_socket_path_longer_than_a_unix_address(tmp_path: Path, launches: list
         mp = spawned(ref, tmp_path / "store")
         assert launches == [True]
         assert (mp / "f").read_text() == "deep"
+
+
+def test_a_new_server_starts_while_an_old_ones_mounts_live(
+        tmp_path: Path, launches: list[bool], spawned: Callable[..., Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forked daemons keep nothing of the server: not its socket, not its lock."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_text("still here")
+    ref = publish(tmp_path / "store", [src])
+    sock = tmp_path / "mountd" / "mountd.sock"
+    with mount_server(sock, monkeypatch):
+        first = spawned(ref, tmp_path / "store")
+    assert (first / "f").read_text() == "still here"
+    with mount_server(sock, monkeypatch):  # would fail if the daemon held the lock
+        second = spawned(ref, tmp_path / "store")
+        assert (second / "f").read_text() == "still here"
+    assert launches == [True, True]

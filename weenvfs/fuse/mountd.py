@@ -237,7 +237,10 @@ def serve(idle: float, run: Callable[[list[str]], int],
             conn, _ = listener.accept()
             last = time.monotonic()
             with conn:
-                if not _handle(conn, listener, code_print, namespaces, run):
+                # What a forked daemon must not keep: above all the lock (flock belongs to
+                # the open file, so a daemon holding it would lock out the next server).
+                held = (conn, listener, lock)
+                if not _handle(conn, held, code_print, namespaces, run):
                     break
     except _Stop:
         log.info("mount server stopping")
@@ -253,7 +256,7 @@ def serve(idle: float, run: Callable[[list[str]], int],
     return 0
 
 
-def _handle(conn: socket.socket, listener: socket.socket, code_print: str,
+def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
             namespaces: dict[str, str], run: Callable[[list[str]], int]) -> bool:
     """Serve one request; False when this server must exit (its code is stale)."""
     conn.settimeout(CONNECT_TIMEOUT)
@@ -277,7 +280,7 @@ def _handle(conn: socket.socket, listener: socket.socket, code_print: str,
         if len(fds) != 2:
             _answer(conn, "refused: a request passes exactly two file descriptors")
             return True
-        _fork_daemon(request, fds, conn, listener, run)
+        _fork_daemon(request, fds, held, run)
         _answer(conn, "ok")
     except (OSError, ValueError, KeyError, TypeError) as error:
         log.warning("bad mount request: %s", error)
@@ -312,8 +315,8 @@ def _answer(conn: socket.socket, text: str) -> None:
     conn.sendall(text.encode() + b"\n")
 
 
-def _fork_daemon(request: dict[str, Any], fds: list[int], conn: socket.socket,
-                 listener: socket.socket, run: Callable[[list[str]], int]) -> None:
+def _fork_daemon(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
+                 run: Callable[[list[str]], int]) -> None:
     """Fork; the child forks the daemon and exits at once (reaped here), so the daemon is
     nobody's child, in a session of its own."""
     argv = [str(a) for a in request["argv"]]
@@ -327,8 +330,8 @@ def _fork_daemon(request: dict[str, Any], fds: list[int], conn: socket.socket,
         os.setsid()
         if os.fork():
             os._exit(0)
-        conn.close()
-        listener.close()
+        for thing in held:  # the server's socket, connection and lock
+            thing.close()
         _become_daemon(argv, env, umask, run, ready_fd=fds[0], log_fd=fds[1])
     except BaseException:  # noqa: BLE001 - a forked child must never return into the loop
         os._exit(70)
