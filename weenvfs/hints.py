@@ -29,7 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from weenvfs.cli import add_command
-from weenvfs.core.fetcher import DEFAULT_COALESCE_GAP, DEFAULT_MAX_REQUEST_BYTES, plan_requests
+from weenvfs.core.chunk_plan import (
+    DEFAULT_COALESCE_GAP,
+    DEFAULT_MAX_REQUEST_BYTES,
+    plan_requests,
+)
 from weenvfs.core.hints import check_hint_spec, find_hint
 from weenvfs.core.prefetch import hint_locs
 from weenvfs.errors import RefNotFound, UsageError, WeenvError

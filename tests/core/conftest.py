@@ -19,7 +19,7 @@ from support import layers
 from support.trees import Spec, dir, file, sparse, symlink  # noqa: A004
 
 from weenvfs.core.cache import ChunkCache
-from weenvfs.core.fetcher import ChunkLoc, chunk_loc
+from weenvfs.core.chunk_plan import ChunkLoc, chunk_loc
 from weenvfs.format.chunk import encode_chunk
 from weenvfs.format.digest import digest_bytes
 from weenvfs.format.index import GroupIndex, file_spans

@@ -23,7 +23,8 @@ import trio
 import trio.testing
 
 from weenvfs.core.cache import ChunkCache
-from weenvfs.core.fetcher import ChunkLoc, Fetcher, plan_requests
+from weenvfs.core.chunk_plan import ChunkLoc, plan_requests
+from weenvfs.core.fetcher import Fetcher
 from weenvfs.errors import ChunkCorrupt, ChunkUnavailable
 from weenvfs.format.digest import digest_bytes
 from weenvfs.store.faulty import FaultyStore
@@ -211,7 +212,8 @@ WORKER = """
 import hashlib, json, os, sys, time
 import trio
 from weenvfs.core.cache import ChunkCache
-from weenvfs.core.fetcher import ChunkLoc, Fetcher
+from weenvfs.core.chunk_plan import ChunkLoc
+from weenvfs.core.fetcher import Fetcher
 from weenvfs.store.faulty import FaultyStore
 from weenvfs.store.local import LocalStore
 

@@ -16,8 +16,9 @@ from support import trees
 from support.trees import file
 
 from weenvfs.core.cache import ChunkCache
+from weenvfs.core.chunk_plan import ChunkLoc, chunk_loc
 from weenvfs.core.environment import Environment, open_environment
-from weenvfs.core.fetcher import ChunkLoc, Fetcher, chunk_loc
+from weenvfs.core.fetcher import Fetcher
 from weenvfs.core.hints import FoundHint, HintRecorder
 from weenvfs.core.prefetch import Prefetcher, all_locs, hint_locs, windows
 from weenvfs.core.reader import Reader

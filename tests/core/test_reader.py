@@ -17,8 +17,9 @@ from support import trees
 from support.trees import file, sparse
 
 from weenvfs.core.cache import ChunkCache
+from weenvfs.core.chunk_plan import ChunkLoc
 from weenvfs.core.environment import Environment, open_environment
-from weenvfs.core.fetcher import ChunkLoc, Fetcher
+from weenvfs.core.fetcher import Fetcher
 from weenvfs.core.reader import Reader
 from weenvfs.core.tree import ROOT_INODE, Tree
 from weenvfs.store import open_store

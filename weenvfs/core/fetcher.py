@@ -1,11 +1,11 @@
 """The fetcher: gets chunks into the node cache and serves chunk bytes to readers (trio).
 
-Owns: turning chunk locations into store requests (coalescing adjacent chunks of one blob into
-one ranged GET, reading through small gaps), priorities (demand before prefetch), bounded
-concurrency, timeouts, retries and the overall deadline, verification before anything is
-cached or served, one fetch per chunk however many readers wait, and error reporting once per
-chunk. Must not: know files, inodes or FUSE (the reader maps file offsets to `ChunkLoc`s), or
-touch cache files directly (see cache.py).
+Owns: issuing the ranged GETs that chunk_plan.py groups (adjacent chunks of one blob in one
+request, small gaps read through), priorities (demand before prefetch), bounded concurrency
+(slots in fetch_slots.py), timeouts, retries and the overall deadline, verification before
+anything is cached or served, one fetch per chunk however many readers wait, and error
+reporting once per chunk. Must not: know files, inodes or FUSE (the reader maps file offsets
+to `ChunkLoc`s), or touch cache files directly (see cache.py).
 
 Trio discipline: code between two `await`s is atomic, which is what keeps `_flights` (digest
 -> the in-process fetch that owns it) consistent without locks. Calls sent to threads: every
@@ -24,14 +24,21 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import NamedTuple
 
 import trio
 
 from weenvfs.core.cache import ChunkCache, ChunkHandle, ChunkLock
+from weenvfs.core.chunk_plan import (
+    DEFAULT_COALESCE_GAP,
+    DEFAULT_MAX_REQUEST_BYTES,
+    ChunkLoc,
+    Span,
+    plan_requests,
+)
+from weenvfs.core.fetch_slots import DemandLimiter, Handoff, NoLock
 from weenvfs.core.stats import Stats
 from weenvfs.errors import (
     ChunkCorrupt,
@@ -42,15 +49,12 @@ from weenvfs.errors import (
 )
 from weenvfs.format.chunk import decode_chunk
 from weenvfs.format.errors import FormatError
-from weenvfs.format.index import GroupIndex
 from weenvfs.format.refs import object_key
 from weenvfs.store.base import Store
 from weenvfs.store.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
-DEFAULT_COALESCE_GAP = 64 << 10  # read through at most this many unneeded bytes
-DEFAULT_MAX_REQUEST_BYTES = 8 << 20
 # Above this many plaintext bytes, decoding/verifying/caching runs in a thread. Below it the
 # loop stalls for well under a millisecond; benchmarks/ is where to tune it.
 INLINE_CODEC_BYTES = 128 << 10
@@ -61,52 +65,9 @@ MAX_BACKGROUND_PREFETCH = 64  # read-ahead batches queued or running at once
 Outcome = ChunkHandle | bytes | ChunkUnavailable
 
 
-class ChunkLoc(NamedTuple):
-    """Everything needed to fetch and verify one chunk."""
-
-    digest: bytes  # 32 raw bytes, BLAKE3 of the plaintext
-    blob: str | None  # blob hex digest; None = all-zero chunk (never fetched)
-    offset: int  # compressed offset in the blob
-    clen: int  # compressed length
-    ulen: int  # plaintext length
-
-
-Span = tuple[ChunkLoc, int, int]  # bytes [start, end) of one chunk's plaintext
-
-
 class Priority(IntEnum):
     DEMAND = 0
     PREFETCH = 1
-
-
-def chunk_loc(index: GroupIndex, n: int) -> ChunkLoc:
-    """The location of chunk number `n` of `index`."""
-    rec = index.chunk(n)
-    blob = None if rec.zero else index.blob_digest(rec.blob)
-    return ChunkLoc(rec.digest, blob, rec.offset, rec.clen, rec.ulen)
-
-
-def plan_requests(locs: Iterable[ChunkLoc], gap: int, max_bytes: int) -> list[list[ChunkLoc]]:
-    """Group chunks into ranged requests: same blob, sorted by offset, merged while the hole
-    between neighbours is at most `gap` bytes and the range at most `max_bytes` (a single chunk
-    bigger than that is still one request). Zero chunks and duplicates are dropped."""
-    unique = {loc.digest: loc for loc in locs if loc.blob is not None}
-    runs: list[list[ChunkLoc]] = []
-    run_end = run_start = 0
-    for loc in sorted(unique.values(), key=lambda c: (c.blob, c.offset)):
-        end = loc.offset + loc.clen
-        if (
-            runs
-            and runs[-1][0].blob == loc.blob
-            and loc.offset - run_end <= gap
-            and max(end, run_end) - run_start <= max_bytes
-        ):
-            runs[-1].append(loc)
-            run_end = max(run_end, end)
-        else:
-            runs.append([loc])
-            run_start, run_end = loc.offset, end
-    return runs
 
 
 @dataclass(eq=False)
@@ -117,41 +78,6 @@ class _Flight:
     event: trio.Event
     plain: bytes | None = None
     error: ChunkUnavailable | None = None
-
-
-class _DemandLimiter:
-    """A CapacityLimiter for demand store calls that knows whether demand is queued, so that
-    prefetch can yield while it is."""
-
-    def __init__(self, total: int) -> None:
-        self._inner = trio.CapacityLimiter(total)
-        self.queued = 0
-        self._idle = trio.Event()
-        self._idle.set()
-
-    async def acquire_on_behalf_of(self, borrower: object) -> None:
-        try:
-            self._inner.acquire_on_behalf_of_nowait(borrower)
-            return
-        except trio.WouldBlock:
-            pass
-        self.queued += 1
-        if self.queued == 1:
-            self._idle = trio.Event()
-        try:
-            await self._inner.acquire_on_behalf_of(borrower)
-        finally:
-            self.queued -= 1
-            if self.queued == 0:
-                self._idle.set()
-
-    def release_on_behalf_of(self, borrower: object) -> None:
-        self._inner.release_on_behalf_of(borrower)
-
-    async def wait_idle(self) -> None:
-        """Return once no demand call is waiting for a slot."""
-        while self.queued:
-            await self._idle.wait()
 
 
 class Fetcher:
@@ -180,7 +106,7 @@ class Fetcher:
         self.coalesce_gap = coalesce_gap
         self.max_request_bytes = max_request_bytes
         self._retry = {Priority.DEMAND: retry or RetryPolicy(), Priority.PREFETCH: prefetch_retry}
-        self._demand = _DemandLimiter(demand_concurrency)
+        self._demand = DemandLimiter(demand_concurrency)
         self._prefetch = trio.CapacityLimiter(prefetch_concurrency)
         self._prefetch_workers = prefetch_concurrency
         self._flights: dict[bytes, _Flight] = {}
@@ -378,18 +304,18 @@ class Fetcher:
         finally:
             self._settle(claims, out)
 
-    def _try_lock(self, loc: ChunkLoc) -> ChunkLock | _NoLock | None:
+    def _try_lock(self, loc: ChunkLoc) -> ChunkLock | NoLock | None:
         """The chunk's cross-process lock, None if another process holds it; a cache that
         cannot lock (full disk, permissions) costs cross-process sharing, not the read."""
         try:
             return self.cache.try_lock(loc.digest)
         except OSError as e:
             self._cache_error("cannot lock in the chunk cache", e)
-            return _NoLock()
+            return NoLock()
 
     async def _fetch_locked(
         self,
-        held: list[tuple[ChunkLoc, ChunkLock | _NoLock]],
+        held: list[tuple[ChunkLoc, ChunkLock | NoLock]],
         priority: Priority,
         out: dict[bytes, Outcome],
     ) -> None:
@@ -416,12 +342,12 @@ class Fetcher:
     ) -> None:
         """Another process is fetching `loc`: wait for its lock (holding nothing else, so no
         deadlock), then use its result, or fetch it ourselves if it failed."""
-        lock: ChunkLock | _NoLock
+        lock: ChunkLock | NoLock
         try:
             lock = await self.cache.lock_async(loc.digest)
         except OSError as e:
             self._cache_error("cannot lock in the chunk cache", e)
-            lock = _NoLock()
+            lock = NoLock()
         try:
             handle = await self._open_cached(loc)
             if handle is not None:
@@ -529,7 +455,7 @@ class Fetcher:
             await self._demand.wait_idle()
             self.stats.prefetch_requests += 1
         limiter = self._demand if priority == Priority.DEMAND else self._prefetch
-        handoff = _Handoff(limiter)
+        handoff = Handoff(limiter)
         await handoff.acquire()
         self.stats.requests += 1
         start = trio.current_time()
@@ -685,34 +611,3 @@ class _RangeFailed(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-class _NoLock:
-    """Stands in for a ChunkLock when the cache cannot lock."""
-
-    def release(self) -> None:
-        pass
-
-
-class _Handoff:
-    """Takes a limiter slot before a `to_thread.run_sync` call and hands it to that call, which
-    releases it when its thread really ends (even if abandoned). If the call never started a
-    thread, `release_if_unused` gives the slot back."""
-
-    def __init__(self, limiter: _DemandLimiter | trio.CapacityLimiter) -> None:
-        self._limiter = limiter
-        self._used = False
-
-    async def acquire(self) -> None:
-        await self._limiter.acquire_on_behalf_of(self)
-
-    async def acquire_on_behalf_of(self, borrower: object) -> None:
-        self._used = True  # already held: trio's placeholder borrows our slot
-
-    def release_on_behalf_of(self, borrower: object) -> None:
-        self._limiter.release_on_behalf_of(self)
-
-    def release_if_unused(self) -> None:
-        if not self._used:
-            self._used = True
-            self._limiter.release_on_behalf_of(self)

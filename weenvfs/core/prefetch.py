@@ -32,7 +32,8 @@ from weenvfs.format.digest import short
 from weenvfs.format.hints import HintRecord
 from weenvfs.format.index import GroupIndex
 
-from .fetcher import ChunkLoc, Fetcher, chunk_loc
+from .chunk_plan import ChunkLoc, chunk_loc
+from .fetcher import Fetcher
 from .hints import FoundHint
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 from weenvfs.format.index import file_spans
 
-from .fetcher import ChunkLoc, Fetcher, chunk_loc
+from .chunk_plan import ChunkLoc, chunk_loc
+from .fetcher import Fetcher
 from .tree import Tree
 
 if TYPE_CHECKING:
