@@ -8,7 +8,7 @@
 - `V2Folder`: a folder laid out as a cgroup2 hierarchy, files written by `V2Folder.set`;
   `FolderV2Driver` for a sidecar whose threads write while its loop reads.
 - `SidecarThread`: `Sidecar.run()` under trio in a thread, stopped and joined on exit.
-- `wait_for`, `read_events`.
+- `read_events` (waiting: `support.polling.wait_for`).
 Nothing here asserts timings: waits have generous deadlines that only turn a hang into a
 failure.
 """
@@ -23,12 +23,12 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from support.polling import wait_for
 
 from weenvfs.provision.cgroup import Cgroup, Write, read_mounts, remove_dirs
 from weenvfs.provision.cgroup_v1 import CgroupV1Driver
@@ -37,18 +37,6 @@ from weenvfs.provision.sidecar import Sidecar, SidecarConfig
 
 LOAD_CHILD = Path(__file__).resolve().parent / "load_child.py"
 MIB = 1 << 20
-
-
-def wait_for(condition: Callable[[], object], what: str, timeout: float = 30.0) -> Any:
-    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:

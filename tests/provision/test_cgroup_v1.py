@@ -9,7 +9,8 @@ from __future__ import annotations
 import signal
 
 import pytest
-from provision_support import V1Cgroups, wait_for
+from provision_support import V1Cgroups
+from support.polling import wait_for
 
 from weenvfs.provision.cgroup import MIB, CgroupGone, Limits, ProvisionError
 from weenvfs.provision.cgroup_v1 import CgroupV1Driver

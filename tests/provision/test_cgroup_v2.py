@@ -13,7 +13,8 @@ import time
 import uuid
 
 import pytest
-from provision_support import LoadProcess, V2Folder, wait_for
+from provision_support import LoadProcess, V2Folder
+from support.polling import wait_for
 
 from weenvfs.provision.cgroup import (
     MIB,

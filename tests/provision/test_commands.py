@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from provision_support import SidecarThread, V2Folder, wait_for
+from provision_support import SidecarThread, V2Folder
+from support.polling import wait_for
 
 from weenvfs.cli import main
 from weenvfs.provision import registry

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from provision_support import V1Cgroups, V2Folder, wait_for
+from provision_support import V1Cgroups, V2Folder
+from support.polling import wait_for
 
 from weenvfs.provision import registry
 from weenvfs.provision.cgroup import MIB, Limits, ProvisionError

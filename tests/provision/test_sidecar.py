@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from provision_support import FolderV2Driver, SidecarThread, V2Folder, read_events, wait_for
+from provision_support import FolderV2Driver, SidecarThread, V2Folder, read_events
+from support.polling import wait_for
 
 from weenvfs.provision import registry
 from weenvfs.provision.cgroup import MIB, Cgroup, Limits, ProvisionError, Sample, Write

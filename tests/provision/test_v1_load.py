@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from provision_support import SidecarThread, V1Cgroups, read_events, wait_for
+from provision_support import SidecarThread, V1Cgroups, read_events
+from support.polling import wait_for
 
 from weenvfs.provision import registry
 from weenvfs.provision.cgroup import MIB, Limits

@@ -22,14 +22,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from rt_support import EnvRef, NodeSnapshot, force_cleanup, leaks, runtime_unavailable
+from rt_support import (
+    EnvRef,
+    NodeSnapshot,
+    force_cleanup,
+    leaks,
+    runtime_unavailable,
+    sample_store,
+)
 
 from weenvfs.format.manifest import RuntimeConfig
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
-from weenvfs.tools.builder import build_group, open_source
 from weenvfs.tools.publish import compose_env
-from weenvfs.tools.sample import sample_tree
 
 GROUP = "minbase:t"
 
@@ -47,14 +52,7 @@ def minbase_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A LocalStore holding group `minbase:t` built from the Debian minbase sample."""
     if runtime_unavailable() is not None:
         pytest.skip(runtime_unavailable() or "")
-    tree = sample_tree(None, "minbase", progress=False)
-    path = tmp_path_factory.mktemp("runtime-store") / "store"
-    store = open_store(str(path), create=True)
-    try:
-        build_group(open_source(tree), Repository(store), "minbase", "t")
-    finally:
-        store.close()
-    return path
+    return sample_store(tmp_path_factory.mktemp("runtime-store"), "minbase", "minbase")
 
 
 @pytest.fixture

@@ -3,7 +3,9 @@
 Owns: `NodeSnapshot` (sandbox folders, runc containers, cgroups under /weenv, mounts under
 /run/weenv, upper dirs, env folders, and processes inside sandbox cgroups), `leaks(before,
 after)` and `force_cleanup(ids)`, which removes sandboxes a failed test left (through the
-real `Sandbox.destroy` and `weenv sandbox gc`), plus `run_weenv` for CLI tests.
+real `Sandbox.destroy` and `weenv sandbox gc`), plus `run_weenv` for CLI tests,
+`sample_store` (a sample tree built as a group) and `controller` (a process holding a
+sandbox, for kill -9 tests).
 
 Must not: touch anything that was there before the test began.
 """
@@ -16,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,3 +193,54 @@ def runtime_unavailable() -> str | None:
     if "overlay" not in Path("/proc/filesystems").read_text():
         return "the kernel has no overlayfs"
     return None
+
+
+def sample_store(folder: Path, profile: str, group: str) -> Path:
+    """A LocalStore at `folder/store` holding group `GROUP:t` built from the cached sample
+    tree `profile` (tools/sample.py) with the real builder."""
+    from weenvfs.store import open_store
+    from weenvfs.store.repository import Repository
+    from weenvfs.tools.builder import build_group, open_source
+    from weenvfs.tools.sample import sample_tree
+
+    tree = sample_tree(None, profile, progress=False)
+    path = folder / "store"
+    store = open_store(str(path), create=True)
+    try:
+        build_group(open_source(tree), Repository(store), group, "t")
+    finally:
+        store.close()
+    return path
+
+
+# A process that opens a sandbox, prints its id and sleeps: what a test kills with -9 to leave
+# an orphan for `weenv sandbox gc`. Arguments: REF STORE CACHE ELASTIC(0/1) [COMMAND].
+CONTROLLER = """
+import sys, time
+from weenvfs.runtime.environment import Environment
+env = Environment.open(sys.argv[1], store=sys.argv[2], cache=sys.argv[3],
+                       elastic=sys.argv[4] == "1")
+if len(sys.argv) > 5:
+    env.exec(sys.argv[5])
+print(env.id, flush=True)
+time.sleep(1000)
+"""
+
+
+@contextlib.contextmanager
+def controller(env: EnvRef, *, elastic: bool = False,
+               command: str | None = None) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """Run CONTROLLER for `env` (running `command` in its sandbox first); yields the process
+    and its sandbox id. The process is killed at the end if the test has not."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", CONTROLLER, env.ref, str(env.store), str(env.cache),
+         "1" if elastic else "0", *([command] if command else [])],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None
+        yield child, child.stdout.readline().decode().strip()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()

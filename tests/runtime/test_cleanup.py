@@ -14,11 +14,10 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
-from rt_support import EnvRef, pid_visible, run_weenv
+from rt_support import EnvRef, controller, pid_visible, run_weenv
 
 from weenvfs.fuse import daemon
 from weenvfs.runtime import cgroups, mounts, sandbox
@@ -125,33 +124,13 @@ def test_weenv_run_exits_with_the_commands_status_even_when_killed(env_ref: EnvR
     assert run_weenv(*base, "--", "no-such-cmd", check=False).returncode == 127
 
 
-_CONTROLLER = textwrap.dedent("""
-    import sys, time
-    from weenvfs.runtime.environment import Environment
-    env = Environment.open(sys.argv[1], store=sys.argv[2], cache=sys.argv[3])
-    env.exec("sleep 1000 > /dev/null 2>&1 &")
-    print(env.id, flush=True)
-    time.sleep(1000)
-""")
-
-
 def test_gc_clears_orphans_after_kill_9_of_the_controller(env_ref: EnvRef) -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", _CONTROLLER, env_ref.ref, str(env_ref.store), str(env_ref.cache)],
-        stdout=subprocess.PIPE,
-    )
-    try:
-        assert child.stdout is not None
-        sandbox_id = child.stdout.readline().decode().strip()
+    with controller(env_ref, command="sleep 1000 > /dev/null 2>&1 &") as (child, sandbox_id):
         box = Sandbox.load(sandbox_id)
         pids = box.processes()
         assert len(pids) == 2
         child.kill()  # SIGKILL: no clean-up code runs
         child.wait(WAIT)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
     assert sandbox.exists(sandbox_id) and all(daemon.process_alive(p) for p in pids)
     listed = json.loads(run_weenv("sandbox", "ls", "--json").stdout)
     assert {"id": sandbox_id, "status": "orphaned"}.items() <= next(

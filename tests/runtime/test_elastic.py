@@ -20,16 +20,16 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rt_support import EnvRef, run_weenv, runtime_unavailable
+from rt_support import EnvRef, controller, run_weenv, runtime_unavailable, sample_store
+from support.polling import wait_for
 
 from weenvfs.provision import registry
 from weenvfs.provision.cgroup import MIB, Limits, read_mounts
@@ -39,9 +39,7 @@ from weenvfs.runtime import cgroups, sandbox
 from weenvfs.runtime.environment import Environment
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
-from weenvfs.tools.builder import build_group, open_source
 from weenvfs.tools.publish import compose_env
-from weenvfs.tools.sample import sample_tree
 
 WAIT = 60.0
 # A long calm period: limits only move under pressure, so what a test reads is not a shrink
@@ -61,31 +59,12 @@ RAMP = textwrap.dedent("""
 """)
 
 
-def wait_for(predicate: Callable[[], Any], what: str, seconds: float = WAIT) -> Any:
-    """Poll until `predicate()` is truthy; fail after `seconds` (a hang, not a timing)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 @pytest.fixture(scope="module")
 def python_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A LocalStore holding group `python:t`, built from the cached 'python' sample tree."""
     if runtime_unavailable() is not None:
         pytest.skip(runtime_unavailable() or "")
-    tree = sample_tree(None, "python", progress=False)
-    path = tmp_path_factory.mktemp("elastic-store") / "store"
-    store = open_store(str(path), create=True)
-    try:
-        build_group(open_source(tree), Repository(store), "python", "t")
-    finally:
-        store.close()
-    return path
+    return sample_store(tmp_path_factory.mktemp("elastic-store"), "python", "python")
 
 
 @pytest.fixture
@@ -125,21 +104,22 @@ class Provisioner:
         """The sidecar's status entry of `sandbox_id`, once it has one."""
         return wait_for(
             lambda: self.status()["sandboxes"].get(sandbox_id),
-            f"the provisioner to watch {sandbox_id}",
+            f"the provisioner to watch {sandbox_id}", WAIT,
         )
 
     def using(self, sandbox_id: str, least: int) -> None:
         """Wait until the sidecar has read more than `least` bytes in use by the sandbox."""
         wait_for(
             lambda: (self.watched(sandbox_id)["mem_usage"] or 0) > least,
-            f"the provisioner to see {least >> 20} MiB used by {sandbox_id}",
+            f"the provisioner to see {least >> 20} MiB used by {sandbox_id}", WAIT,
         )
 
     def sampled(self, sandbox_id: str) -> None:
         """Wait until the sidecar has read the sandbox's cgroup at two ticks (a run shorter
         than that has nothing to record)."""
-        first = wait_for(lambda: self._read_at(sandbox_id), f"a sample of {sandbox_id}")
-        wait_for(lambda: (self._read_at(sandbox_id) or 0) > first, f"samples of {sandbox_id}")
+        first = wait_for(lambda: self._read_at(sandbox_id), f"a sample of {sandbox_id}", WAIT)
+        wait_for(lambda: (self._read_at(sandbox_id) or 0) > first, f"samples of {sandbox_id}",
+                 WAIT)
 
     def _read_at(self, sandbox_id: str) -> int | None:
         """The tick of the last status if it has a reading of `sandbox_id`."""
@@ -323,34 +303,15 @@ def test_rm_records_the_run_and_the_next_sandbox_is_seeded_from_it(
     assert provisioner.runs(py_env.digest) == 2
 
 
-_CONTROLLER = textwrap.dedent("""
-    import sys, time
-    from weenvfs.runtime.environment import Environment
-    env = Environment.open(sys.argv[1], store=sys.argv[2], cache=sys.argv[3], elastic=True)
-    print(env.id, flush=True)
-    time.sleep(1000)
-""")
-
-
 def test_gc_unregisters_an_elastic_sandbox_whose_controller_was_killed(
     py_env: EnvRef, provisioner: Provisioner
 ) -> None:
     provisioner.start()
-    child = subprocess.Popen(
-        [sys.executable, "-c", _CONTROLLER, py_env.ref, str(py_env.store), str(py_env.cache)],
-        stdout=subprocess.PIPE,
-    )
-    try:
-        assert child.stdout is not None
-        sandbox_id = child.stdout.readline().decode().strip()
+    with controller(py_env, elastic=True) as (child, sandbox_id):
         provisioner.ids.append(sandbox_id)
         provisioner.sampled(sandbox_id)
         child.kill()  # SIGKILL: no clean-up code runs
         child.wait(WAIT)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
     assert sandbox_id in registry.registrations()
     report = json.loads(run_weenv("sandbox", "gc", "--json").stdout)
     assert sandbox_id in report["sandboxes"]
