@@ -128,6 +128,23 @@ class Dockerd:
                 raise RuntimeError(f"dockerd did not start: {tail}")
             time.sleep(0.2)
 
+    def docker(self, *args: str, input: bytes | None = None, timeout: float = 1800) -> str:
+        """Run `docker ARGS` against this daemon; its stdout, or RuntimeError with its
+        stderr."""
+        done = subprocess.run([DOCKER, *args], env=self.env(), capture_output=True,
+                              input=input, check=False, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"docker {' '.join(args)} failed ({done.returncode}): "
+                               f"{done.stderr.decode(errors='replace').strip()[-1000:]}")
+        return done.stdout.decode(errors="replace")
+
+    def remove_images(self) -> None:
+        """Every image of this daemon removed (no container may use one)."""
+        images = sorted(set(self.docker("images", "-aq").split()))
+        if images:
+            self.docker("rmi", "-f", *images)
+        self.docker("image", "prune", "-af")
+
     def stop(self) -> None:
         if self.proc is not None:
             _stop(self.proc, 30.0)
@@ -214,6 +231,7 @@ class DockerPeer:
     name = "docker"
 
     def __init__(self, dockerd: Dockerd, registry_host: str, tag: str = "v1") -> None:
+        self.dockerd = dockerd
         self.env = dockerd.env()
         self.registry_host = registry_host
         self.tag = tag
@@ -228,12 +246,7 @@ class DockerPeer:
 
     def docker(self, *args: str, input: bytes | None = None) -> str:
         """Run `docker ARGS`; its stdout, or RuntimeError with its stderr."""
-        done = subprocess.run([DOCKER, *args], env=self.env, capture_output=True, input=input,
-                              check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"docker {' '.join(args)} failed ({done.returncode}): "
-                               f"{done.stderr.decode(errors='replace').strip()[-1000:]}")
-        return done.stdout.decode(errors="replace")
+        return self.dockerd.docker(*args, input=input)
 
     def start(self, image: str) -> str:
         """`docker pull` then `docker run -d --network none IMAGE sleep infinity`: the
@@ -261,10 +274,7 @@ class DockerPeer:
         ids = self.containers()
         if ids:
             self.docker("rm", "-f", *ids)
-        images = sorted(set(self.docker("images", "-aq").split()))
-        if images:
-            self.docker("rmi", "-f", *images)
-        self.docker("image", "prune", "-af")
+        self.dockerd.remove_images()
         self.docker("builder", "prune", "-af")
 
     def forget(self, images: Sequence[str]) -> None:

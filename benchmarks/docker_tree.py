@@ -25,7 +25,7 @@ from typing import Any
 
 from _common import timed
 from _mounting import can_drop_caches, drop_caches
-from docker_peer import DOCKER, Dockerd, Registry, RegistryMeter
+from docker_peer import Dockerd, Registry, RegistryMeter
 from oci_layers import Blob, gzip_layer, subtree, write_layer, write_oci_layout
 from workloads import IMAGE_ENV
 
@@ -68,24 +68,14 @@ class ColdDockerRun:
 
     def __init__(self, dockerd: Dockerd, registry: Registry, host: str, name: str,
                  argv: Sequence[str]) -> None:
-        self.env = dockerd.env()
+        self.dockerd = dockerd
         self.meter = RegistryMeter(registry)
         self.ref = f"{host}/{name}:latest"
         self.argv = list(argv)
 
-    def _docker(self, *args: str) -> str:
-        done = subprocess.run([DOCKER, *args], env=self.env, capture_output=True, text=True,
-                              check=False, timeout=1800)
-        if done.returncode != 0:
-            raise RuntimeError(f"docker {args[0]} failed: {done.stderr.strip()[-500:]}")
-        return done.stdout
-
     def make_cold(self) -> None:
         """No image left on the daemon (ours: this benchmark's own data root), no page cache."""
-        images = sorted(set(self._docker("images", "-aq").split()))
-        if images:
-            self._docker("rmi", "-f", *images)
-        self._docker("image", "prune", "-af")
+        self.dockerd.remove_images()
         if can_drop_caches():
             drop_caches()
 
@@ -95,8 +85,8 @@ class ColdDockerRun:
         self.meter.begin()
 
         def pull_and_run() -> None:
-            self._docker("pull", "-q", self.ref)
-            self._docker("run", "--rm", "--network", "none", self.ref, *self.argv)
+            self.dockerd.docker("pull", "-q", self.ref)
+            self.dockerd.docker("run", "--rm", "--network", "none", self.ref, *self.argv)
 
         seconds, _ = timed(pull_and_run)
         return seconds, {"bytes_fetched": self.meter.read(())["bytes"]}

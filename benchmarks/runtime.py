@@ -175,21 +175,14 @@ class DockerSide:
     IMAGE = "weenv-bench-runtime:latest"
 
     def __init__(self, dockerd: Dockerd, tree: Path) -> None:
-        self.env = dockerd.env()
+        self.docker = dockerd.docker
         self._count = 0
         tar = subprocess.Popen(["tar", "-C", str(tree), "-cf", "-", "."],
                                stdout=subprocess.PIPE)
         subprocess.run([DOCKER, "import", "-", self.IMAGE], stdin=tar.stdout, check=True,
-                       capture_output=True, env=self.env)
+                       capture_output=True, env=dockerd.env())
         if tar.wait() != 0:
             raise RuntimeError(f"tar of {tree} failed")
-
-    def docker(self, *args: str) -> str:
-        done = subprocess.run([DOCKER, *args], env=self.env, capture_output=True, text=True,
-                              check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"docker {args[0]} failed: {done.stderr.strip()[-500:]}")
-        return done.stdout
 
     def run_true(self) -> None:
         self.docker("run", "--rm", "--network", "none", self.IMAGE, "true")
