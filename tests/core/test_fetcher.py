@@ -486,3 +486,32 @@ def test_reads_keep_the_cache_within_its_bound(put_blob, local_store, tmp_path, 
             assert cache.usage().bytes <= 10 * CHUNK
 
     trio.run(main)
+
+
+def test_eviction_keeps_up_with_inserts_during_its_passes(
+    put_blob, local_store, tmp_path, pattern
+) -> None:
+    """Chunks inserted while an eviction pass runs (other fetches finishing) are evicted by
+    further passes, however many it takes, before maintenance lets go."""
+    plains = _plains(pattern, 30)
+    locs = put_blob(plains[:1])
+    late = iter(plains[1:])
+
+    class BusyCache(ChunkCache):
+        passes = 0
+
+        def maintain(self):  # type: ignore[no-untyped-def]
+            result = super().maintain()
+            if self.passes < 8:  # two more chunks land after each of the first 8 passes
+                self.passes += 1
+                for plain in (next(late), next(late)):
+                    self.insert(digest_bytes(plain), plain)
+            return result
+
+    cache = BusyCache(tmp_path / "small", max_bytes=10 * CHUNK)
+    for plain in plains[20:]:  # over the bound before the fetch
+        cache.insert(digest_bytes(plain), plain)
+    fetcher = Fetcher(FaultyStore(local_store), cache)
+    assert trio.run(fetcher.read, [(locs[0], 0, CHUNK)]) == plains[0]
+    assert cache.passes == 8
+    assert cache.usage().bytes <= 10 * CHUNK

@@ -588,21 +588,18 @@ class Fetcher:
             await self._maintain()
 
     async def _maintain(self) -> None:
-        # Loop: inserts that arrived while evicting were not scheduled (the flag was set), so
-        # re-check before letting go, or the cache could stay over its bound after the last fetch.
+        # Loop: inserts that arrive while evicting were not scheduled (the flag was set), so
+        # re-check before letting go, or the cache could stay over its bound after the last
+        # fetch. Stop when a pass frees nothing: only pinned chunks are left over the bound.
         try:
-            for _ in range(_MAINTENANCE_PASSES):  # bounded: pinned chunks may keep it over
-                if not self.cache.needs_maintenance():
-                    break
-                if await trio.to_thread.run_sync(self.cache.maintain) is None:
-                    break  # nothing to evict, or another process is evicting
+            while self.cache.needs_maintenance():
+                result = await trio.to_thread.run_sync(self.cache.maintain)
+                if result is None or not result.removed_chunks:
+                    break  # under the bound, another process evicts, or only pins are left
         except OSError as e:
             self._cache_error("cannot evict from the chunk cache", e)
         finally:
             self._maintaining = False
-
-
-_MAINTENANCE_PASSES = 3
 
 
 class _RangeFailed(Exception):
