@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from mounts import Mounter, publish, run_weenv
 from support import layers, oci_apply, trees
-from support.trees import dir, file, hardlink, sparse, symlink, with_parents  # noqa: A004
+from support.trees import dir, file, sparse, symlink  # noqa: A004
 
 from weenvfs.fuse import daemon
 
@@ -61,39 +61,9 @@ def read_as_nobody(mountpoint: Path, path: str) -> tuple[int, str]:
     return done.returncode, done.stdout
 
 
-def _layer_file(tmp: Path, name: str, *members: trees.Spec) -> Path:
-    path = tmp / f"{name}.tar"
-    path.write_bytes(layers.layer(*members))
-    return path
-
-
-def union_layers() -> list[list[trees.Spec]]:
-    """Three layers exercising every union rule (all directories declared explicitly)."""
-    low = with_parents([
-        dir(".", mtime=1_000), file("etc/a", b"low a"), file("etc/b", b"low b"),
-        file("keep/x", b"x"), file("opq/old", b"old"), file("gone/deep/y", b"y"),
-        file("dir2file/z", b"z"), file("file2dir", b"f"), symlink("etc/link", "a"),
-        file("usr/lib/libfoo.so", b"\x7fELF" * 3000, mode=0o755),
-        file("hl/one", b"hard"), hardlink("hl/two", "hl/one"),
-    ])
-    mid = with_parents([
-        dir(".", mtime=2_000), dir("etc", mode=0o750), file("etc/a", b"mid a"),
-        layers.whiteout("etc/b"), layers.whiteout("gone"),
-        file("dir2file", b"now a file"), dir("file2dir"), file("file2dir/inner", b"i"),
-        dir("opq", mode=0o700), layers.opaque("opq"), file("opq/new", b"new"),
-        dir("usr"), dir("usr/lib"), file("usr/lib/libbar.so", b"bar", mode=0o755),
-    ])
-    top = with_parents([
-        dir(".", mtime=3_000), dir("etc", mode=0o755), file("etc/c", b"top c"),
-        layers.whiteout("etc/link"), dir("keep", mode=0o711, uid=5),
-        file("gone", b"back as a file"), dir("usr"), dir("usr/lib"),
-        layers.whiteout("usr/lib/libfoo.so"),
-    ])
-    return [low, mid, top]
-
-
 def test_three_groups_equal_the_oci_union(tmp_path: Path, mounter: Mounter) -> None:
-    tars = [_layer_file(tmp_path, f"l{n}", *members) for n, members in enumerate(union_layers())]
+    tars = [layers.layer_file(tmp_path / f"l{n}.tar", *members)
+            for n, members in enumerate(layers.union_layers())]
     expected = oci_apply.apply_layers(tmp_path / "expected", tars)
     ref = publish(tmp_path / "store", tars)
     mount = mounter.mount(ref, tmp_path / "store")

@@ -20,6 +20,7 @@ import gzip as _gzip
 import io
 import os
 import tarfile
+from pathlib import Path
 
 import zstandard
 
@@ -68,6 +69,37 @@ def layer(*members: Spec) -> bytes:
             info, data = _tarinfo(m)
             tar.addfile(info, io.BytesIO(data) if data else None)
     return buf.getvalue()
+
+
+def layer_file(path: Path, *members: Spec) -> Path:
+    """`layer(*members)` written to `path`; returns `path`."""
+    path.write_bytes(layer(*members))
+    return path
+
+
+def union_layers() -> list[list[Spec]]:
+    """Three layers exercising every union rule (all directories declared explicitly)."""
+    low = with_parents([
+        dir(".", mtime=1_000), file("etc/a", b"low a"), file("etc/b", b"low b"),
+        file("keep/x", b"x"), file("opq/old", b"old"), file("gone/deep/y", b"y"),
+        file("dir2file/z", b"z"), file("file2dir", b"f"), symlink("etc/link", "a"),
+        file("usr/lib/libfoo.so", b"\x7fELF" * 3000, mode=0o755),
+        file("hl/one", b"hard"), hardlink("hl/two", "hl/one"),
+    ])
+    mid = with_parents([
+        dir(".", mtime=2_000), dir("etc", mode=0o750), file("etc/a", b"mid a"),
+        whiteout("etc/b"), whiteout("gone"),
+        file("dir2file", b"now a file"), dir("file2dir"), file("file2dir/inner", b"i"),
+        dir("opq", mode=0o700), opaque("opq"), file("opq/new", b"new"),
+        dir("usr"), dir("usr/lib"), file("usr/lib/libbar.so", b"bar", mode=0o755),
+    ])
+    top = with_parents([
+        dir(".", mtime=3_000), dir("etc", mode=0o755), file("etc/c", b"top c"),
+        whiteout("etc/link"), dir("keep", mode=0o711, uid=5),
+        file("gone", b"back as a file"), dir("usr"), dir("usr/lib"),
+        whiteout("usr/lib/libfoo.so"),
+    ])
+    return [low, mid, top]
 
 
 def _s(raw: bytes) -> str:

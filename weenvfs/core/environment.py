@@ -11,10 +11,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from weenvfs.errors import UsageError
 from weenvfs.format.manifest import Manifest
 from weenvfs.store.base import Store
 from weenvfs.store.repository import Repository
 
+from .layer_tree import LayerTree
 from .tree import Tree
 
 log = logging.getLogger(__name__)
@@ -29,26 +31,37 @@ class Environment:
     digest: str
     manifest: Manifest
     tree: Tree
+    layer: int | None = None  # the group served as an overlayfs lower layer, if any
 
     @property
     def group_names(self) -> list[str]:
-        """The names of the groups, lowest first."""
-        return [group.name for group in self.manifest.groups]
+        """The names of the groups this mount serves or sits on, lowest first."""
+        return [group.name for group in self.manifest.groups[: len(self.tree.groups)]]
 
 
-def open_environment(store: Store, ref: str) -> Environment:
-    """Check `store`, resolve `ref` (`NAME[:TAG]` or a manifest digest) and load its indexes.
+def open_environment(store: Store, ref: str, layer: int | None = None) -> Environment:
+    """Check `store`, resolve `ref` (`NAME[:TAG]` or a manifest digest) and load its indexes:
+    all of them, composed, or with `layer` the groups up to that one (0 is the lowest), its
+    group shown as an overlayfs lower layer (core/layer_tree.py).
 
-    Raises StoreUnavailable/StoreError, RefNotFound, ObjectCorrupt or FormatError, each with
-    a one-line message.
+    Raises StoreUnavailable/StoreError, RefNotFound, ObjectCorrupt, FormatError or (for a
+    layer the environment does not have) UsageError, each with a one-line message.
     """
     store.check()
     repo = Repository(store)
     digest, manifest = repo.resolve_env(ref)
-    indexes = [repo.get_index(group.index) for group in manifest.groups]
-    env = Environment(ref, store, digest, manifest, Tree(indexes))
+    groups = manifest.groups
+    if layer is not None:
+        if not 0 <= layer < len(groups):
+            raise UsageError(f"environment {ref} has groups 0 to {len(groups) - 1}, "
+                             f"no group {layer}")
+        groups = groups[: layer + 1]
+    indexes = [repo.get_index(group.index) for group in groups]
+    tree = Tree(indexes) if layer is None else LayerTree(indexes)
+    env = Environment(ref, store, digest, manifest, tree, layer)
     log.info(
-        "environment %s (%s): %d group(s): %s",
+        "environment %s (%s): %d group(s): %s%s",
         ref, digest[:12], len(indexes), ", ".join(env.group_names),
+        "" if layer is None else f"; serving group {layer} as an overlay layer",
     )
     return env

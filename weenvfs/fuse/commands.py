@@ -57,6 +57,12 @@ def _positive(text: str) -> float:
     return value
 
 
+def _group_position(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a group position (0, 1, ...), got {text!r}")
+    return int(text)
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `mount`, `umount`, `stats` and `mountd`."""
     _register_mount(subparsers)
@@ -84,6 +90,7 @@ def _register_mount(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
             "weenv mount debian:12 /mnt/env --store /srv/weenv --foreground -v  # debugging",
             "weenv mount debian:12 /mnt/env --store /srv/weenv --fetch-all  # survive outages",
             "weenv mount debian:12 /mnt/env --store /srv/weenv --hint none --record-hints",
+            "weenv mount debian:12 /mnt/g0 --store /srv/weenv --layer 0  # an overlayfs lower",
         ],
         func=_cmd_mount,
     )
@@ -102,6 +109,10 @@ def _register_mount(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument("--allow-other", action=argparse.BooleanOptionalAction, default=None,
                    help="let other users in (default: yes when run as root; the kernel still "
                    "checks modes)")
+    p.add_argument("--layer", type=_group_position, metavar="N",
+                   help="serve only group N (0 is the lowest) as a kernel overlayfs lower "
+                   "layer: whiteouts as 0/0 devices, opaque directories marked; stack the "
+                   "groups' mounts with `mount -t overlay -o lowerdir=TOP:...:0`")
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     # Debugging and benchmarks/store.py: one ranged GET per chunk.
     p.add_argument("--no-coalesce", dest="coalesce", action="store_false", help=argparse.SUPPRESS)
@@ -199,6 +210,8 @@ def _config(args: argparse.Namespace) -> MountConfig:
         check_hint_spec(args.hint)
         if args.record_hints is not None:
             check_hint_spec(args.record_hints, "--record-hints", allow_none=False)
+    if args.layer is not None and args.record_hints is not None:
+        raise UsageError("--record-hints records a whole environment: mount it without --layer")
     return MountConfig(
         mountpoint=mountpoint,
         cache_dir=(args.cache or default_cache_dir()).absolute(),
@@ -211,6 +224,7 @@ def _config(args: argparse.Namespace) -> MountConfig:
         record_result=None if args.record_result is None else args.record_result.absolute(),
         record_replace=args.record_replace,
         coalesce=args.coalesce,
+        layer=args.layer,
     )
 
 
@@ -226,7 +240,8 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         cache_size=config.cache_size, deadline=config.deadline,
         allow_other=config.allow_other, hint=config.hint, fetch_all=config.fetch_all,
         record_tag=config.record_tag, record_result=config.record_result,
-        record_replace=config.record_replace, coalesce=config.coalesce, verbose=args.verbose,
+        record_replace=config.record_replace, coalesce=config.coalesce, layer=config.layer,
+        verbose=args.verbose,
     )
     pid = daemon.spawn(child, log_file)
     log.info("mounted %s at %s (daemon %d, log %s)", args.ref, config.mountpoint, pid, log_file)
@@ -242,7 +257,8 @@ def mount_args(
     cache_size: int | None = None, deadline: float | None = None,
     allow_other: bool | None = None, hint: str | None = None, fetch_all: bool = False,
     record_tag: str | None = None, record_result: Path | None = None,
-    record_replace: bool = False, coalesce: bool = True, verbose: int = 0,
+    record_replace: bool = False, coalesce: bool = True, layer: int | None = None,
+    verbose: int = 0,
 ) -> list[str]:
     """The arguments of `weenv mount REF MOUNTPOINT --foreground` for `daemon.spawn`.
 
@@ -259,6 +275,8 @@ def mount_args(
         optional.append("--allow-other" if allow_other else "--no-allow-other")
     if hint is not None:
         optional += ["--hint", hint]
+    if layer is not None:
+        optional += ["--layer", str(layer)]
     return [
         *(["-" + "v" * verbose] if verbose else []), "--log-file", str(log_file),
         "mount", ref, str(mountpoint), "--store", store, "--cache", str(cache_dir),
@@ -281,11 +299,12 @@ def _mount_foreground(args: argparse.Namespace) -> int:
         _log_to_file_only()
     try:
         config = _config(args)
-        env = load(args.store, args.ref)
+        env = load(args.store, args.ref, config.layer)
     except Exception as error:
         pipe.failed(str(error) or type(error).__name__)
         raise
-    info = {"ref": args.ref, "manifest": env.digest, "log_file": args.log_file}
+    info = {"ref": args.ref, "manifest": env.digest, "log_file": args.log_file,
+            "layer": config.layer}
 
     def ready() -> None:
         daemon.write_pid_file(config.mountpoint, info)

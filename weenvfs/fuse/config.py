@@ -27,3 +27,4 @@ class MountConfig:
     record_result: Path | None = None  # where to write what was published (JSON)
     record_replace: bool = False  # publish the recorded run alone, not merged
     coalesce: bool = True  # merge neighbouring chunks into one ranged GET (off: benchmarks)
+    layer: int | None = None  # serve only this group, as an overlayfs lower layer

@@ -57,11 +57,12 @@ FSNAME = "weenv"
 READAHEAD_BYTES = 1 << 20
 
 
-def load(store_url: str, ref: str) -> Environment:
-    """Open the store at `store_url` and load environment `ref` (see `open_environment`)."""
+def load(store_url: str, ref: str, layer: int | None = None) -> Environment:
+    """Open the store at `store_url` and load environment `ref`, or its group `layer` as an
+    overlayfs lower layer (see `open_environment`)."""
     store = open_store(store_url)
     try:
-        return open_environment(store, ref)
+        return open_environment(store, ref, layer)
     except BaseException:
         store.close()
         raise
@@ -85,6 +86,7 @@ def stats_document(
             "ref": env.ref,
             "manifest": env.digest,
             "groups": env.group_names,
+            "layer": env.layer,
             "mountpoint": str(config.mountpoint),
             "store": env.store.url,
             "cache": str(config.cache_dir),
@@ -104,7 +106,10 @@ async def serve(env: Environment, config: MountConfig, ready: Callable[[], None]
     reader = Reader(env.tree, fetcher)
     recorder = reader.recorder = HintRecorder() if config.record_tag is not None else None
     prefetcher = Prefetcher(env.tree.groups, fetcher, fetch_all=config.fetch_all)
-    lookup = env_hint_lookup(env, config.hint)
+    # A hint covers the whole environment: the mount of its top group replays it; the mounts
+    # of lower groups, shared with other environments, do not.
+    below_top = env.layer is not None and env.layer < len(env.manifest.groups) - 1
+    lookup = (lambda: None) if below_top else env_hint_lookup(env, config.hint)
     started = time.monotonic()
 
     def document() -> dict[str, Any]:
