@@ -3,8 +3,9 @@
 - `minbase_store` (session): the cached Debian minbase sample (tools/sample.py) built once with
   the real builder into a LocalStore under the session's tmp folder, as group `minbase:t`;
 - `make_env(config=None)`: composes a new environment of that group with a unique provenance,
-  so every test gets its own manifest digest (its own shared mount, whatever else runs on the
-  node); returns an `EnvRef` (ref, store, digest, cache);
+  so every test gets its own manifest digest; its shared mounts are its own too (they are
+  keyed by the test's chunk cache, whatever else runs on the node); returns an `EnvRef`
+  (ref, store, digest, cache, mount keys);
 - `env_ref`: one such environment;
 - autouse `node_clean`: snapshots what sandboxes leave on the node before the test; after it,
   fails the test if anything new of the test's environments is left (mounts, cgroups, runc
@@ -32,6 +33,7 @@ from rt_support import (
 )
 
 from weenvfs.format.manifest import RuntimeConfig
+from weenvfs.runtime.lowers import DEFAULT_LOWER, plan_lowers
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools.publish import compose_env
@@ -57,7 +59,8 @@ def minbase_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def test_digests() -> set[str]:
-    """Digests of the environments this test made (what `node_clean` checks)."""
+    """Digests of the environments this test made and keys of their mounts (what
+    `node_clean` checks)."""
     return set()
 
 
@@ -71,13 +74,17 @@ def make_env(minbase_store: Path, tmp_path: Path, test_digests: set[str]) -> Cal
         tag = f"t{count[0]}"
         store = open_store(str(minbase_store))
         try:
+            repo = Repository(store)
             digest = compose_env(
-                Repository(store), name, tag, [GROUP], config, {"test-nonce": uuid.uuid4().hex}
+                repo, name, tag, [GROUP], config, {"test-nonce": uuid.uuid4().hex}
             )
+            groups = [g.index for g in repo.resolve_env(digest)[1].groups]
+            keys = tuple(m.key for m in plan_lowers(digest, groups, DEFAULT_LOWER, store.url,
+                                                     tmp_path / "cache"))
         finally:
             store.close()
-        test_digests.add(digest)
-        return EnvRef(f"{name}:{tag}", minbase_store, digest, tmp_path / "cache")
+        test_digests.update({digest, *keys})
+        return EnvRef(f"{name}:{tag}", minbase_store, digest, tmp_path / "cache", keys)
 
     return make
 

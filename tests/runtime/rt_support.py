@@ -181,6 +181,11 @@ class EnvRef:
     store: Path
     digest: str
     cache: Path
+    keys: tuple[str, ...] = ()  # the shared mounts its sandboxes use (lowers.py), topmost first
+
+    def mountpoint(self) -> Path:
+        """The topmost shared mount of its sandboxes (with one group, the only one)."""
+        return mounts.mountpoint(self.keys[0])
 
 
 def runtime_unavailable() -> str | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from rt_support import EnvRef, controller, pid_visible, run_weenv
 
 from weenvfs.fuse import daemon
-from weenvfs.runtime import cgroups, mounts, sandbox
+from weenvfs.runtime import cgroups, sandbox
 from weenvfs.runtime.environment import TIMEOUT_EXIT, Environment
 from weenvfs.runtime.sandbox import UPPERS_ROOT, Sandbox
 
@@ -114,7 +114,7 @@ def test_weenv_run_terminated_removes_its_sandbox(env_ref: EnvRef) -> None:
             child.wait()
     assert not sandbox.exists(box.id)
     assert not any(daemon.process_alive(p) for p in pids)
-    assert not daemon.is_mounted(mounts.mountpoint(env_ref.digest))
+    assert not daemon.is_mounted(env_ref.mountpoint())
 
 
 def test_weenv_run_exits_with_the_commands_status_even_when_killed(env_ref: EnvRef) -> None:
@@ -142,7 +142,7 @@ def test_gc_clears_orphans_after_kill_9_of_the_controller(env_ref: EnvRef) -> No
     assert not any(pid_visible(p) and daemon.process_alive(p) for p in pids)
     assert not cgroups.cgroup_dirs(f"/weenv/{sandbox_id}")
     assert not (UPPERS_ROOT / sandbox_id).exists()
-    assert not daemon.is_mounted(mounts.mountpoint(env_ref.digest))
+    assert not daemon.is_mounted(env_ref.mountpoint())
 
 
 def test_gc_leaves_live_and_detached_sandboxes_alone(env_ref: EnvRef) -> None:

@@ -18,7 +18,7 @@ from rt_support import EnvRef
 
 from weenvfs.format.manifest import RuntimeConfig
 from weenvfs.fuse import daemon
-from weenvfs.runtime import cgroups, mounts
+from weenvfs.runtime import cgroups
 from weenvfs.runtime.environment import Environment
 from weenvfs.runtime.sandbox import UPPERS_ROOT
 
@@ -38,7 +38,7 @@ def test_writes_land_in_the_upper_and_the_shared_lower_is_untouched(env_ref: Env
         assert (upper / "etc" / "issue").read_bytes().endswith(b"more\n")
         whiteout = os.lstat(upper / "etc" / "debian_version")  # overlayfs: char device 0/0
         assert stat.S_ISCHR(whiteout.st_mode) and whiteout.st_rdev == 0
-        lower = mounts.mountpoint(env_ref.digest)
+        lower = env_ref.mountpoint()
         assert not (lower / "etc" / "added").exists()
         assert (lower / "etc" / "debian_version").exists()
         assert not (lower / "etc" / "issue").read_bytes().endswith(b"more\n")
@@ -197,7 +197,7 @@ def test_write_file_owner_and_parents(make_env: Callable[..., EnvRef]) -> None:
 
 
 def test_last_sandbox_unmounts_the_environment(env_ref: EnvRef) -> None:
-    mp = mounts.mountpoint(env_ref.digest)
+    mp = env_ref.mountpoint()
     env = _open(env_ref)
     try:
         pid = daemon.read_pid_file(mp)

@@ -50,12 +50,12 @@ def test_16_sandboxes_share_one_mount_and_one_fetch_per_chunk(env_ref: EnvRef) -
     assert len(files) > 20 and chunks
     envs = open_many([env_ref.ref] * SANDBOXES, store=env_ref.store, cache=env_ref.cache)
     try:
-        mp = mounts.mountpoint(env_ref.digest)
-        assert {e.sandbox.state["lower"] for e in envs} == {str(mp)}
+        mp = env_ref.mountpoint()
+        assert {tuple(e.sandbox.state["lower"]) for e in envs} == {(str(mp),)}
         with open("/proc/self/mounts") as f:
             assert sum(line.split()[1] == str(mp) for line in f) == 1
         listed = json.loads(run_weenv("sandbox", "ls", "--json").stdout)
-        ours = [e for e in listed["environments"] if e["digest"] == env_ref.digest]
+        ours = [e for e in listed["environments"] if e["digest"] == env_ref.keys[0]]
         assert len(ours) == 1 and len(ours[0]["holders"]) == SANDBOXES
         results: list[bytes] = [b""] * SANDBOXES
 
@@ -82,7 +82,7 @@ def test_16_sandboxes_share_one_mount_and_one_fetch_per_chunk(env_ref: EnvRef) -
     finally:
         for env in envs:
             env.close()
-    assert not daemon.is_mounted(mounts.mountpoint(env_ref.digest))
+    assert not daemon.is_mounted(env_ref.mountpoint())
 
 
 def test_several_environments_at_once_from_threads(make_env: object) -> None:
@@ -118,7 +118,7 @@ def test_sandboxes_whose_mount_forks_from_a_mount_server(
     with mount_server(tmp_path / "mountd.sock", monkeypatch) as server:
         envs = open_many([env_ref.ref] * 2, store=env_ref.store, cache=env_ref.cache)
         try:
-            mp = mounts.mountpoint(env_ref.digest)
+            mp = env_ref.mountpoint()
             record = daemon.read_pid_file(mp)
             assert record is not None
             title = Path(f"/proc/{record['pid']}/cmdline").read_bytes()
@@ -163,7 +163,7 @@ def test_async_environments_run_concurrently(make_env: object) -> None:
 
 
 def test_keep_warm_keeps_the_mount_until_it_expires(env_ref: EnvRef) -> None:
-    mp = mounts.mountpoint(env_ref.digest)
+    mp = env_ref.mountpoint()
     with Environment.open(
         env_ref.ref, store=env_ref.store, cache=env_ref.cache, keep_warm=600
     ) as env:
@@ -172,28 +172,28 @@ def test_keep_warm_keeps_the_mount_until_it_expires(env_ref: EnvRef) -> None:
     try:
         assert daemon.is_mounted(mp) and not (mp.parent / "holders" / first).exists()
         assert daemon.process_alive(info["timer_pid"])
-        assert env_ref.digest not in gc.collect(mounts_only=True).mounts  # still warm
+        assert env_ref.keys[0] not in gc.collect(mounts_only=True).mounts  # still warm
         with Environment.open(env_ref.ref, store=env_ref.store, cache=env_ref.cache) as env:
-            assert env.sandbox.state["lower"] == str(mp)  # the warm mount was reused
+            assert env.sandbox.state["lower"] == [str(mp)]  # the warm mount was reused
             assert env.exec(["true"]).ok
         # The second sandbox asked for no keep-warm: its release unmounted at once.
         assert not daemon.is_mounted(mp)
         assert _gone(info["timer_pid"])
     finally:
-        mounts.expire(env_ref.digest, sandbox.exists, now=float("inf"))
+        mounts.expire(env_ref.keys[0], sandbox.exists, now=float("inf"))
 
 
 def test_expired_keep_warm_is_unmounted_by_gc(env_ref: EnvRef) -> None:
-    mp = mounts.mountpoint(env_ref.digest)
+    mp = env_ref.mountpoint()
     with Environment.open(env_ref.ref, store=env_ref.store, cache=env_ref.cache, keep_warm=600):
         pass
     timer = json.loads((mp.parent / "mount.json").read_text())["timer_pid"]
     try:
-        assert mounts.expire(env_ref.digest, sandbox.exists, now=time.time() + 601)
+        assert mounts.expire(env_ref.keys[0], sandbox.exists, now=time.time() + 601)
         assert not daemon.is_mounted(mp) and not mp.parent.exists()
         assert _gone(timer)
     finally:
-        mounts.expire(env_ref.digest, sandbox.exists, now=float("inf"))
+        mounts.expire(env_ref.keys[0], sandbox.exists, now=float("inf"))
 
 
 def _gone(pid: int, seconds: float = 30.0) -> bool:
@@ -206,7 +206,7 @@ def _gone(pid: int, seconds: float = 30.0) -> bool:
 
 
 def test_keep_warm_timer_unmounts_by_itself(env_ref: EnvRef) -> None:
-    mp = mounts.mountpoint(env_ref.digest)
+    mp = env_ref.mountpoint()
     try:
         with Environment.open(env_ref.ref, store=env_ref.store, cache=env_ref.cache, keep_warm=2):
             pass
@@ -214,4 +214,4 @@ def test_keep_warm_timer_unmounts_by_itself(env_ref: EnvRef) -> None:
         assert _gone(timer, 60.0)  # the timer ran `weenv sandbox gc --mounts-only` and ended
         assert not daemon.is_mounted(mp) and not mp.parent.exists()
     finally:
-        mounts.expire(env_ref.digest, sandbox.exists, now=float("inf"))
+        mounts.expire(env_ref.keys[0], sandbox.exists, now=float("inf"))

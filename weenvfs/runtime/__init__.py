@@ -3,7 +3,8 @@
 Modules, bottom up:
 - `rootfs`: overlay/tmpfs mounts through libc, safe file access inside a root, image users;
 - `launcher`: the one interface over the isolating program (runc, with a generated OCI spec);
-- `mounts`: one FUSE mount per environment digest per node, shared and reference-counted;
+- `mounts`: shared FUSE mounts on a node, one per key, reference-counted;
+- `lowers`: which mounts make a sandbox's lower (one per group, stacked, or one merged);
 - `cgroups`: limits, the cgroup hook every start of an init goes through, cgroup files;
 - `elastic`: elastic sandboxes, handed to the node's provisioner (weenvfs.provision);
 - `sandbox`: one sandbox's state, build, reset and teardown;

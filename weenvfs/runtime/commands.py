@@ -27,6 +27,8 @@ from weenvfs.cli import add_command
 from weenvfs.errors import Terminated, UsageError
 from weenvfs.units import size_arg
 
+from .lowers import DEFAULT_LOWER, LOWER_MODES
+
 if TYPE_CHECKING:
     from .elastic import NodeView
     from .sandbox import Sandbox
@@ -99,6 +101,10 @@ def _add_sandbox_options(p: argparse.ArgumentParser) -> None:
                    help="none: loopback only (default); host: the node's network")
     p.add_argument("--keep-warm", type=_non_negative, default=0.0, metavar="SECS",
                    help="keep the environment mounted SECS after its last sandbox ends")
+    p.add_argument("--lower", choices=LOWER_MODES, default=DEFAULT_LOWER,
+                   help="layers: a shared mount per group, stacked by overlayfs (environments "
+                   "with common groups share their page cache; default); merged: one mount "
+                   "of the whole environment")
     p.add_argument("--elastic", action="store_true",
                    help="let the node's provisioner size memory and CPU from use (starts it "
                    "if needed); --memory/--cpus are then the first limits (default: from "
@@ -264,7 +270,7 @@ def _options(args: argparse.Namespace, **extra: Any) -> Any:
     return SandboxOptions(
         limits=limits, tmpfs_upper=args.tmpfs_upper, network=args.network,
         keep_warm=args.keep_warm, env=dict(args.env), user=args.user, cwd=args.workdir,
-        **extra,
+        lower=args.lower, **extra,
     )
 
 
@@ -401,6 +407,7 @@ def _describe(box: Sandbox, node: NodeView) -> dict[str, Any]:
         "created": state.get("created"),
         "resets": state.get("resets", 0),
         "rootfs": str(box.rootfs),
+        "lower": state.get("lower"),
         "upper": str(box.upper_root / "upper"),
         "tmpfs_upper": state.get("tmpfs_upper"),
         "network": state.get("network"),

@@ -45,6 +45,7 @@ from weenvfs.store.repository import Repository
 from . import rootfs
 from .cgroups import DEFAULT_PIDS, Limits
 from .launcher import check_args, parse_exec_failure
+from .lowers import DEFAULT_LOWER
 from .sandbox import CommandNotFound, EnvSource, Sandbox, SandboxOptions
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def resolve_source(ref: str, store: str | Path, cache: str | Path | None) -> Env
     cache_dir = Path(cache).absolute() if cache is not None else default_cache_dir()
     config = manifest.config
     return EnvSource(ref, digest, url, cache_dir, tuple(config.env), config.cwd, config.user,
-                     (*config.entrypoint, *config.cmd))
+                     (*config.entrypoint, *config.cmd), tuple(g.index for g in manifest.groups))
 
 
 # Environments still open when the interpreter exits normally are closed then; after a crash
@@ -118,7 +119,7 @@ class Environment:
         cpus: float | None = None, memory: int | None = None, pids: int | None = None,
         tmpfs_upper: bool = False, network: str = "none", keep_warm: float = 0.0,
         env: dict[str, str] | None = None, user: str | None = None, cwd: str | None = None,
-        elastic: bool = False,
+        elastic: bool = False, lower: str = DEFAULT_LOWER,
     ) -> Environment:
         """Start a sandbox of `ref` from `store` (a URL or directory); `cache` is the node's
         chunk cache (default as `weenv mount`). `memory` is in bytes; `pids` defaults to
@@ -126,11 +127,13 @@ class Environment:
         last sandbox of it closes. With `elastic` the node's provisioner sizes memory and
         CPU from what the sandbox uses (starting its sidecar if none runs): `cpus` and
         `memory` are then the first limits (default: from earlier sandboxes of the
-        environment on this node), and closing records the run for the next ones."""
+        environment on this node), and closing records the run for the next ones. `lower`
+        is "layers" (a shared mount per group, default) or "merged" (runtime/lowers.py)."""
         source = resolve_source(ref, store, cache)
         limits = Limits(cpus, memory, DEFAULT_PIDS if pids is None else pids, elastic)
         options = SandboxOptions(limits=limits, tmpfs_upper=tmpfs_upper, network=network,
-                                 keep_warm=keep_warm, env=dict(env or {}), user=user, cwd=cwd)
+                                 keep_warm=keep_warm, env=dict(env or {}), user=user, cwd=cwd,
+                                 lower=lower)
         env = cls(Sandbox.create(source, options, owner_pid=os.getpid()))
         _OPEN.add(env)
         return env

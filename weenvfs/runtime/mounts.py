@@ -1,10 +1,13 @@
-"""One lazy FUSE mount per environment digest per node, shared by every sandbox of it.
+"""Shared lazy FUSE mounts on a node, one per key, used by every sandbox that needs them.
 
-Owns the folder `/run/weenv/envs/<digest>/`:
+A key is 64 hex digits: an environment's manifest digest for its merged mount, or the digest
+of a group stack for the mount of one group as an overlayfs layer (lowers.py decides which).
+Owns the folder `/run/weenv/envs/<key>/`:
 
     lock            flock'ed by whoever changes anything below (any process)
-    root/           the mount point (`weenv mount <digest>`, daemon started by fuse/daemon.py;
-                    it is not our child, so whichever process unmounts only waits for its pid)
+    root/           the mount point (`weenv mount <manifest digest> [--layer N]`, daemon
+                    started by fuse/daemon.py; it is not our child, so whichever process
+                    unmounts only waits for its pid)
     holders/<id>    one empty file per sandbox that uses the mount: the reference count
     mount.json      store URL, cache folder, log file, and `warm_until` / `timer_pid` while
                     the mount is kept warm with no holder
@@ -49,17 +52,19 @@ DIGEST_LEN = 64
 class EnvInfo:
     """What `weenv sandbox ls` and gc need to know about one environment mount."""
 
-    digest: str
+    digest: str  # the key
     mountpoint: Path
     mounted: bool
     holders: tuple[str, ...]
     warm_until: float | None
+    env: str | None = None  # the manifest digest it was mounted from
+    layer: int | None = None  # the group it serves as an overlay layer (None: merged)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict (`weenv sandbox ls --json`)."""
         return {"digest": self.digest, "mountpoint": str(self.mountpoint),
                 "mounted": self.mounted, "holders": list(self.holders),
-                "warm_until": self.warm_until}
+                "warm_until": self.warm_until, "env": self.env, "layer": self.layer}
 
 
 def env_dir(digest: str) -> Path:
@@ -139,17 +144,18 @@ def _alive_mount(mp: Path) -> bool:
 
 def acquire(
     digest: str, holder: str, *, store_url: str, cache_dir: Path,
-    is_live: Callable[[str], bool],
+    is_live: Callable[[str], bool], env: str | None = None, layer: int | None = None,
 ) -> Path:
-    """Register `holder` as a user of environment `digest`, mounting it if needed; return the
-    mount point. `is_live(holder_id)` tells stale holders (crashed sandboxes) apart."""
+    """Register `holder` as a user of mount `digest`, mounting it if needed; return the
+    mount point. `is_live(holder_id)` tells stale holders (crashed sandboxes) apart. The
+    mount is of environment `env` (default: `digest` itself), or of its group `layer`."""
     with locked(digest) as folder:
         prune_holders(folder, is_live)
         mp = folder / "root"
         info = _read_info(folder)
         if not _alive_mount(mp):
             mp.mkdir(exist_ok=True)
-            info = _mount(digest, mp, store_url, cache_dir)
+            info = _mount(env or digest, mp, store_url, cache_dir, layer)
         _stop_timer(info)
         info.pop("warm_until", None)
         _write_info(folder, info)
@@ -158,17 +164,22 @@ def acquire(
         return mp
 
 
-def _mount(digest: str, mp: Path, store_url: str, cache_dir: Path) -> dict[str, Any]:
+def _mount(
+    env: str, mp: Path, store_url: str, cache_dir: Path, layer: int | None
+) -> dict[str, Any]:
     cache_dir = cache_dir.absolute()
     cache_dir.mkdir(parents=True, exist_ok=True)
-    log_file = cache_dir / "logs" / f"env-{digest[:12]}.log"
+    what = f"env-{env[:12]}" + ("" if layer is None else f"-layer{layer}")
+    log_file = cache_dir / "logs" / f"{what}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    args = mount_args(digest, mp, store_url, cache_dir, log_file=log_file, allow_other=True)
+    args = mount_args(env, mp, store_url, cache_dir, log_file=log_file, allow_other=True,
+                      layer=layer)
     started = time.monotonic()
     pid = daemon.spawn(args, log_file)
-    log.info("mounted environment %s at %s in %.0f ms (daemon %d)", digest[:12], mp,
+    log.info("mounted %s at %s in %.0f ms (daemon %d)", what, mp,
              (time.monotonic() - started) * 1000, pid)
-    return {"store": store_url, "cache": str(cache_dir), "log_file": str(log_file), "pid": pid}
+    return {"store": store_url, "cache": str(cache_dir), "log_file": str(log_file), "pid": pid,
+            "env": env, "layer": layer}
 
 
 def release(digest: str, holder: str, keep_warm: float = 0.0) -> None:
@@ -288,8 +299,11 @@ def list_envs() -> list[EnvInfo]:
         return []
     out = []
     for folder in folders:
-        warm = _read_info(folder).get("warm_until")
+        info = _read_info(folder)
+        warm, env, layer = info.get("warm_until"), info.get("env"), info.get("layer")
         out.append(EnvInfo(folder.name, folder / "root", daemon.is_mounted(folder / "root"),
                            tuple(_holders(folder)),
-                           float(warm) if isinstance(warm, int | float) else None))
+                           float(warm) if isinstance(warm, int | float) else None,
+                           env if isinstance(env, str) else None,
+                           layer if isinstance(layer, int) else None))
     return out

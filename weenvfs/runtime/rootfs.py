@@ -19,6 +19,7 @@ import errno
 import logging
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,15 +52,17 @@ def _check(result: int, what: str) -> None:
         raise OSError(code, f"{what}: {os.strerror(code)}")
 
 
-def mount_overlay(target: Path, lower: Path, upper: Path, work: Path) -> None:
-    """Mount overlayfs at `target`: `lower` read-only below, writes in `upper`.
+def mount_overlay(target: Path, lowers: Sequence[Path], upper: Path, work: Path) -> None:
+    """Mount overlayfs at `target`: `lowers` (topmost first) read-only below, writes in
+    `upper`.
 
     `volatile` skips every sync to the upper: a sandbox's upper is thrown away (or kept for
     inspection only), so durability across a power loss buys nothing and fsync-heavy
     installers (dpkg, pip) would pay for it. A reset always starts from fresh upper/work dirs,
     which volatile requires.
     """
-    options = f"lowerdir={lower},upperdir={upper},workdir={work},volatile"
+    lowerdir = ":".join(str(p) for p in lowers)
+    options = f"lowerdir={lowerdir},upperdir={upper},workdir={work},volatile"
     _check(_libc.mount(b"overlay", os.fsencode(target), b"overlay", 0, options.encode()),
            f"mount overlay at {target}")
 

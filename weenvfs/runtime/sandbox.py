@@ -5,15 +5,16 @@ Owns, per sandbox `ID` (`weenv-<10 hex>` unless named):
     /run/weenv/sandboxes/ID/state.json   owner pid (+ start time), environment, paths,
                                          cgroup, default process; read by ls/exec/gc
     /run/weenv/sandboxes/ID/lock         flock'ed while the sandbox changes (reset, rm)
-    /run/weenv/sandboxes/ID/rootfs/      overlayfs: the shared environment mount as lower
+    /run/weenv/sandboxes/ID/rootfs/      overlayfs: the shared mounts as lowers (lowers.py)
     /run/weenv/sandboxes/ID/scratch/     with --tmpfs-upper: a tmpfs holding upper/ and work/
     /run/weenv/sandboxes/ID/bundle/      the OCI bundle (config.json) and exec files
     /var/lib/weenv/sandboxes/ID/         on-disk upper/ and work/ (the default)
 
 and the order of things: state first (so gc can undo a half-made sandbox), then the
-environment mount (mounts.py), the upper, the overlay, the rootfs fixes (working directory,
-/tmp) and the init (launcher.py). Teardown runs the same steps backwards, each one tolerant
-of the previous ones never having happened, so `destroy` also cleans up after crashes.
+environment's shared mounts (lowers.py, mounts.py), the upper, the overlay, the rootfs fixes
+(working directory, /tmp) and the init (launcher.py). Teardown runs the same steps backwards,
+each one tolerant of the previous ones never having happened, so `destroy` also cleans up
+after crashes.
 
 Every start of the init (create and reset) gets its cgroup from `cgroups.cgroup_factory`. An
 elastic sandbox is put under the node's provisioner (elastic.py) first, before anything else
@@ -42,16 +43,17 @@ from typing import IO, Any
 
 from weenvfs.errors import UsageError, WeenvError
 
-from . import cgroups, elastic, mounts, rootfs
+from . import cgroups, elastic, rootfs
 from .cgroups import Limits, cgroup_pids, remove_cgroup
 from .launcher import Launcher, LaunchSpec, ProcessSpec, default_launcher
+from .lowers import DEFAULT_LOWER, acquire_lowers, plan_lowers, release_lowers
 
 log = logging.getLogger(__name__)
 
 SANDBOXES_ROOT = Path("/run/weenv/sandboxes")
 UPPERS_ROOT = Path("/var/lib/weenv/sandboxes")
 KEPT_MARKER = "KEPT"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: `lower` is a list and `mounts` names their keys
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -75,6 +77,7 @@ class SandboxOptions:
     user: str | None = None
     cwd: str | None = None
     name: str | None = None
+    lower: str = DEFAULT_LOWER  # lowers.py: a mount per group ("layers") or one ("merged")
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class EnvSource:
     cwd: str = "/"
     user: str = ""
     command: tuple[str, ...] = ()  # entrypoint + cmd
+    groups: tuple[str, ...] = ()  # the groups' index digests, lowest first
 
 
 def process_start(pid: int) -> int | None:
@@ -264,14 +268,17 @@ class Sandbox:
         if options.limits.elastic:  # first: fails fast on a node without usable cgroups
             self.state["elastic"] = elastic.attach(self.id, source.digest, options.limits)
             self.save()
-        lower = mounts.acquire(source.digest, self.id, store_url=source.store_url,
-                               cache_dir=source.cache_dir, is_live=exists)
-        self.state["lower"] = str(lower)
+        planned = plan_lowers(source.digest, source.groups, options.lower, source.store_url,
+                              source.cache_dir)
+        lowers = acquire_lowers(planned, self.id, env=source.digest, store_url=source.store_url,
+                                cache_dir=source.cache_dir, is_live=exists)
+        self.state["mounts"] = [mount.key for mount in planned]
+        self.state["lower"] = [str(path) for path in lowers]
         self.save()
         for path in (self.rootfs, self.bundle / "exec"):
             path.mkdir(parents=True, exist_ok=True)
         self._make_upper()
-        rootfs.mount_overlay(self.rootfs, lower, self.upper_root / "upper",
+        rootfs.mount_overlay(self.rootfs, lowers, self.upper_root / "upper",
                              self.upper_root / "work")
         user = rootfs.resolve_user(self.rootfs, options.user or source.user)
         cwd = rootfs.check_inside(options.cwd or source.cwd or "/")
@@ -325,13 +332,17 @@ class Sandbox:
             rootfs.unmount(self.rootfs)
             trash = self._discard_upper()
             self._make_upper()
-            rootfs.mount_overlay(self.rootfs, Path(self.state["lower"]),
+            rootfs.mount_overlay(self.rootfs, self._lower_paths(),
                                  self.upper_root / "upper", self.upper_root / "work")
             self.state["resets"] = int(self.state.get("resets", 0)) + 1
             self._start()
         if trash is not None:
             shutil.rmtree(trash, ignore_errors=True)  # after the sandbox runs again
         return time.monotonic() - started
+
+    def _lower_paths(self) -> list[Path]:
+        lower = self.state["lower"]
+        return [Path(lower)] if isinstance(lower, str) else [Path(p) for p in lower]  # v1: str
 
     def _discard_upper(self) -> Path | None:
         """Make the upper go away fast: unmount the tmpfs, or rename the folder on disk for
@@ -378,8 +389,9 @@ class Sandbox:
             else:
                 shutil.rmtree(self.upper_root, ignore_errors=True)
             if self.state.get("lower"):
-                mounts.release(self.state["env"]["digest"], self.id,
-                               float(self.state.get("keep_warm", 0.0)))
+                # A version 1 state had one merged mount, keyed by the environment's digest.
+                keys = self.state.get("mounts") or [self.state["env"]["digest"]]
+                release_lowers(keys, self.id, float(self.state.get("keep_warm", 0.0)))
             (self.dir / "state.json").unlink(missing_ok=True)
         if rootfs.is_mount_point(self.rootfs):  # never delete through a live overlay
             raise WeenvError(f"{self.rootfs} is still mounted; run `weenv sandbox gc` later")
@@ -464,6 +476,7 @@ def _initial_state(sandbox_id: str, source: EnvSource, options: SandboxOptions,
         "tmpfs_size": options.tmpfs_size,
         "keep_upper": options.keep_upper,
         "keep_warm": options.keep_warm,
+        "lower_mode": options.lower,
         "launcher": "runc",
         "process": ProcessSpec((), ()).to_json(),
         "resets": 0,

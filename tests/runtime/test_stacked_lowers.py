@@ -1,0 +1,85 @@
+"""Sandboxes over a stack of per-group mounts (runtime/lowers.py): environments that share
+groups share those groups' mounts; whiteouts and opaque directories of upper groups work in
+the sandbox as in the merged mount; `--lower merged` still gives one mount per environment."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from rt_support import EnvRef, run_weenv
+from support import layers
+from support.trees import dir, file  # noqa: A004
+
+from weenvfs.fuse import daemon
+from weenvfs.runtime.environment import Environment
+from weenvfs.runtime.lowers import DEFAULT_LOWER, plan_lowers
+from weenvfs.store import open_store
+from weenvfs.store.repository import Repository
+from weenvfs.tools.builder import build_group, open_source
+from weenvfs.tools.publish import compose_env
+
+
+def task_env(base: EnvRef, tmp_path: Path, n: int, test_digests: set[str]) -> EnvRef:
+    """An environment of the minbase group plus a task group of its own: a new file, a
+    whiteout of /etc/debian_version and an opaque /usr/share/doc (minbase's docs hidden)
+    whose parents the tar only implies (they keep minbase's attributes)."""
+    tar = layers.layer_file(
+        tmp_path / f"task{n}.tar", dir("work"), file("work/task", f"task {n}\n".encode()),
+        layers.whiteout("etc/debian_version"), dir("usr/share/doc", mode=0o700),
+        layers.opaque("usr/share/doc"), file("usr/share/doc/only", b"o"))
+    name = f"task{n}-{uuid.uuid4().hex[:8]}"
+    with open_store(str(base.store)) as store:
+        repo = Repository(store)
+        build_group(open_source(tar), repo, name, "t")
+        digest = compose_env(repo, name, "t", ["minbase:t", f"{name}:t"])
+        groups = [g.index for g in repo.resolve_env(digest)[1].groups]
+        keys = tuple(m.key for m in plan_lowers(digest, groups, DEFAULT_LOWER, store.url,
+                                                 base.cache))
+    test_digests.update({digest, *keys})
+    return EnvRef(f"{name}:t", base.store, digest, base.cache, keys)
+
+
+def test_environments_share_the_mounts_of_their_common_groups(
+    env_ref: EnvRef, tmp_path: Path, test_digests: set[str]
+) -> None:
+    tasks = [task_env(env_ref, tmp_path, n, test_digests) for n in range(2)]
+    assert tasks[0].keys[1] == tasks[1].keys[1] and tasks[0].keys[0] != tasks[1].keys[0]
+    with Environment.open(tasks[0].ref, store=tasks[0].store, cache=tasks[0].cache) as a, \
+         Environment.open(tasks[1].ref, store=tasks[1].store, cache=tasks[1].cache) as b:
+        lower_a, lower_b = a.sandbox.state["lower"], b.sandbox.state["lower"]
+        assert len(lower_a) == 2 and lower_a[1] == lower_b[1] and lower_a[0] != lower_b[0]
+        for n, env in enumerate((a, b)):
+            assert env.read_file("/work/task") == f"task {n}\n".encode()
+            assert env.exec(["test", "-e", "/etc/debian_version"]).exit_code == 1
+            assert env.exec(["ls", "-A", "/usr/share/doc"]).stdout == b"only\n"
+            shown = env.exec(["stat", "-c", "%a %u", "/usr", "/usr/share", "/usr/share/doc"])
+            assert shown.stdout == b"755 0\n755 0\n700 0\n"
+            assert env.exec(["test", "-x", "/bin/sh"]).ok  # from the shared group
+        # Deleting a file of the shared group and writing into it stays in one sandbox.
+        assert a.exec("rm /etc/hostname && echo mine > /etc/motd").ok
+        assert b.exec(["test", "-e", "/etc/hostname"]).ok
+        assert b.exec(["cat", "/etc/motd"]).stdout != b"mine\n"
+        a.reset()
+        assert a.exec(["test", "-e", "/etc/hostname"]).ok
+    for key in {*tasks[0].keys, *tasks[1].keys}:
+        assert not daemon.is_mounted(Path(f"/run/weenv/envs/{key}/root"))
+
+
+def test_merged_lower_is_one_mount_of_the_environment(
+    env_ref: EnvRef, tmp_path: Path, test_digests: set[str]
+) -> None:
+    task = task_env(env_ref, tmp_path, 0, test_digests)
+    done = run_weenv("run", task.ref, "--store", str(task.store), "--cache", str(task.cache),
+                     "--lower", "merged", "--", "sh", "-c",
+                     "cat /work/task; ls -A /usr/share/doc; test ! -e /etc/debian_version")
+    assert done.stdout.splitlines()[:2] == [b"task 0", b"only"]
+    with Environment.open(task.ref, store=task.store, cache=task.cache, lower="merged") as env:
+        assert env.sandbox.state["lower"] == [f"/run/weenv/envs/{task.digest}/root"]
+        assert env.exec(["test", "-e", "/etc/debian_version"]).exit_code == 1
+
+
+def test_an_unknown_lower_mode_is_one_line(env_ref: EnvRef) -> None:
+    done = run_weenv("run", env_ref.ref, "--store", str(env_ref.store), "--lower", "flat",
+                     "--", "true", check=False)
+    assert done.returncode == 2 and b"--lower" in done.stderr and b"Traceback" not in done.stderr

@@ -1,0 +1,98 @@
+"""Which shared mounts make a sandbox's read-only lower, and taking them all at once.
+
+Two ways, chosen per sandbox (`--lower`, `SandboxOptions.lower`):
+
+- `layers` (the default): one mount per group (`weenv mount --layer N`, core/layer_tree.py),
+  stacked by the sandbox's own overlayfs as Docker's overlay2 stacks layers. The mount of
+  group N is keyed by the index digests of groups 0..N (and the store and chunk cache it
+  serves from), so every environment built on the same groups shares those mounts, and with
+  them the kernel's inodes, dentries and page cache: 32 task environments on one Python and
+  packages group read numpy once, through one daemon, where merged mounts read it 32 times
+  through 32 daemons. The hint of an environment is replayed by the mount of its top group.
+- `merged`: one mount of the whole environment, keyed by its manifest digest (the groups are
+  composed inside the daemon; one daemon and one overlay layer per environment).
+
+A stack deeper than MAX_LAYERS is mounted merged: overlayfs takes its options in one page.
+
+Must not: serve mounts (fuse/), keep reference counts (mounts.py) or mount the overlay
+(sandbox.py, rootfs.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from weenvfs.errors import UsageError
+
+from . import mounts
+
+log = logging.getLogger(__name__)
+
+LOWER_MODES = ("layers", "merged")
+DEFAULT_LOWER = "layers"
+# Mount points are ~86 bytes (/run/weenv/envs/<64 hex>/root): 32 of them and the upper and
+# work paths fit the 4 KiB the kernel takes for overlay options.
+MAX_LAYERS = 32
+
+
+@dataclass(frozen=True)
+class LowerMount:
+    """One shared mount of a sandbox's lower: its key (mounts.py) and what it serves."""
+
+    key: str
+    layer: int | None  # the group it serves as an overlay layer; None: the merged environment
+
+
+def plan_lowers(
+    digest: str, groups: Sequence[str], mode: str, store_url: str, cache_dir: Path
+) -> list[LowerMount]:
+    """The mounts for environment `digest` whose groups have index digests `groups` (lowest
+    first), served from `store_url` through `cache_dir`; topmost first, as overlayfs'
+    `lowerdir` lists them."""
+    if mode not in LOWER_MODES:
+        raise UsageError(f"--lower must be one of {', '.join(LOWER_MODES)}, not {mode!r}")
+    if mode == "merged" or not groups:
+        return [LowerMount(digest, None)]
+    if len(groups) > MAX_LAYERS:
+        log.info("environment %s has %d groups (over %d): mounting it merged", digest[:12],
+                 len(groups), MAX_LAYERS)
+        return [LowerMount(digest, None)]
+    stack = hashlib.sha256(b"weenv layer stack\n%s\n%s" % (
+        store_url.encode(), bytes(cache_dir.absolute())))
+    planned = []
+    for position, index in enumerate(groups):
+        stack.update(b"\n" + index.encode())
+        planned.append(LowerMount(stack.hexdigest(), position))
+    return planned[::-1]
+
+
+def acquire_lowers(
+    planned: Sequence[LowerMount], holder: str, *, env: str, store_url: str, cache_dir: Path,
+    is_live: Callable[[str], bool],
+) -> list[Path]:
+    """Take every mount of `planned` for `holder` (mounting those missing, in parallel: each
+    one starts a daemon); their mount points in the same order. All or nothing: on an
+    error, the mounts already taken are released and the first error is raised."""
+    def take(mount: LowerMount) -> Path:
+        return mounts.acquire(mount.key, holder, store_url=store_url, cache_dir=cache_dir,
+                              is_live=is_live, env=env, layer=mount.layer)
+
+    with ThreadPoolExecutor(max_workers=len(planned), thread_name_prefix="lower") as pool:
+        futures = [pool.submit(take, mount) for mount in planned]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        taken = [m.key for m, f in zip(planned, futures, strict=True) if f.exception() is None]
+        release_lowers(taken, holder)
+        raise errors[0]
+    return [f.result() for f in futures]
+
+
+def release_lowers(keys: Sequence[str], holder: str, keep_warm: float = 0.0) -> None:
+    """Drop `holder` from every mount of `keys` (see `mounts.release`)."""
+    for key in keys:
+        mounts.release(key, holder, keep_warm)
