@@ -105,6 +105,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--no-shaped", action="store_true", help="skip the shaped link")
     add("--no-mountd", action="store_true", help="WeEnv without its resident mount server "
         "(`weenv mountd`): each mount daemon starts a new interpreter")
+    add("--lower", choices=("layers", "merged"), default="layers",
+        help="WeEnv sandboxes over a shared mount per group (layers, default) or one mount "
+        "per environment (merged)")
     add("--reference", action=argparse.BooleanOptionalAction, default=None,
         help="also the cold start of DESIGN.md's reference tree (default: on, off with --quick)")
     add("--only", default="ready,update,rl", help="figures to run: ready,update,rl")
@@ -134,6 +137,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "reference": (not quick) if args.reference is None else args.reference and not smoke,
         "only": set(args.only.split(",")),
         "rate_mbit": args.rate_mbit, "rtt_ms": args.rtt_ms, "mountd": not args.no_mountd,
+        "lower": args.lower,
     }
 
 
@@ -198,7 +202,7 @@ class Run:
         if "weenv" in self.s["peers"]:
             cache = self.work / "node-cache"
             for hints in (False, True):
-                peer = WeenvPeer(url, cache, self.hinted, hints)
+                peer = WeenvPeer(url, cache, self.hinted, hints, self.s["lower"])
                 out[peer.name] = Contender(peer, FetchMeter(peer))
         return out
 

@@ -229,6 +229,18 @@ def store_bytes(url: str) -> dict[str, int]:
         return {key: store.size(key) for key in store.list()}
 
 
+def _layer_meta_bytes(store: Store, repo: Repository, image: str, hints: bool) -> list[int]:
+    """What the mount of each group of `image` as an overlay layer loads besides chunks: the
+    manifest, the indexes of that group and those below it, and for the top one the hint."""
+    digest, manifest = repo.resolve_env(env_ref(image))
+    sizes = [store.size(f"indexes/{g.index}") for g in manifest.groups]
+    out = [store.size(f"manifests/{digest}") + sum(sizes[: n + 1]) for n in range(len(sizes))]
+    hint = _hint_digest(repo, image) if hints else None
+    if hint is not None:
+        out[-1] += store.size(f"hints/{hint}")
+    return out
+
+
 def _meta_bytes(store: Store, repo: Repository, image: str, hints: bool) -> int:
     """What every mount of `image` loads besides chunks: manifest, indexes, hint."""
     digest, manifest = repo.resolve_env(env_ref(image))
@@ -255,14 +267,16 @@ class FetchMeter:
 
 class WeenvPeer:
     """WeEnv through its Python API (`Environment`), node cache `cache`, with or without
-    replaying hints."""
+    replaying hints, sandboxes over a mount per group or one merged mount (`lower`)."""
 
-    def __init__(self, url: str, cache: Path, images: Sequence[str], hints: bool) -> None:
-        self.url, self.cache, self.hints = url, cache, hints
+    def __init__(self, url: str, cache: Path, images: Sequence[str], hints: bool,
+                 lower: str = "layers") -> None:
+        self.url, self.cache, self.hints, self.lower = url, cache, hints, lower
         self.name = "weenv + hints" if hints else "weenv"
         with open_store(url) as store:
             repo = Repository(store)
             self.meta = {i: _meta_bytes(store, repo, i, hints) for i in images}
+            self.layer_meta = {i: _layer_meta_bytes(store, repo, i, hints) for i in images}
         self.images = list(images)
 
     def prepare(self) -> None:
@@ -275,7 +289,8 @@ class WeenvPeer:
         shutil.rmtree(self.cache, ignore_errors=True)
 
     def start(self, image: str) -> Environment:
-        return Environment.open(env_ref(image), store=self.url, cache=self.cache)
+        return Environment.open(env_ref(image), store=self.url, cache=self.cache,
+                                lower=self.lower)
 
     def exec(self, env: Environment, argv: Sequence[str]) -> None:
         result = env.exec(list(argv), timeout=900)
@@ -288,12 +303,15 @@ class WeenvPeer:
 
     def fetched(self, envs: Sequence[tuple[str, Environment]]) -> dict[str, Any]:
         """Bytes fetched by the mounts of `envs` ((image, env) pairs) so far."""
-        seen: dict[str, str] = {}
+        seen: dict[str, str] = {}  # every mount of the batch (shared ones once)
         for image, env in envs:
-            seen.setdefault(env.sandbox.state["lower"], image)
+            for mountpoint in env.sandbox.state["lower"]:
+                seen.setdefault(mountpoint, image)
         chunks = meta = 0
         for mountpoint, image in seen.items():
-            chunks += int(read_stats(mountpoint)["fetch"]["bytes_fetched"])
-            meta += self.meta[image]
+            stats = read_stats(mountpoint)
+            chunks += int(stats["fetch"]["bytes_fetched"])
+            layer = stats["mount"].get("layer")
+            meta += self.meta[image] if layer is None else self.layer_meta[image][layer]
         return {"bytes": chunks + meta, "chunk_bytes": chunks, "metadata_bytes": meta,
                 "mounts": len(seen)}

@@ -79,7 +79,8 @@ def test_smoke_run_weenv_side(bench_dir: Path, tmp_path: Path) -> None:
             (batch,) = ready["2"][scenario][contender]
             assert "error" not in batch, batch
             assert len(batch["envs"]) == 2
-            assert batch["all_ready_s"] > 0 and batch["moved"]["mounts"] == 2
+            # A mount per group: base, python and packages shared, and each task's own.
+            assert batch["all_ready_s"] > 0 and batch["moved"]["mounts"] == 3 + 2
     cold = ready["1"]["cold"]["weenv"][0]["moved"]
     assert cold["chunk_bytes"] > 0 and cold["metadata_bytes"] > 0
 
