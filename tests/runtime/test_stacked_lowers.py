@@ -7,13 +7,15 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import pytest
 from rt_support import EnvRef, run_weenv
 from support import layers
 from support.trees import dir, file  # noqa: A004
 
+from weenvfs.errors import UsageError
 from weenvfs.fuse import daemon
 from weenvfs.runtime.environment import Environment
-from weenvfs.runtime.lowers import DEFAULT_LOWER, plan_lowers
+from weenvfs.runtime.lowers import DEFAULT_LOWER, MAX_LAYERS, plan_lowers
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools.builder import build_group, open_source
@@ -83,3 +85,24 @@ def test_an_unknown_lower_mode_is_one_line(env_ref: EnvRef) -> None:
     done = run_weenv("run", env_ref.ref, "--store", str(env_ref.store), "--lower", "flat",
                      "--", "true", check=False)
     assert done.returncode == 2 and b"--lower" in done.stderr and b"Traceback" not in done.stderr
+
+
+def test_plan_keys_a_mount_by_the_groups_below_it_and_where_it_serves_from() -> None:
+    base, py, task1, task2 = ("a" * 64, "b" * 64, "c" * 64, "d" * 64)
+    cache = Path("/var/cache/weenv/chunks")
+    one = plan_lowers("e" * 64, [base, py, task1], "layers", "s3://b/weenv", cache)
+    two = plan_lowers("f" * 64, [base, py, task2], "layers", "s3://b/weenv", cache)
+    assert [m.layer for m in one] == [2, 1, 0]  # topmost first, as lowerdir lists them
+    assert [m.key for m in one][1:] == [m.key for m in two][1:] and one[0].key != two[0].key
+    # The same group on another base, another store or another cache is another mount.
+    assert plan_lowers("e" * 64, [py], "layers", "s3://b/weenv", cache)[0].key != one[1].key
+    assert plan_lowers("e" * 64, [base], "layers", "s3://other", cache)[0].key != one[2].key
+    assert plan_lowers("e" * 64, [base], "layers", "s3://b/weenv", Path("/c"))[0].key \
+        != one[2].key
+    merged = plan_lowers("e" * 64, [base, py, task1], "merged", "s3://b/weenv", cache)
+    assert [(m.key, m.layer) for m in merged] == [("e" * 64, None)]
+    deep = plan_lowers("e" * 64, [f"{n:064x}" for n in range(MAX_LAYERS + 1)], "layers",
+                       "s3://b/weenv", cache)
+    assert [(m.key, m.layer) for m in deep] == [("e" * 64, None)]
+    with pytest.raises(UsageError, match="--lower"):
+        plan_lowers("e" * 64, [base], "flat", "s3://b/weenv", cache)
