@@ -215,3 +215,18 @@ def test_keep_warm_timer_unmounts_by_itself(env_ref: EnvRef) -> None:
         assert not daemon.is_mounted(mp) and not mp.parent.exists()
     finally:
         mounts.expire(env_ref.keys[0], sandbox.exists, now=float("inf"))
+
+
+def test_a_release_by_a_non_holder_leaves_a_warm_mount_alone(env_ref: EnvRef) -> None:
+    """A sandbox whose build stopped before it took the mount releases it in its teardown:
+    that must not unmount what another sandbox left warm."""
+    mp = env_ref.mountpoint()
+    with Environment.open(env_ref.ref, store=env_ref.store, cache=env_ref.cache,
+                          keep_warm=600):
+        pass
+    try:
+        mounts.release(env_ref.keys[0], "weenv-never-held")
+        assert daemon.is_mounted(mp)
+        assert json.loads((mp.parent / "mount.json").read_text())["warm_until"] > time.time()
+    finally:
+        mounts.expire(env_ref.keys[0], sandbox.exists, now=float("inf"))

@@ -183,9 +183,14 @@ def _mount(
 
 
 def release(digest: str, holder: str, keep_warm: float = 0.0) -> None:
-    """Drop `holder`; unmount when no holder is left, now or after `keep_warm` seconds."""
+    """Drop `holder`; unmount when no holder is left, now or after `keep_warm` seconds. A
+    release by a process that does not hold the mount changes nothing (a sandbox whose build
+    stopped before taking it must not unmount what others keep warm)."""
     with locked(digest) as folder:
-        (folder / "holders" / holder).unlink(missing_ok=True)
+        try:
+            (folder / "holders" / holder).unlink()
+        except FileNotFoundError:
+            return
         if _holders(folder):
             return
         if keep_warm > 0 and daemon.is_mounted(folder / "root"):

@@ -270,9 +270,10 @@ class Sandbox:
             self.save()
         planned = plan_lowers(source.digest, source.groups, options.lower, source.store_url,
                               source.cache_dir)
+        self.state["mounts"] = [mount.key for mount in planned]  # before: a crash may follow
+        self.save()
         lowers = acquire_lowers(planned, self.id, env=source.digest, store_url=source.store_url,
                                 cache_dir=source.cache_dir, is_live=exists)
-        self.state["mounts"] = [mount.key for mount in planned]
         self.state["lower"] = [str(path) for path in lowers]
         self.save()
         for path in (self.rootfs, self.bundle / "exec"):
@@ -388,10 +389,10 @@ class Sandbox:
                     (self.upper_root / KEPT_MARKER).write_text(json.dumps(self.state))
             else:
                 shutil.rmtree(self.upper_root, ignore_errors=True)
-            if self.state.get("lower"):
-                # A version 1 state had one merged mount, keyed by the environment's digest.
-                keys = self.state.get("mounts") or [self.state["env"]["digest"]]
-                release_lowers(keys, self.id, float(self.state.get("keep_warm", 0.0)))
+            # A version 1 state had one merged mount, keyed by the environment's digest.
+            keys = self.state.get("mounts") or ([self.state["env"]["digest"]]
+                                                if self.state.get("lower") else [])
+            release_lowers(keys, self.id, float(self.state.get("keep_warm", 0.0)))
             (self.dir / "state.json").unlink(missing_ok=True)
         if rootfs.is_mount_point(self.rootfs):  # never delete through a live overlay
             raise WeenvError(f"{self.rootfs} is still mounted; run `weenv sandbox gc` later")
