@@ -126,7 +126,8 @@ def _register_run(subparsers: Sub) -> None:
         help="run one command in a fresh sandbox of an environment",
         description=(
             "Run CMD in a new sandbox of environment REF and exit with its status.\n"
-            "The sandbox is a writable overlay over the environment's shared lazy mount, in\n"
+            "The sandbox is a writable overlay over the environment's shared lazy mounts\n"
+            "(one per group, shared with every environment built on the same groups), in\n"
             "its own pid, mount, ipc, uts and (by default) network namespaces and cgroup.\n"
             "Without CMD the environment's entrypoint and cmd run. Everything is removed at\n"
             "exit (--keep keeps the writable layer for inspection)."

@@ -123,7 +123,7 @@ class Environment:
     ) -> Environment:
         """Start a sandbox of `ref` from `store` (a URL or directory); `cache` is the node's
         chunk cache (default as `weenv mount`). `memory` is in bytes; `pids` defaults to
-        cgroups.DEFAULT_PIDS. The environment mount stays `keep_warm` seconds after the
+        cgroups.DEFAULT_PIDS. The environment's mounts stay `keep_warm` seconds after the
         last sandbox of it closes. With `elastic` the node's provisioner sizes memory and
         CPU from what the sandbox uses (starting its sidecar if none runs): `cpus` and
         `memory` are then the first limits (default: from earlier sandboxes of the

@@ -5,12 +5,12 @@ Owns the rules for what is an orphan, and their removal:
   detached one (`weenv sandbox create`) whose init is gone (the node rebooted, or someone
   killed it): `Sandbox.destroy` kills its
   processes, unmounts its overlay and tmpfs, removes its cgroup and upper dir and drops its
-  hold on the environment mount;
+  hold on the environment's shared mounts;
 - registrations with the node's provisioner of sandboxes that are gone (elastic.py), then
   runc containers and cgroups under `/weenv/` with no sandbox folder (a crash between
   steps of create or destroy);
 - upper dirs with no sandbox that were not kept on purpose, and trash left by a reset;
-- environment mounts: holders whose sandbox is gone are dropped, and a mount with no holder
+- shared mounts (mounts.py): holders whose sandbox is gone are dropped, and a mount with no holder
   that is not kept warm is unmounted.
 A sandbox still being created or reset by a live owner is never touched.
 

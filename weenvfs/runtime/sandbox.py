@@ -1,4 +1,4 @@
-"""A sandbox: a writable, isolated root over a shared environment mount, and its lifecycle.
+"""A sandbox: a writable, isolated root over shared environment mounts, and its lifecycle.
 
 Owns, per sandbox `ID` (`weenv-<10 hex>` unless named):
 
