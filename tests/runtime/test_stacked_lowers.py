@@ -85,6 +85,8 @@ def test_an_unknown_lower_mode_is_one_line(env_ref: EnvRef) -> None:
     done = run_weenv("run", env_ref.ref, "--store", str(env_ref.store), "--lower", "flat",
                      "--", "true", check=False)
     assert done.returncode == 2 and b"--lower" in done.stderr and b"Traceback" not in done.stderr
+    with pytest.raises(UsageError, match="--lower"):
+        Environment.open(env_ref.ref, store=env_ref.store, cache=env_ref.cache, lower="flat")
 
 
 def test_plan_keys_a_mount_by_the_groups_below_it_and_where_it_serves_from() -> None:

@@ -46,7 +46,7 @@ from weenvfs.errors import UsageError, WeenvError
 from . import cgroups, elastic, rootfs
 from .cgroups import Limits, cgroup_pids, remove_cgroup
 from .launcher import Launcher, LaunchSpec, ProcessSpec, default_launcher
-from .lowers import DEFAULT_LOWER, acquire_lowers, plan_lowers, release_lowers
+from .lowers import DEFAULT_LOWER, LOWER_MODES, acquire_lowers, plan_lowers, release_lowers
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +232,9 @@ class Sandbox:
         require_root()
         if options.network not in ("none", "host"):
             raise UsageError(f"--network must be none or host, not {options.network!r}")
+        if options.lower not in LOWER_MODES:
+            raise UsageError(f"--lower must be one of {', '.join(LOWER_MODES)}, "
+                             f"not {options.lower!r}")
         if options.keep_upper and options.tmpfs_upper:
             raise UsageError("keeping the upper layer needs it on disk (no --tmpfs-upper)")
         sandbox_id = options.name or f"weenv-{secrets.token_hex(5)}"
