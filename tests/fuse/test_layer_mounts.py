@@ -1,11 +1,15 @@
 """`weenv mount --layer N`: each group as a kernel overlayfs lower layer. Stacked by the real
-overlayfs, the layer mounts must give exactly the merged mount's tree (and the OCI union)."""
+overlayfs, the layer mounts must give exactly the merged mount's tree (and the OCI union):
+for hand-made layers covering every union rule, and for random stacks of three layers
+(seeded; files, directories, symlinks, hardlinks, whiteouts and opaque directories over
+each other, implied parents; 80 seeds passed when this was written, 12 run here)."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
+import random
 import stat
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -14,7 +18,7 @@ from pathlib import Path
 import pytest
 from mounts import Mounter, publish, run_weenv
 from support import layers, oci_apply, trees
-from support.trees import dir, file, with_parents  # noqa: A004
+from support.trees import dir, file, hardlink, symlink, with_parents  # noqa: A004
 
 pytestmark = pytest.mark.requires_fuse
 
@@ -107,3 +111,127 @@ def test_layer_out_of_range_is_one_line(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert done.stderr.strip().count("\n") == 0 and "no group 3" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+# -- random stacks ---------------------------------------------------------------------------
+
+NAMES = ("a", "b", "c", "d")
+
+
+def _visible(root: Path) -> dict[str, str]:
+    """Every path under `root` (relative, str) and its kind: dir, reg or other."""
+    kinds = {}
+    for path in root.rglob("*"):
+        st = path.lstat()
+        kind = "dir" if stat.S_ISDIR(st.st_mode) else "reg" if stat.S_ISREG(st.st_mode) \
+            else "other"
+        kinds[str(path.relative_to(root))] = kind
+    return kinds
+
+
+class _Layer:
+    """One random layer under construction: an entry per path, consistent within the layer."""
+
+    def __init__(self, rng: random.Random, below: dict[str, str]) -> None:
+        self.rng, self.below = rng, below
+        self.members: list[trees.Spec] = []
+        self.kinds: dict[str, str] = {}  # paths of this layer, implied parents as dirs
+        self.hidden: set[str] = set()  # whited out here: nothing at or under them
+        self.files: list[str] = []
+        self.declared: set[str] = set()  # directories this layer declares
+        self.opaqued: set[str] = set()  # directories this layer makes opaque
+
+    def _free(self, path: str, kind: str) -> bool:
+        if path in self.kinds or any(path == h or path.startswith(h + "/") for h in self.hidden):
+            return False
+        parents = ["/".join(path.split("/")[:i]) for i in range(1, path.count("/") + 1)]
+        if any(self.kinds.get(p, "dir") != "dir" for p in parents):
+            return False
+        # A parent this layer only implies must not be a lower non-directory (the reference
+        # applier refuses to create below a lower symlink).
+        if any(p not in self.declared and self.below.get(p, "dir") != "dir" for p in parents):
+            return False
+        return kind == "dir" or not any(k.startswith(path + "/") for k in self.kinds)
+
+    def _take(self, path: str, kind: str) -> None:
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            self.kinds.setdefault("/".join(parts[:i]), "dir")
+        self.kinds[path] = kind
+
+    def _path(self) -> str:
+        return "/".join(self.rng.choice(NAMES) for _ in range(self.rng.randint(1, 3)))
+
+    def add_random(self) -> None:
+        rng, op = self.rng, self.rng.random()
+        meta = {"uid": rng.choice([0, 1000]), "mtime": rng.randrange(1, 2_000_000_000)}
+        if op < 0.3:
+            path = self._path()
+            if self._free(path, "reg"):
+                self._take(path, "reg")
+                self.files.append(path)
+                self.members.append(file(path, rng.randbytes(rng.randrange(0, 3000)),
+                                         mode=rng.choice([0o644, 0o755, 0o600]), **meta,
+                                         xattrs={"user.k": b"v"} if rng.random() < 0.2 else None))
+        elif op < 0.45:
+            path = self._path()
+            if self._free(path, "dir"):
+                self._take(path, "dir")
+                self.declared.add(path)
+                self.members.append(dir(path, mode=rng.choice([0o755, 0o700, 0o750]), **meta))
+        elif op < 0.55:
+            path = self._path()
+            if self._free(path, "lnk"):
+                self._take(path, "lnk")
+                self.members.append(symlink(path, rng.choice(["a", "../b/c", "/d"]), **meta))
+        elif op < 0.6 and self.files:
+            path = self._path()
+            if self._free(path, "reg"):
+                self._take(path, "reg")
+                self.members.append(hardlink(path, rng.choice(self.files)))
+        elif op < 0.85 and self.below:
+            path = rng.choice(sorted(self.below))
+            # Not below a directory this layer makes opaque: the marker's parent would be gone
+            # before the marker applies, and the oracle then drops the parent where Docker and
+            # containerd (and WeEnv's builder) create it.
+            inside = any(path.startswith(o + "/") for o in self.opaqued)
+            if self._free(path, "wh") and not inside \
+                    and not any(k.startswith(path + "/") for k in self.kinds):
+                parts = path.split("/")
+                for i in range(1, len(parts)):
+                    self.kinds.setdefault("/".join(parts[:i]), "dir")
+                self.hidden.add(path)
+                self.members.append(layers.whiteout(path))
+        elif self.below:
+            dirs = sorted(p for p, k in self.below.items() if k == "dir")
+            if dirs:
+                path = rng.choice(dirs)
+                if self._free(path, "dir") and not any(h.startswith(path + "/")
+                                                       for h in self.hidden):
+                    self._take(path, "dir")
+                    self.declared.add(path)
+                    self.opaqued.add(path)
+                    self.members += [dir(path, mode=0o711, **meta), layers.opaque(path)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_stacks_equal_the_merged_mount(tmp_path: Path, mounter: Mounter,
+                                              seed: int) -> None:
+    rng = random.Random(seed)
+    applied = tmp_path / "applied"
+    applied.mkdir()
+    tars = []
+    for n in range(3):
+        layer = _Layer(rng, _visible(applied))
+        for _ in range(rng.randint(4, 14)):
+            layer.add_random()
+        tars.append(layers.layer_file(tmp_path / f"l{n}.tar", *layer.members))
+        oci_apply.apply_layer(applied, tars[-1].read_bytes())
+    ref = publish(tmp_path / "store", tars)
+    merged = mounter.mount(ref, tmp_path / "store").mountpoint
+    # nlink of a hardlink comes from its group's index, too high when an upper group hid one
+    # of its names (a known limit of both layouts, docs/design-notes.md): links not compared.
+    trees.assert_trees_equal(applied, merged, ignore=["root", "links"])
+    lowers = layer_mounts(mounter, ref, tmp_path / "store", len(tars))
+    with overlay(tmp_path / "stack", lowers) as stack:
+        trees.assert_trees_equal(merged, stack)
