@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from weenvfs.format.compose import Entry
 from weenvfs.format.index import GroupIndex, Inode
 
-from .tree import Attr, Tree, Usage, split_inode
+from .tree import Attr, Tree, split_inode
 
 OVERLAY_XATTR_PREFIX = b"trusted.overlay."
 OPAQUE_XATTR = (b"trusted.overlay.opaque", b"y")
@@ -107,10 +107,5 @@ class LayerTree(Tree):
             own = sorted([*own, OPAQUE_XATTR])
         return own
 
-    def usage(self) -> Usage:
-        if self._usage is None:
-            index = self.groups[self.top]
-            data = sum(rec.ulen for rec in map(index.chunk, range(index.header.chunk_count))
-                       if not rec.zero)
-            self._usage = Usage(data, index.inode_count)
-        return self._usage
+    def _shown_groups(self) -> Sequence[GroupIndex]:
+        return [self.groups[self.top]]

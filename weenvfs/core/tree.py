@@ -217,6 +217,10 @@ class Tree:
             self._listed -= len(self._listings.popitem(last=False)[1])
         return listing
 
+    def _shown_groups(self) -> Sequence[GroupIndex]:
+        """The groups whose entries this tree shows (all of them, composed)."""
+        return self.groups
+
     def _entries(self, directory: Entry) -> Iterator[tuple[bytes, Entry]]:
         """(name, entry) of `directory`, as `ComposedTree.entries` gives them. A directory of
         one layer (most are) is read straight from its index: nothing below it can show
@@ -269,11 +273,11 @@ class Tree:
         return index, entry.inode
 
     def usage(self) -> Usage:
-        """Stored bytes (non-zero chunks) and inode records of all groups, computed once on
-        first use (a walk over the chunk tables, so never at mount time)."""
+        """Stored bytes (non-zero chunks) and inode records of the groups this tree shows,
+        computed once on first use (a walk over the chunk tables, so never at mount time)."""
         if self._usage is None:
             data = inodes = 0
-            for index in self.groups:
+            for index in self._shown_groups():
                 inodes += index.inode_count
                 for n in range(index.header.chunk_count):
                     rec = index.chunk(n)
