@@ -34,6 +34,12 @@ class Environment:
     layer: int | None = None  # the group served as an overlayfs lower layer, if any
 
     @property
+    def serves_top(self) -> bool:
+        """Whether this mount shows the environment's top group (merged, or its last layer):
+        only such a mount replays the environment's hint, which covers every group."""
+        return self.layer is None or self.layer == len(self.manifest.groups) - 1
+
+    @property
     def group_names(self) -> list[str]:
         """The names of the groups this mount serves or sits on, lowest first."""
         return [group.name for group in self.manifest.groups[: len(self.tree.groups)]]

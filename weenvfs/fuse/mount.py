@@ -106,10 +106,7 @@ async def serve(env: Environment, config: MountConfig, ready: Callable[[], None]
     reader = Reader(env.tree, fetcher)
     recorder = reader.recorder = HintRecorder() if config.record_tag is not None else None
     prefetcher = Prefetcher(env.tree.groups, fetcher, fetch_all=config.fetch_all)
-    # A hint covers the whole environment: the mount of its top group replays it; the mounts
-    # of lower groups, shared with other environments, do not.
-    below_top = env.layer is not None and env.layer < len(env.manifest.groups) - 1
-    lookup = (lambda: None) if below_top else env_hint_lookup(env, config.hint)
+    lookup = env_hint_lookup(env, config.hint) if env.serves_top else _no_hint(env)
     started = time.monotonic()
 
     def document() -> dict[str, Any]:
@@ -130,6 +127,14 @@ async def serve(env: Environment, config: MountConfig, ready: Callable[[], None]
         _teardown(fetcher, config.mountpoint)
     if recorder is not None:
         await trio.to_thread.run_sync(_publish_recorded, env, config, recorder)
+
+
+def _no_hint(env: Environment) -> Callable[[], None]:
+    """The hint lookup of a mount of a lower group, shared with other environments: none
+    (the mount of the environment's top group replays its hint)."""
+    log.info("group %s is not the top of %s: its hint is replayed by that group's mount",
+             env.layer, env.ref)
+    return lambda: None
 
 
 async def _run(
