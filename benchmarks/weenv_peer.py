@@ -231,7 +231,8 @@ def store_bytes(url: str) -> dict[str, int]:
 
 def _layer_meta_bytes(store: Store, repo: Repository, image: str, hints: bool) -> list[int]:
     """What the mount of each group of `image` as an overlay layer loads besides chunks: the
-    manifest, the indexes of that group and those below it, and for the top one the hint."""
+    manifest, the indexes of that group and those below it, and for the top one the hint
+    (the last is also what a merged mount of `image` loads)."""
     digest, manifest = repo.resolve_env(env_ref(image))
     sizes = [store.size(f"indexes/{g.index}") for g in manifest.groups]
     out = [store.size(f"manifests/{digest}") + sum(sizes[: n + 1]) for n in range(len(sizes))]
@@ -239,17 +240,6 @@ def _layer_meta_bytes(store: Store, repo: Repository, image: str, hints: bool) -
     if hint is not None:
         out[-1] += store.size(f"hints/{hint}")
     return out
-
-
-def _meta_bytes(store: Store, repo: Repository, image: str, hints: bool) -> int:
-    """What every mount of `image` loads besides chunks: manifest, indexes, hint."""
-    digest, manifest = repo.resolve_env(env_ref(image))
-    total = store.size(f"manifests/{digest}")
-    total += sum(store.size(f"indexes/{g.index}") for g in manifest.groups)
-    hint = _hint_digest(repo, image) if hints else None
-    if hint is not None:
-        total += store.size(f"hints/{hint}")
-    return total
 
 
 class FetchMeter:
@@ -275,7 +265,6 @@ class WeenvPeer:
         self.name = "weenv + hints" if hints else "weenv"
         with open_store(url) as store:
             repo = Repository(store)
-            self.meta = {i: _meta_bytes(store, repo, i, hints) for i in images}
             self.layer_meta = {i: _layer_meta_bytes(store, repo, i, hints) for i in images}
         self.images = list(images)
 
@@ -305,13 +294,14 @@ class WeenvPeer:
         """Bytes fetched by the mounts of `envs` ((image, env) pairs) so far."""
         seen: dict[str, str] = {}  # every mount of the batch (shared ones once)
         for image, env in envs:
-            for mountpoint in env.sandbox.state["lower"]:
-                seen.setdefault(mountpoint, image)
+            for mountpoint in env.sandbox.lowers:
+                seen.setdefault(str(mountpoint), image)
         chunks = meta = 0
         for mountpoint, image in seen.items():
             stats = read_stats(mountpoint)
             chunks += int(stats["fetch"]["bytes_fetched"])
             layer = stats["mount"].get("layer")
-            meta += self.meta[image] if layer is None else self.layer_meta[image][layer]
+            # A merged mount loads what the mount of the top group does.
+            meta += self.layer_meta[image][-1 if layer is None else layer]
         return {"bytes": chunks + meta, "chunk_bytes": chunks, "metadata_bytes": meta,
                 "mounts": len(seen)}

@@ -19,7 +19,7 @@ Every test here needs root, runc, catatonit and FUSE: without them it skips with
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -66,20 +66,22 @@ def test_digests() -> set[str]:
 
 @pytest.fixture
 def make_env(minbase_store: Path, tmp_path: Path, test_digests: set[str]) -> Callable[..., EnvRef]:
-    """`make_env(config=None, name="rt")`: a new environment of the minbase group."""
+    """`make_env(config=None, name="rt", groups=[minbase])`: a new environment of `groups`
+    (NAME:TAG of groups in the minbase store, lowest first)."""
     count = [0]
 
-    def make(config: RuntimeConfig | None = None, name: str = "rt") -> EnvRef:
+    def make(config: RuntimeConfig | None = None, name: str = "rt",
+             groups: Sequence[str] = (GROUP,)) -> EnvRef:
         count[0] += 1
         tag = f"t{count[0]}"
         store = open_store(str(minbase_store))
         try:
             repo = Repository(store)
             digest = compose_env(
-                repo, name, tag, [GROUP], config, {"test-nonce": uuid.uuid4().hex}
+                repo, name, tag, list(groups), config, {"test-nonce": uuid.uuid4().hex}
             )
-            groups = [g.index for g in repo.resolve_env(digest)[1].groups]
-            keys = tuple(m.key for m in plan_lowers(digest, groups, DEFAULT_LOWER, store.url,
+            indexes = [g.index for g in repo.resolve_env(digest)[1].groups]
+            keys = tuple(m.key for m in plan_lowers(digest, indexes, DEFAULT_LOWER, store.url,
                                                      tmp_path / "cache"))
         finally:
             store.close()

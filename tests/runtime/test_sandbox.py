@@ -49,7 +49,7 @@ def test_writes_land_in_the_upper_and_the_shared_lower_is_untouched(env_ref: Env
 
 def test_two_sandboxes_of_one_environment_do_not_see_each_other(env_ref: EnvRef) -> None:
     with _open(env_ref) as a, _open(env_ref) as b:
-        assert a.sandbox.state["lower"] == b.sandbox.state["lower"]  # one shared mount
+        assert a.sandbox.lowers == b.sandbox.lowers  # one shared mount
         assert a.exec("echo from-a > /root/mine").ok
         b.write_file("/root/mine", b"from-b")
         assert a.exec(["cat", "/root/mine"]).stdout == b"from-a\n"

@@ -51,11 +51,11 @@ def test_16_sandboxes_share_one_mount_and_one_fetch_per_chunk(env_ref: EnvRef) -
     envs = open_many([env_ref.ref] * SANDBOXES, store=env_ref.store, cache=env_ref.cache)
     try:
         mp = env_ref.mountpoint()
-        assert {tuple(e.sandbox.state["lower"]) for e in envs} == {(str(mp),)}
+        assert {tuple(e.sandbox.lowers) for e in envs} == {(mp,)}
         with open("/proc/self/mounts") as f:
             assert sum(line.split()[1] == str(mp) for line in f) == 1
         listed = json.loads(run_weenv("sandbox", "ls", "--json").stdout)
-        ours = [e for e in listed["environments"] if e["digest"] == env_ref.keys[0]]
+        ours = [m for m in listed["mounts"] if m["key"] == env_ref.keys[0]]
         assert len(ours) == 1 and len(ours[0]["holders"]) == SANDBOXES
         results: list[bytes] = [b""] * SANDBOXES
 
@@ -174,7 +174,7 @@ def test_keep_warm_keeps_the_mount_until_it_expires(env_ref: EnvRef) -> None:
         assert daemon.process_alive(info["timer_pid"])
         assert env_ref.keys[0] not in gc.collect(mounts_only=True).mounts  # still warm
         with Environment.open(env_ref.ref, store=env_ref.store, cache=env_ref.cache) as env:
-            assert env.sandbox.state["lower"] == [str(mp)]  # the warm mount was reused
+            assert env.sandbox.lowers == [mp]  # the warm mount was reused
             assert env.exec(["true"]).ok
         # The second sandbox asked for no keep-warm: its release unmounted at once.
         assert not daemon.is_mounted(mp)

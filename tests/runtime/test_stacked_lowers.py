@@ -5,6 +5,7 @@ the sandbox as in the merged mount; `--lower merged` still gives one mount per e
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,14 +16,13 @@ from support.trees import dir, file  # noqa: A004
 from weenvfs.errors import UsageError
 from weenvfs.fuse import daemon
 from weenvfs.runtime.environment import Environment
-from weenvfs.runtime.lowers import DEFAULT_LOWER, MAX_LAYERS, plan_lowers
+from weenvfs.runtime.lowers import MAX_LAYERS, plan_lowers
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools.builder import build_group, open_source
-from weenvfs.tools.publish import compose_env
 
 
-def task_env(base: EnvRef, tmp_path: Path, n: int, test_digests: set[str]) -> EnvRef:
+def task_env(make_env: Callable[..., EnvRef], store: Path, tmp_path: Path, n: int) -> EnvRef:
     """An environment of the minbase group plus a task group of its own: a new file, a
     whiteout of /etc/debian_version and an opaque /usr/share/doc (minbase's docs hidden)
     whose parents the tar only implies (they keep minbase's attributes)."""
@@ -30,26 +30,20 @@ def task_env(base: EnvRef, tmp_path: Path, n: int, test_digests: set[str]) -> En
         tmp_path / f"task{n}.tar", dir("work"), file("work/task", f"task {n}\n".encode()),
         layers.whiteout("etc/debian_version"), dir("usr/share/doc", mode=0o700),
         layers.opaque("usr/share/doc"), file("usr/share/doc/only", b"o"))
-    name = f"task{n}-{uuid.uuid4().hex[:8]}"
-    with open_store(str(base.store)) as store:
-        repo = Repository(store)
-        build_group(open_source(tar), repo, name, "t")
-        digest = compose_env(repo, name, "t", ["minbase:t", f"{name}:t"])
-        groups = [g.index for g in repo.resolve_env(digest)[1].groups]
-        keys = tuple(m.key for m in plan_lowers(digest, groups, DEFAULT_LOWER, store.url,
-                                                 base.cache))
-    test_digests.update({digest, *keys})
-    return EnvRef(f"{name}:t", base.store, digest, base.cache, keys)
+    group = f"task{n}-{uuid.uuid4().hex[:8]}"
+    with open_store(str(store)) as opened:
+        build_group(open_source(tar), Repository(opened), group, "t")
+    return make_env(name=group, groups=["minbase:t", f"{group}:t"])
 
 
 def test_environments_share_the_mounts_of_their_common_groups(
-    env_ref: EnvRef, tmp_path: Path, test_digests: set[str]
+    make_env: Callable[..., EnvRef], minbase_store: Path, tmp_path: Path
 ) -> None:
-    tasks = [task_env(env_ref, tmp_path, n, test_digests) for n in range(2)]
+    tasks = [task_env(make_env, minbase_store, tmp_path, n) for n in range(2)]
     assert tasks[0].keys[1] == tasks[1].keys[1] and tasks[0].keys[0] != tasks[1].keys[0]
     with Environment.open(tasks[0].ref, store=tasks[0].store, cache=tasks[0].cache) as a, \
          Environment.open(tasks[1].ref, store=tasks[1].store, cache=tasks[1].cache) as b:
-        lower_a, lower_b = a.sandbox.state["lower"], b.sandbox.state["lower"]
+        lower_a, lower_b = a.sandbox.lowers, b.sandbox.lowers
         assert len(lower_a) == 2 and lower_a[1] == lower_b[1] and lower_a[0] != lower_b[0]
         for n, env in enumerate((a, b)):
             assert env.read_file("/work/task") == f"task {n}\n".encode()
@@ -69,15 +63,15 @@ def test_environments_share_the_mounts_of_their_common_groups(
 
 
 def test_merged_lower_is_one_mount_of_the_environment(
-    env_ref: EnvRef, tmp_path: Path, test_digests: set[str]
+    make_env: Callable[..., EnvRef], minbase_store: Path, tmp_path: Path
 ) -> None:
-    task = task_env(env_ref, tmp_path, 0, test_digests)
+    task = task_env(make_env, minbase_store, tmp_path, 0)
     done = run_weenv("run", task.ref, "--store", str(task.store), "--cache", str(task.cache),
                      "--lower", "merged", "--", "sh", "-c",
                      "cat /work/task; ls -A /usr/share/doc; test ! -e /etc/debian_version")
     assert done.stdout.splitlines()[:2] == [b"task 0", b"only"]
     with Environment.open(task.ref, store=task.store, cache=task.cache, lower="merged") as env:
-        assert env.sandbox.state["lower"] == [f"/run/weenv/envs/{task.digest}/root"]
+        assert env.sandbox.lowers == [Path(f"/run/weenv/envs/{task.digest}/root")]
         assert env.exec(["test", "-e", "/etc/debian_version"]).exit_code == 1
 
 

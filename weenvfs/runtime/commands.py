@@ -408,7 +408,7 @@ def _describe(box: Sandbox, node: NodeView) -> dict[str, Any]:
         "created": state.get("created"),
         "resets": state.get("resets", 0),
         "rootfs": str(box.rootfs),
-        "lower": state.get("lower"),
+        "lower": [str(path) for path in box.lowers],
         "upper": str(box.upper_root / "upper"),
         "tmpfs_upper": state.get("tmpfs_upper"),
         "network": state.get("network"),
@@ -430,7 +430,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         with contextlib.suppress(UsageError):
             boxes.append(_describe(sandbox.Sandbox.load(sandbox_id), node))
     if args.json:
-        document = {"sandboxes": boxes, "environments": [e.to_json() for e in mounts.list_envs()]}
+        document = {"sandboxes": boxes, "mounts": [m.to_json() for m in mounts.list_mounts()]}
         print(json.dumps(document, indent=2, sort_keys=True))
         return 0
     print(f"{'ID':<24} {'STATUS':<10} {'OWNER':>7} {'AGE':>8}  {'LIMITS':<22} ENV")

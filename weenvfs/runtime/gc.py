@@ -142,15 +142,15 @@ def _mounted_below(folder: Path) -> bool:
 
 
 def _env_mounts(report: GcReport) -> None:
-    for env in mounts.list_envs():
-        with mounts.locked(env.digest) as folder:
+    for mount in mounts.list_mounts():
+        with mounts.locked(mount.key) as folder:
             stale = mounts.prune_holders(folder, sandbox.exists)
-        report.holders.extend(f"{env.digest[:12]}/{h}" for h in stale)
+        report.holders.extend(f"{mount.key[:12]}/{h}" for h in stale)
         try:
-            if mounts.expire(env.digest, sandbox.exists):
-                report.mounts.append(env.digest)
+            if mounts.expire(mount.key, sandbox.exists):
+                report.mounts.append(mount.key)
         except (OSError, WeenvError) as error:
-            report.errors.append(f"environment {env.digest[:12]}: {error}")
+            report.errors.append(f"mount {mount.key[:12]}: {error}")
 
 
 def collect_after(seconds: float) -> GcReport:

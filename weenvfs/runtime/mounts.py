@@ -45,14 +45,14 @@ from weenvfs.fuse.commands import mount_args
 log = logging.getLogger(__name__)
 
 ENVS_ROOT = Path("/run/weenv/envs")
-DIGEST_LEN = 64
+KEY_LEN = 64
 
 
 @dataclass(frozen=True)
-class EnvInfo:
-    """What `weenv sandbox ls` and gc need to know about one environment mount."""
+class MountInfo:
+    """What `weenv sandbox ls` and gc need to know about one shared mount."""
 
-    digest: str  # the key
+    key: str
     mountpoint: Path
     mounted: bool
     holders: tuple[str, ...]
@@ -62,31 +62,31 @@ class EnvInfo:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict (`weenv sandbox ls --json`)."""
-        return {"digest": self.digest, "mountpoint": str(self.mountpoint),
+        return {"key": self.key, "mountpoint": str(self.mountpoint),
                 "mounted": self.mounted, "holders": list(self.holders),
                 "warm_until": self.warm_until, "env": self.env, "layer": self.layer}
 
 
-def env_dir(digest: str) -> Path:
-    """The folder of environment `digest`."""
-    if len(digest) != DIGEST_LEN or not all(c in "0123456789abcdef" for c in digest):
-        raise UsageError(f"not an environment digest: {digest!r}")
-    return ENVS_ROOT / digest
+def env_dir(key: str) -> Path:
+    """The folder of mount `key`."""
+    if len(key) != KEY_LEN or not all(c in "0123456789abcdef" for c in key):
+        raise UsageError(f"not a mount key (64 hex digits): {key!r}")
+    return ENVS_ROOT / key
 
 
-def mountpoint(digest: str) -> Path:
-    """Where environment `digest` is mounted on this node."""
-    return env_dir(digest) / "root"
+def mountpoint(key: str) -> Path:
+    """Where mount `key` is mounted on this node."""
+    return env_dir(key) / "root"
 
 
 @contextlib.contextmanager
-def locked(digest: str) -> Iterator[Path]:
+def locked(key: str) -> Iterator[Path]:
     """Hold the environment's lock (blocking); yields its folder.
 
     A teardown removes the folder, lock file included, while holding the lock. A waiter that
     then wakes holds a lock on an unlinked file, so it checks that the path still names the
     file it locked and starts over otherwise (as the chunk cache's locks do)."""
-    folder = env_dir(digest)
+    folder = env_dir(key)
     while True:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / "lock"
@@ -143,19 +143,19 @@ def _alive_mount(mp: Path) -> bool:
 
 
 def acquire(
-    digest: str, holder: str, *, store_url: str, cache_dir: Path,
+    key: str, holder: str, *, store_url: str, cache_dir: Path,
     is_live: Callable[[str], bool], env: str | None = None, layer: int | None = None,
 ) -> Path:
-    """Register `holder` as a user of mount `digest`, mounting it if needed; return the
-    mount point. `is_live(holder_id)` tells stale holders (crashed sandboxes) apart. The
-    mount is of environment `env` (default: `digest` itself), or of its group `layer`."""
-    with locked(digest) as folder:
+    """Register `holder` as a user of mount `key`, mounting it if needed; return the mount
+    point. `is_live(holder_id)` tells stale holders (crashed sandboxes) apart. The mount is
+    of environment `env` (default: `key`, a manifest digest), or of its group `layer`."""
+    with locked(key) as folder:
         prune_holders(folder, is_live)
         mp = folder / "root"
         info = _read_info(folder)
         if not _alive_mount(mp):
             mp.mkdir(exist_ok=True)
-            info = _mount(env or digest, mp, store_url, cache_dir, layer)
+            info = _mount(env or key, mp, store_url, cache_dir, layer)
         _stop_timer(info)
         info.pop("warm_until", None)
         _write_info(folder, info)
@@ -182,11 +182,11 @@ def _mount(
             "env": env, "layer": layer}
 
 
-def release(digest: str, holder: str, keep_warm: float = 0.0) -> None:
+def release(key: str, holder: str, keep_warm: float = 0.0) -> None:
     """Drop `holder`; unmount when no holder is left, now or after `keep_warm` seconds. A
     release by a process that does not hold the mount changes nothing (a sandbox whose build
     stopped before taking it must not unmount what others keep warm)."""
-    with locked(digest) as folder:
+    with locked(key) as folder:
         try:
             (folder / "holders" / holder).unlink()
         except FileNotFoundError:
@@ -212,10 +212,10 @@ def prune_holders(folder: Path, is_live: Callable[[str], bool]) -> list[str]:
     return stale
 
 
-def expire(digest: str, is_live: Callable[[str], bool], now: float | None = None) -> bool:
-    """Unmount environment `digest` if it has no live holder and is not kept warm past `now`;
+def expire(key: str, is_live: Callable[[str], bool], now: float | None = None) -> bool:
+    """Unmount mount `key` if it has no live holder and is not kept warm past `now`;
     return whether it was torn down."""
-    with locked(digest) as folder:
+    with locked(key) as folder:
         prune_holders(folder, is_live)
         if _holders(folder):
             return False
@@ -296,17 +296,17 @@ def _stop_timer(info: dict[str, Any]) -> None:
             os.kill(pid, signal.SIGTERM)
 
 
-def list_envs() -> list[EnvInfo]:
-    """Every environment folder on this node."""
+def list_mounts() -> list[MountInfo]:
+    """Every shared mount folder on this node."""
     try:
-        folders = sorted(p for p in ENVS_ROOT.iterdir() if len(p.name) == DIGEST_LEN)
+        folders = sorted(p for p in ENVS_ROOT.iterdir() if len(p.name) == KEY_LEN)
     except FileNotFoundError:
         return []
     out = []
     for folder in folders:
         info = _read_info(folder)
         warm, env, layer = info.get("warm_until"), info.get("env"), info.get("layer")
-        out.append(EnvInfo(folder.name, folder / "root", daemon.is_mounted(folder / "root"),
+        out.append(MountInfo(folder.name, folder / "root", daemon.is_mounted(folder / "root"),
                            tuple(_holders(folder)),
                            float(warm) if isinstance(warm, int | float) else None,
                            env if isinstance(env, str) else None,

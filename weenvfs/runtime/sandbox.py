@@ -43,7 +43,7 @@ from typing import IO, Any
 
 from weenvfs.errors import UsageError, WeenvError
 
-from . import cgroups, elastic, rootfs
+from . import cgroups, elastic, mounts, rootfs
 from .cgroups import Limits, cgroup_pids, remove_cgroup
 from .launcher import Launcher, LaunchSpec, ProcessSpec, default_launcher
 from .lowers import DEFAULT_LOWER, LOWER_MODES, acquire_lowers, plan_lowers, release_lowers
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 SANDBOXES_ROOT = Path("/run/weenv/sandboxes")
 UPPERS_ROOT = Path("/var/lib/weenv/sandboxes")
 KEPT_MARKER = "KEPT"
-STATE_VERSION = 2  # 2: `lower` is a list and `mounts` names their keys
+STATE_VERSION = 2  # 2: `mounts` names the keys of the shared mounts (lowers.py)
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -277,8 +277,6 @@ class Sandbox:
         self.save()
         lowers = acquire_lowers(planned, self.id, env=source.digest, store_url=source.store_url,
                                 cache_dir=source.cache_dir, is_live=exists)
-        self.state["lower"] = [str(path) for path in lowers]
-        self.save()
         for path in (self.rootfs, self.bundle / "exec"):
             path.mkdir(parents=True, exist_ok=True)
         self._make_upper()
@@ -321,6 +319,19 @@ class Sandbox:
         self.state["status"] = "running"
         self.save()
 
+    @property
+    def lowers(self) -> list[Path]:
+        """The shared mounts under the sandbox's overlay, topmost first."""
+        return [mounts.mountpoint(key) for key in self._mount_keys()]
+
+    def _mount_keys(self) -> list[str]:
+        # A version 1 state had one merged mount, keyed by the environment's digest, and
+        # recorded its path as `lower` once taken.
+        keys = self.state.get("mounts")
+        if keys is None:
+            return [self.state["env"]["digest"]] if self.state.get("lower") else []
+        return list(keys)
+
     def reset(self) -> float:
         """Discard every change since the sandbox was made: kill its processes, throw the
         upper layer away and start again from the pristine environment. Returns seconds."""
@@ -336,17 +347,13 @@ class Sandbox:
             rootfs.unmount(self.rootfs)
             trash = self._discard_upper()
             self._make_upper()
-            rootfs.mount_overlay(self.rootfs, self._lower_paths(),
+            rootfs.mount_overlay(self.rootfs, self.lowers,
                                  self.upper_root / "upper", self.upper_root / "work")
             self.state["resets"] = int(self.state.get("resets", 0)) + 1
             self._start()
         if trash is not None:
             shutil.rmtree(trash, ignore_errors=True)  # after the sandbox runs again
         return time.monotonic() - started
-
-    def _lower_paths(self) -> list[Path]:
-        lower = self.state["lower"]
-        return [Path(lower)] if isinstance(lower, str) else [Path(p) for p in lower]  # v1: str
 
     def _discard_upper(self) -> Path | None:
         """Make the upper go away fast: unmount the tmpfs, or rename the folder on disk for
@@ -392,10 +399,7 @@ class Sandbox:
                     (self.upper_root / KEPT_MARKER).write_text(json.dumps(self.state))
             else:
                 shutil.rmtree(self.upper_root, ignore_errors=True)
-            # A version 1 state had one merged mount, keyed by the environment's digest.
-            keys = self.state.get("mounts") or ([self.state["env"]["digest"]]
-                                                if self.state.get("lower") else [])
-            release_lowers(keys, self.id, float(self.state.get("keep_warm", 0.0)))
+            release_lowers(self._mount_keys(), self.id, float(self.state.get("keep_warm", 0.0)))
             (self.dir / "state.json").unlink(missing_ok=True)
         if rootfs.is_mount_point(self.rootfs):  # never delete through a live overlay
             raise WeenvError(f"{self.rootfs} is still mounted; run `weenv sandbox gc` later")
