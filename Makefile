@@ -18,7 +18,7 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 
-# The benchmarks' peers too: Debian docker.io (dockerd) and matplotlib.
+# What only the benchmarks add: matplotlib for their figures (Debian packages are all in setup).
 bench-setup:
 	bash scripts/setup.sh --bench
 

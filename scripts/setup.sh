@@ -1,26 +1,19 @@
 #!/usr/bin/env bash
 # Install what WeEnv needs on a fresh Debian 12 machine, as root: Debian packages, then the
 # dev venv .venv with an editable install of the project and its test tools.
-# `setup.sh --bench` adds what the benchmarks compare against and draw with: Debian's
-# docker.io (dockerd, started by the benchmarks themselves) and matplotlib.
+# Every Debian package is installed, those only the benchmarks or tests run included (docker.io:
+# the Docker peer, which tests of the benchmarks run too); `setup.sh --bench` adds matplotlib.
 # Idempotent, and quick when everything is in place: apt runs only for missing packages and
 # pip only when pyproject.toml changed (or the install is broken).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# Debian packages the project uses. Add new ones here (one list for Makefile and .ci/run).
-DEBIAN_PACKAGES=(
-    fuse3 libfuse3-dev pkg-config gcc  # FUSE, and building pyfuse3 from source
-    debootstrap zstd attr              # sample environments, inspecting blobs and xattrs
-    docker-registry skopeo umoci       # weenv convert tests: a real registry, pushing, unpacking
-    iproute2                           # network namespaces and veths (distributed store tests)
-    runc catatonit bubblewrap          # sandboxes: OCI runtime, its init; bwrap as a benchmark baseline
-)
-BENCH_DEBIAN_PACKAGES=(docker.io)     # the Docker peer of the runtime/prefetch/cold-start benchmarks
+# Every Debian package the project, its tests and its benchmarks run: one list, in
+# scripts/debian-packages.txt (scripts/check_requirements.py checks it against the code).
+mapfile -t DEBIAN_PACKAGES < <(sed -e 's/#.*//' scripts/debian-packages.txt | awk 'NF {print $1}')
 EXTRAS=test
 if [[ ${1:-} == --bench ]]; then
-    DEBIAN_PACKAGES+=("${BENCH_DEBIAN_PACKAGES[@]}")
-    EXTRAS=test,bench
+    EXTRAS=test,bench  # matplotlib, for the benchmarks' figures
 fi
 PYTHON=${PYTHON:-python3}
 VENV=.venv
