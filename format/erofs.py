@@ -30,6 +30,9 @@ BLOCK_SIZE = 1 << L.EROFS_BLKSZBITS
 HOLE = -1  # a chunk with no data: reads as zeros
 
 _U32 = 1 << 32
+_S_IFMT = 0o170000
+_VERSION = L.EROFS_INODE_EXTENDED_VERSION
+_MIN_NS, _MAX_NS = -(1 << 63) * 10**9, (1 << 63) * 10**9  # i_mtime is a signed 64-bit second
 _INODE_SIZE = L.EROFS_INODE_EXTENDED.size
 _DIRENT_SIZE = L.EROFS_DIRENT.size
 _MAX_NAME = 255  # EROFS_NAME_LEN, also Linux NAME_MAX and XATTR_NAME_MAX
@@ -80,18 +83,19 @@ class ErofsInode:
 
 @dataclass(slots=True)
 class _Plan:
-    """What one inode needs, known before any nid is: sizes, layout and the bytes that do not
-    depend on placement."""
+    """What one inode needs, known before any nid is: its layout, the bytes that follow the
+    inode and do not depend on placement, and the room a directory's tail takes."""
 
     layout: int
-    xattrs: bytes  # the whole xattr ibody (header + entries) or b""
-    tail: int  # bytes stored inline right after the xattrs (FLAT_INLINE)
-    blocks: int  # full data blocks on the image (directories and long symlinks)
-    extra: int  # chunk-based: bytes of chunk indexes; 0 otherwise
+    i_u: int  # raw block address, rdev or chunk format (a block address is set by placement)
+    size: int
+    icount: int  # i_xattr_icount
+    body: bytes  # right after the inode: xattrs, then chunk indexes or an inline symlink
+    tail: int = 0  # bytes of a directory's inline last block, written after `body`
+    blocks: int = 0  # full data blocks on the image (directories and long symlinks)
     dirents: list[tuple[bytes, int]] | None = None  # sorted, with "." and ".."
     splits: list[int] | None = None  # index of the first dirent of each directory block
     nid: int = 0
-    blkaddr: int = 0
 
 
 def write_image(inodes: Sequence[ErofsInode], device_blocks: int, device_tag: bytes = b"") -> bytes:
@@ -112,15 +116,43 @@ def write_image(inodes: Sequence[ErofsInode], device_blocks: int, device_tag: by
     next_block = L.EROFS_META_BLKADDR + meta_blocks
     for plan in plans:
         if plan.blocks:
-            plan.blkaddr, next_block = next_block, next_block + plan.blocks
+            plan.i_u, next_block = next_block, next_block + plan.blocks
     if next_block >= _U32:
         raise FormatError("image", f"{next_block} blocks exceed 32-bit block addresses")
     buf = bytearray(next_block * BLOCK_SIZE)
     ftypes = [_FTYPE[stat.S_IFMT(node.mode)] for node in inodes]
     nids = [plan.nid for plan in plans]
     meta = L.EROFS_META_BLKADDR * BLOCK_SIZE
+    pack_inode = L.EROFS_INODE_EXTENDED.pack_into
     for i, (node, plan) in enumerate(zip(inodes, plans, strict=True)):
-        _emit(buf, meta, i, node, plan, nids, ftypes)
+        pos = meta + plan.nid * L.EROFS_ISLOT
+        sec, nsec = divmod(node.mtime_ns, 1_000_000_000)
+        # i_ino (only for 32-bit stat) counts inodes from 1; st_ino is the nid
+        pack_inode(
+            buf,
+            pos,
+            _VERSION | plan.layout << 1,
+            plan.icount,
+            node.mode,
+            0,
+            plan.size,
+            plan.i_u,
+            i + 1,
+            node.uid,
+            node.gid,
+            sec,
+            nsec,
+            node.nlink,
+        )
+        body = plan.body
+        start = pos + _INODE_SIZE
+        if body:
+            buf[start : start + len(body)] = body
+        if plan.dirents is not None:
+            _put_data(buf, plan, _dir_bytes(plan, nids, ftypes), start + len(body))
+        elif plan.blocks:  # a symlink too long to follow its inode
+            start = plan.i_u * BLOCK_SIZE
+            buf[start : start + plan.size] = node.target
     _emit_super(buf, len(inodes), next_block, device_blocks, device_tag)
     return bytes(buf)
 
@@ -128,9 +160,26 @@ def write_image(inodes: Sequence[ErofsInode], device_blocks: int, device_tag: by
 # -- validation and the tree ----------------------------------------------------------------
 
 
-def _check_name(name: bytes, where: int) -> None:
-    if not name or len(name) > _MAX_NAME or b"/" in name or b"\0" in name or name in (b".", b".."):
-        raise FormatError("entry name", f"invalid name {name[:80]!r} in directory {where}")
+def _check_names(names: list[bytes], where: int) -> None:
+    """Every name of one directory, checked with whole-list operations (no per-byte loops)."""
+    unique = set(names)
+    lengths = list(map(len, names))
+    joined = b"/".join(names)
+    if (
+        len(unique) != len(names)
+        or min(lengths) == 0
+        or max(lengths) > _MAX_NAME
+        or joined.count(b"/") != len(names) - 1
+        or b"\0" in joined
+        or b"." in unique
+        or b".." in unique
+    ):
+        for name in names:
+            if not name or len(name) > _MAX_NAME or b"/" in name or b"\0" in name:
+                raise FormatError("entry name", f"invalid name {name[:80]!r} in directory {where}")
+            if name in (b".", b".."):
+                raise FormatError("entry name", f"{name!r} listed in directory {where}")
+        raise FormatError("entry name", f"a name occurs twice in directory {where}")
 
 
 def _link(inodes: Sequence[ErofsInode]) -> list[int]:
@@ -138,53 +187,55 @@ def _link(inodes: Sequence[ErofsInode]) -> list[int]:
     count = len(inodes)
     if not count or not stat.S_ISDIR(inodes[0].mode):
         raise FormatError("inodes", "inodes[0] must be the root directory")
+    is_dir = [node.mode & _S_IFMT == stat.S_IFDIR for node in inodes]
     parents = [-1] * count
     parents[0] = 0
-    reached = bytearray(count)
-    reached[0] = 1
+    reached = {0}
     stack = [0]
     while stack:
         i = stack.pop()
         entries = inodes[i].entries
-        names = set()
-        for name, child in entries:
-            _check_name(name, i)
-            names.add(name)
-            if not 0 <= child < count:
-                raise FormatError("entry inode", f"{child} out of range in directory {i}")
-            if stat.S_ISDIR(inodes[child].mode):
-                if parents[child] >= 0:
-                    raise FormatError("entries", f"directory {child} listed twice (or a cycle)")
-                parents[child] = i
-                stack.append(child)
-            reached[child] = 1
-        if len(names) != len(entries):
-            raise FormatError("entries", f"a name occurs twice in directory {i}")
-    missing = reached.find(0)
-    if missing >= 0:
-        kind = "directory" if stat.S_ISDIR(inodes[missing].mode) else "inode"
+        if not entries:
+            continue
+        names = [name for name, _ in entries]
+        children = [child for _, child in entries]
+        _check_names(names, i)
+        if min(children) < 0 or max(children) >= count:
+            raise FormatError("entry inode", f"an entry of directory {i} is out of range")
+        reached.update(children)
+        for child in [c for c in children if is_dir[c]]:
+            if parents[child] >= 0 or child == 0:
+                raise FormatError("entries", f"directory {child} listed twice (or a cycle)")
+            parents[child] = i
+            stack.append(child)
+    if len(reached) != count:
+        missing = min(set(range(count)) - reached)
+        kind = "directory" if is_dir[missing] else "inode"
         raise FormatError("entries", f"{kind} {missing} is not reachable from the root (a cycle?)")
     return parents
 
 
 def _check_fields(i: int, node: ErofsInode) -> int:
-    kind = stat.S_IFMT(node.mode)
-    if kind not in _FTYPE or not 0 <= node.mode <= 0xFFFF:
-        raise FormatError("mode", f"{node.mode:#o} of inode {i} is not a file type EROFS holds")
-    for name, value in (("uid", node.uid), ("gid", node.gid), ("nlink", node.nlink)):
-        if not 0 <= value < _U32:
-            raise FormatError(name, f"{value} of inode {i} does not fit 32 bits")
-    if node.nlink == 0:
-        raise FormatError("nlink", f"inode {i} has no link")
-    if not -(1 << 63) <= node.mtime_ns // 1_000_000_000 < 1 << 63:
+    """The fields every inode has; return the file type bits."""
+    mode = node.mode
+    kind = mode & _S_IFMT
+    if kind not in _FTYPE or not 0 <= mode <= 0xFFFF:
+        raise FormatError("mode", f"{mode:#o} of inode {i} is not a file type EROFS holds")
+    if not (0 <= node.uid < _U32 and 0 <= node.gid < _U32 and 0 < node.nlink < _U32):
+        for name, value in (("uid", node.uid), ("gid", node.gid), ("nlink", node.nlink)):
+            if not 0 <= value < _U32 or (name == "nlink" and not value):
+                raise FormatError(name, f"{value} of inode {i} does not fit 1..2^32-1")
+    if not _MIN_NS <= node.mtime_ns < _MAX_NS:
         raise FormatError("mtime_ns", f"{node.mtime_ns} of inode {i} out of range")
+    if kind == stat.S_IFREG:
+        return kind
     if node.entries and kind != stat.S_IFDIR:
         raise FormatError("entries", f"inode {i} is not a directory")
     if node.rdev and kind not in _SPECIAL:
         raise FormatError("rdev", f"inode {i} is not a device")
     if node.target and kind != stat.S_IFLNK:
         raise FormatError("target", f"inode {i} is not a symlink")
-    if kind != stat.S_IFREG and (node.size or node.chunks):
+    if node.size or node.chunks or node.chunk_bits:
         raise FormatError("size", f"inode {i} is not a regular file")
     return kind
 
@@ -251,43 +302,57 @@ def _check_chunks(i: int, node: ErofsInode, device_blocks: int) -> int:
     count = -(-node.size // chunk)
     if len(node.chunks) != count:
         raise FormatError("chunks", f"inode {i} has {len(node.chunks)} chunks, size needs {count}")
+    if not count:
+        return 0
+    # Every chunk but the last spans `per` blocks; the last only the blocks the size reaches.
     per = chunk // BLOCK_SIZE
-    last = -(-(node.size - (count - 1) * chunk) // BLOCK_SIZE) if count else 0
-    for k, addr in enumerate(node.chunks):
-        if addr == HOLE:
-            continue
-        need = per if k < count - 1 else last
-        if addr < 0 or addr + need > device_blocks:
-            raise FormatError("chunks", f"chunk {k} of inode {i} at block {addr} is off the device")
+    last = -(-(node.size - (count - 1) * chunk) // BLOCK_SIZE)
+    chunks = node.chunks
+    bad = False
+    if count > 1:
+        body = [a for a in chunks[:-1] if a != HOLE] if HOLE in chunks else chunks[:-1]
+        bad = bool(body) and (min(body) < 0 or max(body) + per > device_blocks)
+    end = chunks[-1]
+    if bad or (end != HOLE and (end < 0 or end + last > device_blocks)):
+        raise FormatError("chunks", f"a chunk of inode {i} lies off the device")
     return count
 
 
 def _plan(i: int, node: ErofsInode, parents: list[int], device_blocks: int) -> _Plan:
     kind = _check_fields(i, node)
-    xattrs = _xattr_body(i, node.xattrs)
-    head = _INODE_SIZE + len(xattrs)
+    xattrs = _xattr_body(i, node.xattrs) if node.xattrs else b""
+    icount = (len(xattrs) - L.EROFS_XATTR_IBODY_HEADER.size) // 4 + 1 if xattrs else 0
     if kind == stat.S_IFREG:
-        if node.size == 0:
-            _check_chunks(i, node, device_blocks)
-            return _Plan(L.EROFS_INODE_FLAT_PLAIN, xattrs, 0, 0, 0)
         count = _check_chunks(i, node, device_blocks)
-        extra = (-head % 8) + count * L.EROFS_CHUNK_INDEX.size
-        return _Plan(L.EROFS_INODE_CHUNK_BASED, xattrs, 0, 0, extra)
+        if not count:
+            return _Plan(L.EROFS_INODE_FLAT_PLAIN, 0, 0, icount, xattrs)
+        chunks = node.chunks
+        pad = b"\0" * (-(_INODE_SIZE + len(xattrs)) % L.EROFS_CHUNK_INDEX.size)
+        if count == 1 and chunks[0] != HOLE:
+            indexes = L.EROFS_CHUNK_INDEX.pack(0, L.EROFS_DATA_DEVICE_ID, chunks[0])
+        else:
+            indexes = _chunk_indexes(chunks)
+        fmt = L.EROFS_CHUNK_FORMAT_INDEXES | node.chunk_bits
+        return _Plan(L.EROFS_INODE_CHUNK_BASED, fmt, node.size, icount, xattrs + pad + indexes)
+    if kind in _SPECIAL:
+        return _Plan(L.EROFS_INODE_FLAT_PLAIN, _new_encode_dev(node.rdev, i), 0, icount, xattrs)
     dirents = splits = None
     if kind == stat.S_IFDIR:
         dirents = sorted([*node.entries, (b".", i), (b"..", parents[i])])
         splits, size = _split_dirents(dirents)
-    elif kind == stat.S_IFLNK:
+    else:
         size = len(node.target)
         if not 0 < size <= _MAX_SYMLINK:
             raise FormatError("target", f"symlink {i} target of {size} bytes (1..4095 allowed)")
-    else:
-        return _Plan(L.EROFS_INODE_FLAT_PLAIN, xattrs, 0, 0, 0)
     blocks = -(-size // BLOCK_SIZE)
     tail = size - (blocks - 1) * BLOCK_SIZE
-    if head + tail <= BLOCK_SIZE:  # the last block fits after the inode: pack it there
-        return _Plan(L.EROFS_INODE_FLAT_INLINE, xattrs, tail, blocks - 1, 0, dirents, splits)
-    return _Plan(L.EROFS_INODE_FLAT_PLAIN, xattrs, 0, blocks, 0, dirents, splits)
+    if _INODE_SIZE + len(xattrs) + tail > BLOCK_SIZE:  # the last block cannot follow the inode
+        return _Plan(L.EROFS_INODE_FLAT_PLAIN, 0, size, icount, xattrs, 0, blocks, dirents, splits)
+    if dirents is None:
+        return _Plan(L.EROFS_INODE_FLAT_INLINE, 0, size, icount, xattrs + node.target)
+    return _Plan(
+        L.EROFS_INODE_FLAT_INLINE, 0, size, icount, xattrs, tail, blocks - 1, dirents, splits
+    )
 
 
 def _place(plans: list[_Plan]) -> int:
@@ -296,14 +361,16 @@ def _place(plans: list[_Plan]) -> int:
     An inode starts on a 32-byte slot and never crosses a block boundary; with an inline tail,
     inode, xattrs and tail sit in one block (the kernel requires the tail not to cross)."""
     pos = 0
+    inline = L.EROFS_INODE_FLAT_INLINE
     for plan in plans:
-        pos = -(-pos // L.EROFS_ISLOT) * L.EROFS_ISLOT
+        pos += -pos % L.EROFS_ISLOT
         off = pos % BLOCK_SIZE
-        span = _INODE_SIZE + (len(plan.xattrs) + plan.tail if plan.tail else 0)
+        length = _INODE_SIZE + len(plan.body) + plan.tail
+        span = length if plan.layout == inline else _INODE_SIZE
         if off + span > BLOCK_SIZE:
             pos += BLOCK_SIZE - off
         plan.nid = pos // L.EROFS_ISLOT
-        pos += _INODE_SIZE + len(plan.xattrs) + plan.tail + plan.extra
+        pos += length
     return pos
 
 
@@ -343,67 +410,15 @@ def _dir_bytes(plan: _Plan, nids: list[int], ftypes: list[int]) -> list[bytes]:
 
 def _chunk_indexes(chunks: tuple[int, ...]) -> bytes:
     """8-byte chunk indexes as pairs of u32: (startblk_hi | device_id << 16, startblk_lo)."""
-    dev = L.EROFS_DATA_DEVICE_ID << 16
-    words = array("I")
-    for addr in chunks:
-        if addr == HOLE:
-            words.extend((0, L.EROFS_NULL_ADDR))
-        else:
-            words.extend((dev, addr))
+    words = array("I", [L.EROFS_DATA_DEVICE_ID << 16, 0]) * len(chunks)
+    words[1::2] = array("I", [L.EROFS_NULL_ADDR if a == HOLE else a for a in chunks])
+    if HOLE in chunks:
+        for k, addr in enumerate(chunks):
+            if addr == HOLE:
+                words[2 * k] = 0  # a hole names no device
     if sys.byteorder != "little":
         words.byteswap()
     return words.tobytes()
-
-
-def _emit(
-    buf: bytearray,
-    meta: int,
-    i: int,
-    node: ErofsInode,
-    plan: _Plan,
-    nids: list[int],
-    ftypes: list[int],
-) -> None:
-    kind = stat.S_IFMT(node.mode)
-    pos = meta + plan.nid * L.EROFS_ISLOT
-    body = pos + _INODE_SIZE
-    after = body + len(plan.xattrs)
-    size = node.size
-    i_u = plan.blkaddr
-    if kind == stat.S_IFREG and plan.layout == L.EROFS_INODE_CHUNK_BASED:
-        i_u = L.EROFS_CHUNK_FORMAT_INDEXES | node.chunk_bits
-        start = after + (-after % 8)
-        data = _chunk_indexes(node.chunks)
-        buf[start : start + len(data)] = data
-    elif kind == stat.S_IFDIR:
-        blocks = _dir_bytes(plan, nids, ftypes)
-        size = (len(blocks) - 1) * BLOCK_SIZE + len(blocks[-1])
-        _put_data(buf, plan, blocks, after)
-    elif kind == stat.S_IFLNK:
-        size = len(node.target)
-        _put_data(buf, plan, [node.target], after)
-    elif kind in _SPECIAL:
-        i_u = _new_encode_dev(node.rdev, i)
-    icount = (len(plan.xattrs) - L.EROFS_XATTR_IBODY_HEADER.size) // 4 + 1 if plan.xattrs else 0
-    sec, nsec = divmod(node.mtime_ns, 1_000_000_000)
-    L.EROFS_INODE_EXTENDED.pack_into(
-        buf,
-        pos,
-        L.EROFS_INODE_EXTENDED_VERSION | plan.layout << 1,
-        icount,
-        node.mode,
-        0,
-        size,
-        i_u,
-        i + 1,
-        node.uid,
-        node.gid,
-        sec,
-        nsec,
-        node.nlink,
-    )
-    if plan.xattrs:
-        buf[body:after] = plan.xattrs
 
 
 def _put_data(buf: bytearray, plan: _Plan, blocks: list[bytes], after: int) -> None:
@@ -411,7 +426,7 @@ def _put_data(buf: bytearray, plan: _Plan, blocks: list[bytes], after: int) -> N
     inline = plan.layout == L.EROFS_INODE_FLAT_INLINE
     full = blocks[:-1] if inline else blocks
     for k, data in enumerate(full):
-        start = (plan.blkaddr + k) * BLOCK_SIZE
+        start = (plan.i_u + k) * BLOCK_SIZE
         buf[start : start + len(data)] = data
     if inline:
         buf[after : after + len(blocks[-1])] = blocks[-1]
