@@ -227,7 +227,7 @@ def _check_fields(i: int, node: ErofsInode) -> int:
                 raise FormatError(name, f"{value} of inode {i} does not fit 1..2^32-1")
     if not _MIN_NS <= node.mtime_ns < _MAX_NS:
         raise FormatError("mtime_ns", f"{node.mtime_ns} of inode {i} out of range")
-    if kind == stat.S_IFREG:
+    if kind == stat.S_IFREG and not (node.rdev or node.entries or node.target):
         return kind
     if node.entries and kind != stat.S_IFDIR:
         raise FormatError("entries", f"inode {i} is not a directory")
@@ -235,7 +235,7 @@ def _check_fields(i: int, node: ErofsInode) -> int:
         raise FormatError("rdev", f"inode {i} is not a device")
     if node.target and kind != stat.S_IFLNK:
         raise FormatError("target", f"inode {i} is not a symlink")
-    if node.size or node.chunks or node.chunk_bits:
+    if kind != stat.S_IFREG and (node.size or node.chunks or node.chunk_bits):
         raise FormatError("size", f"inode {i} is not a regular file")
     return kind
 
