@@ -72,6 +72,8 @@ def mounted(
             umount(target, MNT_DETACH)
 
 
-def mounted_erofs(image: Path, device: Path, target: Path) -> contextlib.AbstractContextManager[Path]:
+def mounted_erofs(
+    image: Path, device: Path, target: Path
+) -> contextlib.AbstractContextManager[Path]:
     """Mount an EROFS image file read-only with one extra device (a plain file)."""
     return mounted(image, target, "erofs", f"device={device.resolve()}")
