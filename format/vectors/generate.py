@@ -4,7 +4,9 @@ Owns: the vector trees (declared below), a tiny deterministic builder (chunking,
 blob packing) and the files of this folder: for each vector `<group>.index.bin` (raw index),
 `<group>.index.zst` (stored index object), `<group>.blob` (packed chunk frames, when the group
 has data), `<vector>.manifest.json`, `<vector>.hint.zst`, and `vectors.json` with every digest
-and the expected entries, reads and (for `env`) composed tree.
+and the expected entries, reads and (for `env`) composed tree. The derived EROFS image
+(SPEC.md section 15) of the declared tree `EROFS_TREE` is `erofs-tree.img`; its data device is
+rebuilt by `build_erofs` (its digest is in vectors.json) rather than stored.
 
 Deterministic: no clock, no randomness, and no dependency on the zstd version: every frame here
 is a zstd frame of *raw* (stored) blocks, which every zstd decoder reads and no compressor
@@ -33,6 +35,7 @@ from typing import Any
 from weenvfs.format import constants as C
 from weenvfs.format.chunk import decompress_object
 from weenvfs.format.digest import digest_bytes, digest_hex
+from weenvfs.format.erofs import BLOCK_SIZE, HOLE, ErofsInode, write_image
 from weenvfs.format.hints import Hint, HintRecord, encode_hint
 from weenvfs.format.index import GroupIndex
 from weenvfs.format.index_writer import ChunkRef, Node, encode_index
@@ -390,6 +393,134 @@ VECTORS = {
 }
 
 
+# -- the EROFS vector (SPEC.md section 15) ------------------------------------------------------
+
+EROFS_CHUNK_BITS = 0  # 4096-byte chunks: small files make multi-chunk files
+EROFS_DEVICE_TAG = b"weenv-vectors/erofs-tree"
+
+
+def posix_acl(*entries: tuple[int, int, int]) -> bytes:
+    """A system.posix_acl_* value: version 2, then (tag, perm, id) entries as Linux stores it."""
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+_NO_ID = 0xFFFFFFFF  # ACL_UNDEFINED_ID, what the kernel reports for the *_OBJ, MASK, OTHER tags
+ACL = posix_acl((1, 6, _NO_ID), (2, 4, 1000), (4, 4, _NO_ID), (0x10, 4, _NO_ID), (0x20, 0, _NO_ID))
+HOLEY = pattern(b"holey", BLOCK_SIZE) + bytes(BLOCK_SIZE) + pattern(b"holey end", 100)
+MANY = 70  # hardlinks in many/: with 80-byte names their dirents take two blocks
+
+EROFS_TREE = [
+    _d("", mtime_ns=T0),
+    E(b"!bang", "reg", data=b"sorts before the dot entries\n"),
+    _f("big.bin", BIG),  # four chunks: data, a hole, data, a short last one
+    E(b"dev", "dir", 0o755),
+    E(b"dev/null", "chr", 0o666, rdev=os.makedev(1, 3)),
+    E(b"dev/sda", "blk", 0o660, gid=6, rdev=os.makedev(8, 0)),
+    E(b"dev/wide", "chr", 0o600, rdev=os.makedev(4095, 0xFFFFF)),  # the widest dev_t EROFS holds
+    E(b"dev/fifo", "fifo", 0o644),
+    E(b"dev/socket", "sock", 0o755),
+    _d("empty"),
+    _f("empty-file", b""),
+    _d(
+        "etc",
+        xattrs=(
+            (b"user.comment", b"hello"),
+            (b"trusted.empty", b""),
+            (b"system.posix_acl_default", ACL),
+        ),
+    ),
+    _f("etc/acl", b"acl\n", xattrs=((b"system.posix_acl_access", ACL),)),
+    _f("etc/big-xattr", b"x\n", xattrs=((b"user.big", pattern(b"xattr", 5000)),)),
+    _f("etc/cap", b"cap\n", perm=0o755, xattrs=((b"security.capability", CAPABILITY),)),
+    _f("holey", HOLEY),
+    _f(b"home/" + LATIN1_NAME, b"latin-1 name\n", uid=1000, gid=1000),
+    _d("home", uid=1000, gid=1000),
+    _f(b"home/" + LONG_NAME, b"a name of 255 bytes\n"),
+    _f(b"home/\xff\xfe new\nline", b"hostile\n", uid=4294967294, gid=4294967294),
+    E(b"link-long", "lnk", 0o777, target=b"t/" * 2047 + b"x"),  # 4095 bytes: a block of its own
+    E(b"link-mid", "lnk", 0o777, target=b"m" * 3000),  # packed after its inode
+    E(b"link-short", "lnk", 0o777, target=b"big.bin"),
+    _d("many"),
+    _f("many/target", b"one inode, many names\n"),
+    *[E(b"many/" + b"%02d-" % k + b"n" * 77, "hard", target=b"many/target") for k in range(MANY)],
+    E(b"hardlink", "hard", target=b"many/target"),
+    _f("old", b"from before 1970\n", mtime_ns=-1_500_000_001),
+    _d("opaque", opaque=True),
+    _f("opaque/inside", b"inside\n"),
+    _w("whiteout"),
+]
+
+
+def build_erofs(
+    entries: list[E], chunk_bits: int = EROFS_CHUNK_BITS
+) -> tuple[list[ErofsInode], bytes, dict[bytes, int]]:
+    """The writer's input for a declared tree: inodes in canonical order (the root first), the
+    data device (each distinct non-zero chunk once, block aligned; zero chunks are holes) and
+    each path's inode index. An opaque directory gets `trusted.overlay.opaque` = "y"."""
+    ordered = canonical_order(entries)
+    by_path = {e.path: e for e in entries}
+    key = {e.path: (e.target if e.kind == "hard" else e.path) for e in entries}
+    index: dict[bytes, int] = {}
+    for e in ordered:
+        index.setdefault(key[e.path], len(index))
+    index.update({path: index[key[path]] for path in key})
+    children: dict[bytes, list[tuple[bytes, int]]] = {}
+    for e in ordered:
+        if e.path:
+            parent, _, name = e.path.rpartition(b"/")
+            children.setdefault(parent, []).append((name, index[e.path]))
+    links = {path: sum(1 for k in key.values() if k == path) for path in set(key.values())}
+    chunk = BLOCK_SIZE << chunk_bits
+    device = bytearray()
+    placed: dict[bytes, int] = {}
+    inodes: list[ErofsInode | None] = [None] * len(set(key.values()))
+    for path, number in index.items():
+        e = by_path[key[path]]
+        if inodes[number] is not None:
+            continue
+        xattrs = tuple(sorted(e.xattrs))
+        if e.opaque:
+            xattrs = tuple(sorted((*xattrs, (b"trusted.overlay.opaque", b"y"))))
+        entries_of = tuple(children.get(e.path, ()))
+        nlink = 2 + sum(by_path[c].kind == "dir" for c in _child_paths(e.path, children))
+        chunks = []
+        for pos in range(0, len(e.data), chunk):
+            piece = e.data[pos : pos + chunk]
+            if piece.count(0) == len(piece):
+                chunks.append(HOLE)
+                continue
+            if piece not in placed:
+                placed[piece] = len(device) // BLOCK_SIZE
+                device += piece + bytes(-len(piece) % BLOCK_SIZE)
+            chunks.append(placed[piece])
+        inodes[number] = ErofsInode(
+            mode=mode_of(e),
+            uid=e.uid,
+            gid=e.gid,
+            nlink=nlink if e.kind == "dir" else links[e.path],
+            mtime_ns=e.mtime_ns,
+            rdev=e.rdev,
+            xattrs=xattrs,
+            entries=entries_of,
+            target=e.target if e.kind == "lnk" else b"",
+            size=len(e.data),
+            chunk_bits=chunk_bits if e.data else 0,
+            chunks=tuple(chunks),
+        )
+    return [n for n in inodes if n is not None], bytes(device), index
+
+
+def _child_paths(path: bytes, children: dict[bytes, list[tuple[bytes, int]]]) -> list[bytes]:
+    prefix = path + b"/" if path else b""
+    return [prefix + name for name, _ in children.get(path, ())]
+
+
+def erofs_image(entries: list[E], chunk_bits: int = EROFS_CHUNK_BITS) -> tuple[bytes, bytes]:
+    """(image, data device) of a declared tree."""
+    inodes, device, _ = build_erofs(entries, chunk_bits)
+    return write_image(inodes, len(device) // BLOCK_SIZE, EROFS_DEVICE_TAG), device
+
+
 # -- expectations, computed from the declarations (not by decoding) ----------------------------
 
 
@@ -510,8 +641,16 @@ def build_all() -> dict[str, bytes]:
         vfiles, entry = build_vector(name, vector)
         files.update(vfiles)
         listing.append(entry)
+    image, device = erofs_image(EROFS_TREE)
+    files["erofs-tree.img"] = image
     doc = {
         "description": "WeEnv format golden vectors; see format/SPEC.md section 13",
+        "erofs": {
+            "image": _file("erofs-tree.img", image),
+            "device": {"digest": digest_hex(device), "size": len(device)},
+            "device_tag": EROFS_DEVICE_TAG.decode(),
+            "chunk_bits": EROFS_CHUNK_BITS,
+        },
         "versions": {
             "index": C.INDEX_VERSION,
             "hint": C.HINT_VERSION,

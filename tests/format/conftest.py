@@ -31,7 +31,7 @@ def vector_files() -> dict[str, bytes]:
     return {
         p.name: p.read_bytes()
         for p in VECTORS_DIR.iterdir()
-        if p.is_file() and p.suffix in (".bin", ".zst", ".blob", ".json")
+        if p.is_file() and p.suffix in (".bin", ".zst", ".blob", ".json", ".img")
     }
 
 

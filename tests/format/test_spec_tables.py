@@ -21,11 +21,12 @@ import pytest
 from format_support import SPEC_PATH, VECTORS_DIR
 
 from weenvfs.format import constants as C
+from weenvfs.format import erofs_layout as L
 from weenvfs.format.hints import HintRecord
 from weenvfs.format.index import ChunkRecord, Header, Inode
 
 SPEC = SPEC_PATH.read_text(encoding="utf-8")
-_WIDTH = {"u16": ("H", 2), "u32": ("I", 4), "u64": ("Q", 8), "i64": ("q", 8)}
+_WIDTH = {"u8": ("B", 1), "u16": ("H", 2), "u32": ("I", 4), "u64": ("Q", 8), "i64": ("q", 8)}
 _SIZED = re.compile(r"(bytes|pad)\[(\d+)\]")
 DECODED_FIELDS = {
     "INDEX_HEADER": Header._fields,
@@ -84,7 +85,9 @@ def _spec_codes(kind: str) -> tuple[list[str], int]:
     return ([f"{n}s"] if m.group(1) == "bytes" else ["x"] * n), n
 
 
-STRUCTS = {name: v for name, v in vars(C).items() if isinstance(v, struct.Struct)}
+# constants.py and erofs_layout.py (SPEC.md section 15) are both mirrored by SPEC tables
+MIRRORED = {**vars(C), **vars(L)}
+STRUCTS = {name: v for name, v in MIRRORED.items() if isinstance(v, struct.Struct)}
 
 
 def test_every_struct_has_a_table() -> None:
@@ -125,7 +128,7 @@ def test_constants_tables_match_code() -> None:
     rows = constant_rows()
     public = {
         name: value
-        for name, value in vars(C).items()
+        for name, value in MIRRORED.items()
         if name.isupper() and not isinstance(value, struct.Struct)
     }
     assert set(rows) == set(public), "constants missing from (or unknown to) SPEC.md section 12"

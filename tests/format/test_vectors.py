@@ -52,6 +52,7 @@ def _listed_files(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
             for key in ("index_object", "index_raw", "blob"):
                 if g[key] is not None:
                     out[g[key]["file"]] = g[key]
+    out[doc["erofs"]["image"]["file"]] = doc["erofs"]["image"]  # SPEC.md section 15
     return out
 
 
