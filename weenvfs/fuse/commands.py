@@ -113,6 +113,11 @@ def _register_mount(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
                    help="serve only group N (0 is the lowest) as a kernel overlayfs lower "
                    "layer: whiteouts as 0/0 devices, opaque directories marked; stack the "
                    "groups' mounts with `mount -t overlay -o lowerdir=TOP:...:0`")
+    p.add_argument("--path", choices=("auto", "kernel", "fuse"), default="auto",
+                   help="kernel: metadata in the kernel (EROFS images, overlayfs for several "
+                   "groups), only file data through this daemon; fuse: the whole tree over "
+                   "FUSE; auto (default): kernel where it can run (root, EROFS), else fuse. "
+                   "`weenv stats` says which one serves and why")
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     # Debugging and benchmarks/store.py: one ranged GET per chunk.
     p.add_argument("--no-coalesce", dest="coalesce", action="store_false", help=argparse.SUPPRESS)
@@ -225,6 +230,7 @@ def _config(args: argparse.Namespace) -> MountConfig:
         record_replace=args.record_replace,
         coalesce=args.coalesce,
         layer=args.layer,
+        path=args.path,
     )
 
 
@@ -241,7 +247,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         allow_other=config.allow_other, hint=config.hint, fetch_all=config.fetch_all,
         record_tag=config.record_tag, record_result=config.record_result,
         record_replace=config.record_replace, coalesce=config.coalesce, layer=config.layer,
-        verbose=args.verbose,
+        path=config.path, verbose=args.verbose,
     )
     pid = daemon.spawn(child, log_file)
     log.info("mounted %s at %s (daemon %d, log %s)", args.ref, config.mountpoint, pid, log_file)
@@ -258,7 +264,7 @@ def mount_args(
     allow_other: bool | None = None, hint: str | None = None, fetch_all: bool = False,
     record_tag: str | None = None, record_result: Path | None = None,
     record_replace: bool = False, coalesce: bool = True, layer: int | None = None,
-    verbose: int = 0,
+    path: str = "auto", verbose: int = 0,
 ) -> list[str]:
     """The arguments of `weenv mount REF MOUNTPOINT --foreground` for `daemon.spawn`.
 
@@ -277,6 +283,8 @@ def mount_args(
         optional += ["--hint", hint]
     if layer is not None:
         optional += ["--layer", str(layer)]
+    if path != "auto":
+        optional += ["--path", path]
     return [
         *(["-" + "v" * verbose] if verbose else []), "--log-file", str(log_file),
         "mount", ref, str(mountpoint), "--store", store, "--cache", str(cache_dir),
@@ -382,9 +390,13 @@ def _cmd_umount(args: argparse.Namespace) -> int:
 
 
 def read_stats(mountpoint: str | Path) -> dict[str, Any]:
-    """The statistics document of the mount at `mountpoint`."""
+    """The statistics document of the mount at `mountpoint` (on the kernel path, its device
+    folder answers: the mount point itself is EROFS or overlayfs)."""
+    target = Path(mountpoint)
+    if daemon.is_kernel_mount(target):
+        target = daemon.kernel_dir(daemon.mount_path(target)) / "devices"
     try:
-        raw = os.getxattr(mountpoint, STATS_XATTR)
+        raw = os.getxattr(target, STATS_XATTR)
     except OSError as error:
         if error.errno in (errno.ENODATA, errno.ENOTSUP):
             raise UsageError(f"{mountpoint} is not a weenv mount") from None

@@ -28,3 +28,7 @@ class MountConfig:
     record_replace: bool = False  # publish the recorded run alone, not merged
     coalesce: bool = True  # merge neighbouring chunks into one ranged GET (off: benchmarks)
     layer: int | None = None  # serve only this group, as an overlayfs lower layer
+    path: str = "auto"  # "kernel" (EROFS images over lazy devices), "fuse" (the tree), "auto"
+
+
+PATHS = ("auto", "kernel", "fuse")

@@ -62,6 +62,18 @@ def pid_file(mountpoint: Path) -> Path:
     return run_dir() / f"{name[:240]}.pid"
 
 
+def kernel_dir(mountpoint: Path) -> Path:
+    """The run folder of a kernel-path mount at `mountpoint` (kernel_mount.py): its FUSE
+    folder of data devices (`devices/`, which also answers `weenv stats`) and, for several
+    groups, the EROFS mount of each (`layers/N`)."""
+    return run_dir().parent / "kernel" / pid_file(mountpoint).stem
+
+
+def is_kernel_mount(mountpoint: Path) -> bool:
+    """Whether `mountpoint` is served by the kernel path (its device folder is mounted)."""
+    return is_mounted(kernel_dir(mount_path(mountpoint)) / "devices")
+
+
 def write_pid_file(mountpoint: Path, info: dict[str, Any]) -> Path:
     """Record this process as the daemon of `mountpoint` (atomically)."""
     path = pid_file(mountpoint)
@@ -264,18 +276,94 @@ def unmount(
     record = read_pid_file(mp)
     pid = record["pid"] if record is not None else None
     if not is_mounted(mp):
+        release_kernel_leftovers(mp)
         if pid is not None and not process_alive(pid):
             remove_pid_file(mp, pid)
         raise UsageError(f"{mp} is not mounted")
-    command = [fusermount(), "-u", *(["-z"] if lazy else []), str(mp)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        message = " ".join(done.stderr.split()) or f"fusermount3 exited with {done.returncode}"
-        raise WeenvError(f"cannot unmount {mp}: {message}")
+    if is_kernel_mount(mp):
+        _unmount_kernel(mp, pid, lazy)
+    else:
+        command = [fusermount(), "-u", *(["-z"] if lazy else []), str(mp)]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            message = " ".join(done.stderr.split()) or f"fusermount3 exited with {done.returncode}"
+            raise WeenvError(f"cannot unmount {mp}: {message}")
     if pid is not None:
         wait_exit(pid, timeout)
         remove_pid_file(mp, pid)
     return pid
+
+
+def check_answers(mountpoint: Path) -> None:
+    """Raise OSError (ENOTCONN for a dead daemon) unless the mount at `mountpoint` answers:
+    its root, and on the kernel path its device folder too (EROFS answers stat from the
+    kernel even when the daemon serving its data is gone)."""
+    mp = mount_path(mountpoint)
+    os.stat(mp)
+    if is_kernel_mount(mp):
+        os.stat(kernel_dir(mp) / "devices")
+
+
+def force_unmount(mountpoint: Path) -> None:
+    """Detach whatever is mounted at `mountpoint` and, for a kernel-path mount whose daemon
+    died, its private layers and device folder; never fails."""
+    mp = mount_path(mountpoint)
+    record = read_pid_file(mp)
+    pid = record["pid"] if record is not None else None
+    if is_kernel_mount(mp):
+        with contextlib.suppress(WeenvError):
+            _unmount_kernel(mp, pid if pid is not None and process_alive(pid) else None,
+                            lazy=True)
+        return
+    subprocess.run([fusermount(), "-u", "-z", str(mp)], capture_output=True, check=False)
+
+
+def release_kernel_leftovers(mountpoint: Path) -> None:
+    """Detach the private layers and device folder of a kernel-path mount at `mountpoint`
+    whose daemon is gone (killed before it could clean up); a live daemon cleans up itself."""
+    mp = mount_path(mountpoint)
+    if not is_kernel_mount(mp):
+        return
+    record = read_pid_file(mp)
+    if record is not None and process_alive(record["pid"]):
+        return
+    _detach_private(kernel_dir(mp))
+    remove_pid_file(mp)
+
+
+def _detach_private(folder: Path) -> None:
+    from . import syscalls
+
+    for layer in sorted((folder / "layers").glob("*")):
+        with contextlib.suppress(OSError):
+            syscalls.umount(layer, detach=True)
+    subprocess.run([fusermount(), "-u", "-z", str(folder / "devices")], capture_output=True,
+                   check=False)
+    for path in (*(folder / "layers").glob("*"), folder / "layers", folder / "devices",
+                 folder):
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
+def _unmount_kernel(mp: Path, pid: int | None, lazy: bool) -> None:
+    """Unmount a kernel-path mount: the mount point here (EBUSY is an error unless `lazy`),
+    then the daemon unmounts its private layers and exits once the kernel released its
+    devices (SIGTERM; a daemon that is gone leaves a dead device folder, detached here)."""
+    from . import syscalls
+
+    try:
+        syscalls.umount(mp, detach=lazy)
+    except OSError as error:
+        raise WeenvError(f"cannot unmount {mp}: {error.strerror}") from None
+    if pid is not None and process_alive(pid):
+        # One layer: the kernel released the device with the mount point and the daemon
+        # stops by itself (a SIGTERM racing its teardown would cut it short). Several: its
+        # private layer mounts still hold the devices, so it is told to unmount them.
+        if (kernel_dir(mp) / "layers").exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        return
+    _detach_private(kernel_dir(mp))
 
 
 def is_mounted(mountpoint: Path) -> bool:

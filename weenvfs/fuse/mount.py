@@ -98,7 +98,13 @@ def stats_document(
 
 
 async def serve(env: Environment, config: MountConfig, ready: Callable[[], None]) -> None:
-    """Mount `env` at `config.mountpoint` and serve it until unmounted or signalled."""
+    """Mount `env` at `config.mountpoint` and serve it until unmounted or signalled: on the
+    kernel path where it can run (kernel_mount.py), else as a tree over FUSE."""
+    from .kernel_mount import kernel_unavailable
+
+    reason = kernel_unavailable(env, config)
+    if reason is not None and config.path == "kernel":
+        raise WeenvError(f"the kernel path cannot mount here: {reason}")
     cache = ChunkCache(config.cache_dir, config.cache_size)
     stats = Stats()
     no_merge = {} if config.coalesce else {"coalesce_gap": -1}  # -1: never merge chunks
@@ -108,25 +114,63 @@ async def serve(env: Environment, config: MountConfig, ready: Callable[[], None]
     prefetcher = Prefetcher(env.tree.groups, fetcher, fetch_all=config.fetch_all)
     lookup = env_hint_lookup(env, config.hint) if env.serves_top else _no_hint(env)
     started = time.monotonic()
+    path = {"path": "fuse" if reason else "kernel", "fallback_reason": reason}
 
     def document() -> dict[str, Any]:
         doc = stats_document(env, config, stats, started)
+        doc["mount"].update(path)
         doc["hints"] = prefetcher.progress()
         doc["hints"]["recorded_chunks"] = None if recorder is None else len(recorder)
         return doc
 
+    prefetch = functools.partial(prefetcher.run, lookup)
+
+    async def run(announce: Callable[[], Awaitable[None]],
+                  stop: Callable[[], Awaitable[None]]) -> None:
+        await _run(fetcher, announce, stop, prefetch)
+
+    try:
+        if reason is None:
+            await _serve_kernel(env, config, reader, run, document, ready)
+        else:
+            log.info("serving the tree over FUSE: %s", reason)
+            await _serve_tree(env, config, reader, run, document, ready)
+    finally:
+        fetcher.close()
+    if recorder is not None:
+        await trio.to_thread.run_sync(_publish_recorded, env, config, recorder)
+
+
+async def _serve_kernel(env: Environment, config: MountConfig, reader: Reader,
+                        run: Callable[..., Awaitable[None]],
+                        document: Callable[[], dict[str, Any]],
+                        ready: Callable[[], None]) -> None:
+    from .kernel_mount import prepare_layers, serve_kernel
+
+    layers = await trio.to_thread.run_sync(prepare_layers, env, config, reader)
+    await serve_kernel(layers, config, run, document, ready)
+
+
+async def _serve_tree(env: Environment, config: MountConfig, reader: Reader,
+                      run: Callable[..., Awaitable[None]],
+                      document: Callable[[], dict[str, Any]],
+                      ready: Callable[[], None]) -> None:
     ops = Operations(env.tree, reader, document)
     try:
         pyfuse3.init(ops, str(config.mountpoint), mount_options(config.allow_other))
     except RuntimeError as error:
-        fetcher.close()
         raise WeenvError(f"cannot mount {config.mountpoint}: {error}") from None
+
+    async def announce() -> None:
+        await _announce_ready(config.mountpoint, ready)
+
+    async def stop() -> None:
+        pyfuse3.terminate()
+
     try:
-        await _run(config.mountpoint, fetcher, ready, functools.partial(prefetcher.run, lookup))
+        await run(announce, stop)
     finally:
-        _teardown(fetcher, config.mountpoint)
-    if recorder is not None:
-        await trio.to_thread.run_sync(_publish_recorded, env, config, recorder)
+        _teardown(config.mountpoint)
 
 
 def _no_hint(env: Environment) -> Callable[[], None]:
@@ -138,29 +182,43 @@ def _no_hint(env: Environment) -> Callable[[], None]:
 
 
 async def _run(
-    mountpoint: Path,
     fetcher: Fetcher,
-    ready: Callable[[], None],
+    announce: Callable[[], Awaitable[None]],
+    stop: Callable[[], Awaitable[None]],
     prefetch: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """pyfuse3's main loop with read-ahead, hint replay, signal handling and the readiness
-    probe."""
+    """pyfuse3's main loop with read-ahead, hint replay, signal handling (`stop`) and the
+    readiness announcement. Once it returns, SIGTERM and SIGINT are ignored: the teardown
+    that follows (unmounting, closing the cache) must not be cut short by a late signal."""
+    try:
+        await _run_loop(fetcher, announce, stop, prefetch)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+async def _run_loop(
+    fetcher: Fetcher,
+    announce: Callable[[], Awaitable[None]],
+    stop: Callable[[], Awaitable[None]],
+    prefetch: Callable[[], Awaitable[None]] | None,
+) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(fetcher.serve)  # read-ahead and cache eviction
         if prefetch is not None:
             nursery.start_soon(prefetch)
-        nursery.start_soon(_terminate_on_signals)
-        nursery.start_soon(_announce_ready, mountpoint, ready)
+        nursery.start_soon(_stop_on_signals, stop)
+        nursery.start_soon(announce)
         await pyfuse3.main()
         # The main loop ends when the file system is unmounted or terminate() was called.
         nursery.cancel_scope.cancel()
 
 
-async def _terminate_on_signals() -> None:
+async def _stop_on_signals(stop: Callable[[], Awaitable[None]]) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             log.info("received %s, unmounting", signal.Signals(signum).name)
-            pyfuse3.terminate()
+            await stop()
             return
 
 
@@ -185,13 +243,10 @@ def set_readahead(st_dev: int, nbytes: int) -> bool:
     return True
 
 
-def _teardown(fetcher: Fetcher, mountpoint: Path) -> None:
-    """Unmount (a no-op when already unmounted) and release everything, in that order."""
-    try:
-        pyfuse3.close(unmount=True)
-    finally:
-        fetcher.close()
-        log.info("unmounted %s", mountpoint)
+def _teardown(mountpoint: Path) -> None:
+    """Unmount (a no-op when already unmounted)."""
+    pyfuse3.close(unmount=True)
+    log.info("unmounted %s", mountpoint)
 
 
 def _publish_recorded(env: Environment, config: MountConfig, recorder: HintRecorder) -> None:

@@ -134,7 +134,7 @@ def _alive_mount(mp: Path) -> bool:
     if not daemon.is_mounted(mp):
         return False
     try:
-        os.stat(mp)
+        daemon.check_answers(mp)
     except OSError as error:
         log.warning("environment mount %s is dead (%s); remounting", mp, error.strerror)
         _force_unmount(mp)
@@ -239,6 +239,7 @@ def _teardown(folder: Path) -> None:
             _force_unmount(mp)
             _wait_daemon(info)
         log.info("unmounted environment %s", folder.name[:12])
+    daemon.release_kernel_leftovers(mp)
     # Everything goes, the lock file last while still held (see `locked`).
     for child in folder.iterdir():
         if child.name == "lock":
@@ -257,8 +258,7 @@ def _teardown(folder: Path) -> None:
 
 
 def _force_unmount(mp: Path) -> None:
-    subprocess.run([daemon.fusermount(), "-u", "-z", str(mp)], capture_output=True,
-                   check=False)
+    daemon.force_unmount(mp)
 
 
 def _wait_daemon(info: dict[str, Any]) -> None:

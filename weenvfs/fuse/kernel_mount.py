@@ -1,0 +1,237 @@
+"""The kernel path of a mount: EROFS metadata images over lazily served data devices.
+
+Owns, inside the daemon process (mount.py hands over when `kernel_unavailable` says yes):
+1. the layers: the group served (`--layer N`), or every group of a merged mount, each as a
+   `LayerTree` over the groups below it, its EROFS image (core/kernel_image.py: derived,
+   cached per stack, verified before it is mounted) and its data device
+   (core/device_layout.py, core/device_reader.py);
+2. one FUSE folder of those devices (device_ops.py), mounted under the run folder, never
+   where users look;
+3. the kernel mounts, from a worker thread while the FUSE loop answers the device opens they
+   cause: each image with `-o device=<its device file>` (file-backed EROFS: no loop device),
+   directly at the mount point for one layer, else at private folders stacked read-only by
+   overlayfs at the mount point (topmost first, as overlay2 stacks layers);
+4. the end: SIGTERM, or the kernel dropping the last EROFS superblock (released devices with
+   the mount point gone), unmounts what is left, lazily when busy, and keeps serving devices
+   until the kernel has released them, so no reader of a detached tree ever sees EIO from a
+   vanished daemon.
+
+Why: with metadata in the kernel, lookups, opens, readlinks and readdirs never reach Python;
+this process sees only reads of data not yet in the EROFS page cache (DESIGN.md).
+Must not: decide what a layer looks like (core/layer_tree.py) or encode EROFS (format/).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyfuse3
+import trio
+
+from weenvfs.core.device_layout import DeviceLayout
+from weenvfs.core.device_reader import DeviceReader
+from weenvfs.core.environment import Environment
+from weenvfs.core.kernel_image import build_image, cached_image, stack_key
+from weenvfs.core.layer_tree import LayerTree
+from weenvfs.core.reader import Reader
+from weenvfs.core.tree import Tree
+from weenvfs.errors import WeenvError
+
+from . import daemon, syscalls
+from .config import MountConfig
+from .device_ops import DeviceOperations
+
+log = logging.getLogger(__name__)
+
+# Overlay options must fit one page; the runtime mounts deeper stacks merged (FUSE tree).
+MAX_OVERLAY_LAYERS = 64
+# File-backed EROFS mounts (an image file as the source, `device=` a file) came in 6.12.
+MIN_KERNEL = (6, 12)
+
+
+@dataclass
+class KernelLayer:
+    """One group as the kernel path serves it."""
+
+    position: int  # the group's position in the environment (0 is the lowest)
+    image: Path
+    device_name: bytes
+    reader: DeviceReader
+
+
+def kernel_unavailable(env: Environment, config: MountConfig) -> str | None:
+    """Why this mount cannot take the kernel path here, or None when it can."""
+    if config.path == "fuse":
+        return "the FUSE tree path was asked for (--path fuse)"
+    if os.geteuid() != 0:
+        return "not root: mounting EROFS needs CAP_SYS_ADMIN"
+    release = os.uname().release.split("-")[0].split(".")
+    with contextlib.suppress(ValueError):
+        if tuple(int(part) for part in release[:2]) < MIN_KERNEL:
+            return f"kernel {os.uname().release} mounts no EROFS image files (6.12 or newer)"
+    filesystems = _filesystems()
+    if "erofs" not in filesystems:
+        return "the kernel has no EROFS (modprobe erofs, or CONFIG_EROFS_FS)"
+    features = Path("/sys/fs/erofs/features")
+    for feature in ("chunked_file", "device_table"):
+        if features.is_dir() and not (features / feature).exists():
+            return f"the kernel's EROFS lacks {feature}"
+    layers = 1 if env.layer is not None else len(env.tree.groups)
+    if layers > 1 and "overlay" not in filesystems:
+        return "the kernel has no overlayfs to stack the groups"
+    if layers > MAX_OVERLAY_LAYERS:
+        return f"{layers} groups: more than {MAX_OVERLAY_LAYERS} overlay layers"
+    return None
+
+
+def _filesystems() -> set[str]:
+    try:
+        text = Path("/proc/filesystems").read_text()
+    except OSError:
+        return set()
+    return {line.split()[-1] for line in text.splitlines() if line.split()}
+
+
+def private_dir(mountpoint: Path) -> Path:
+    """The run folder of the kernel mount at `mountpoint`: its device folder and layers."""
+    return daemon.run_dir().parent / "kernel" / daemon.pid_file(mountpoint).stem
+
+
+def prepare_layers(env: Environment, config: MountConfig, reader: Reader) -> list[KernelLayer]:
+    """Every layer of this mount, lowest first, with its image built or verified."""
+    groups = env.tree.groups
+    positions = [env.layer] if env.layer is not None else list(range(len(groups)))
+    digests = [group.index for group in env.manifest.groups]
+    layers = []
+    for position in positions:
+        assert position is not None
+        tree: Tree = env.tree if env.layer is not None or len(groups) == 1 else LayerTree(
+            groups[: position + 1])
+        layout = DeviceLayout(groups[position])
+        started = time.monotonic()
+        image = cached_image(config.cache_dir, stack_key(digests[: position + 1]),
+                             lambda tree=tree, layout=layout: build_image(tree, layout))
+        log.info("group %d: EROFS image %s ready in %.0f ms (%d files on a %d MiB device)",
+                 position, image.name[:12], (time.monotonic() - started) * 1000,
+                 layout.files, layout.size >> 20)
+        layers.append(KernelLayer(position, image, b"g%d" % position,
+                                  DeviceReader(layout, reader, position)))
+    return layers
+
+
+class KernelMounts:
+    """The kernel mounts of one daemon: made in `mount_all`, undone in `unmount_all`."""
+
+    def __init__(self, config: MountConfig, layers: list[KernelLayer]) -> None:
+        self.config = config
+        self.layers = layers
+        self.base = private_dir(config.mountpoint)
+        self.device_dir = self.base / "devices"
+        self.mounted: list[Path] = []  # in mount order; undone in reverse
+
+    def layer_dir(self, layer: KernelLayer) -> Path:
+        if len(self.layers) == 1:
+            return self.config.mountpoint
+        return self.base / "layers" / str(layer.position)
+
+    def mount_all(self) -> None:
+        """Mount every image on its device, then the overlay (blocking: run in a thread)."""
+        for layer in self.layers:
+            target = self.layer_dir(layer)
+            target.mkdir(parents=True, exist_ok=True)
+            device = self.device_dir / layer.device_name.decode()
+            syscalls.mount(layer.image, target, "erofs", f"device={device}")
+            self.mounted.append(target)
+        if len(self.layers) > 1:
+            lower = ":".join(str(self.layer_dir(layer)) for layer in reversed(self.layers))
+            syscalls.mount("overlay", self.config.mountpoint, "overlay", f"lowerdir={lower}")
+            self.mounted.append(self.config.mountpoint)
+
+    def unmount_all(self) -> None:
+        """Undo every kernel mount, lazily where busy (a detached tree keeps its devices)."""
+        for target in reversed(self.mounted):
+            try:
+                syscalls.umount(target)
+            except OSError as error:
+                if error.errno != errno.EBUSY:
+                    log.warning("%s", error)
+                log.info("%s is busy: detaching it", target)
+                with contextlib.suppress(OSError):
+                    syscalls.umount(target, detach=True)
+        self.mounted.clear()
+
+    def still_mounted(self) -> bool:
+        """Whether the mount point still shows this mount."""
+        return daemon.is_mounted(self.config.mountpoint)
+
+    def remove_folders(self) -> None:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self.base / "layers")
+        with contextlib.suppress(OSError):
+            self.device_dir.rmdir()
+        with contextlib.suppress(OSError):
+            self.base.rmdir()
+
+
+async def serve_kernel(
+    layers: list[KernelLayer], config: MountConfig, run: Callable[..., Awaitable[None]],
+    document: Callable[[], dict[str, Any]], ready: Callable[[], None],
+) -> None:
+    """Serve `layers`' devices and mount them; return once everything is unmounted and the
+    kernel released the devices.
+
+    `run(announce, stop)` is mount.py's main loop (fetcher, prefetch, signals): `announce`
+    mounts the kernel side and then calls `ready`; `stop` (on SIGTERM/SIGINT) unmounts."""
+    mounts = KernelMounts(config, layers)
+    mounts.device_dir.mkdir(parents=True, exist_ok=True)
+
+    def released() -> None:
+        # The kernel dropped every superblock that held our devices. Once the mount point is
+        # gone too (unmounted by anyone, or by `stop`), nothing can reach this process.
+        if not mounts.still_mounted():
+            log.info("%s is unmounted and its devices released: stopping", config.mountpoint)
+            pyfuse3.terminate()
+
+    ops = DeviceOperations({layer.device_name: layer.reader for layer in layers}, document,
+                           released)
+    options = {"fsname=weenv-device", "subtype=weenv", "ro", "default_permissions"}
+    try:
+        pyfuse3.init(ops, str(mounts.device_dir), options)
+    except RuntimeError as error:
+        mounts.remove_folders()
+        raise WeenvError(f"cannot mount the data devices at {mounts.device_dir}: {error}") \
+            from None
+
+    async def announce() -> None:
+        try:
+            await trio.to_thread.run_sync(mounts.mount_all)
+        except OSError as error:
+            await trio.to_thread.run_sync(mounts.unmount_all)
+            raise WeenvError(f"{error.strerror or error} (kernel path; `--path fuse` "
+                             "serves the tree over FUSE instead)") from None
+        log.info("mounted at %s (kernel path: %d EROFS layer(s))", config.mountpoint,
+                 len(layers))
+        ready()
+
+    async def stop() -> None:
+        await trio.to_thread.run_sync(mounts.unmount_all)
+        if ops.open_handles == 0:
+            pyfuse3.terminate()
+        else:
+            log.info("waiting for the kernel to release the devices of detached mounts")
+
+    try:
+        await run(announce, stop)
+    finally:
+        await trio.to_thread.run_sync(mounts.unmount_all)
+        pyfuse3.close(unmount=True)
+        mounts.remove_folders()
