@@ -3,11 +3,17 @@
 `mounter`: mount with `mounter.mount(...)`; in teardown everything is unmounted
 (`fusermount3 -u -z`), the daemons the test started are stopped, and unexpected WARNING/ERROR
 lines in their logs fail the test.
+
+`both_paths`: runs a test once per data path, `kernel` (EROFS images over lazily served data
+devices) and `fuse` (the tree over FUSE), by setting `mounter.path`; a module opts in with
+`pytestmark = pytest.mark.usefixtures("both_paths")`. The kernel run needs root and EROFS
+(a skip that CI turns into a failure).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,3 +31,14 @@ def mounter(tmp_path: Path) -> Iterator[Mounter]:
         problems = m.close()
     if problems:
         pytest.fail("unexpected daemon log lines:\n" + "\n".join(problems), pytrace=False)
+
+
+@pytest.fixture(params=["kernel", "fuse"])
+def both_paths(request: pytest.FixtureRequest, mounter: Mounter,
+               require_or_skip: Callable[[object, str], None]) -> str:
+    """The data path this run of the test mounts with (see the module docstring)."""
+    if request.param == "kernel":
+        require_or_skip(os.geteuid() == 0, "the kernel path needs root")
+        require_or_skip("erofs" in open("/proc/filesystems").read(), "the kernel has no EROFS")
+    mounter.path = request.param
+    return str(request.param)

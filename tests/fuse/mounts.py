@@ -132,10 +132,11 @@ def stop_daemon(pid: int, mountpoint: Path) -> None:
 
 
 def force_unmount(mountpoint: Path) -> None:
-    """`fusermount3 -u -z` if anything (even a dead daemon's mount) is mounted there."""
+    """Detach whatever (even a dead daemon's mount) is mounted there: `fusermount3 -u -z`
+    for a tree mount; a kernel-path mount also has its daemon told to unmount its private
+    layers and device folder (`daemon.force_unmount`)."""
     if _mounted(mountpoint):
-        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True,
-                       check=False)
+        daemon.force_unmount(mountpoint)
 
 
 def _mounted(mountpoint: Path) -> bool:
@@ -151,6 +152,7 @@ class Mounter:
         self.tmp_path = tmp_path
         self.mounts: list[Mount] = []
         self._count = 0
+        self.path: str | None = None  # `--path` of every mount (None: the default, auto)
 
     def mount(
         self, ref: str, store: Path, *, cache: Path | None = None,
@@ -162,8 +164,9 @@ class Mounter:
         mp.mkdir(exist_ok=True)
         cache = cache or self.tmp_path / "cache"
         log_file = self.tmp_path / f"mount{self._count}.log"
+        chosen = ["--path", self.path] if self.path and "--path" not in extra else []
         run_weenv("--log-file", str(log_file), "mount", ref, str(mp), "--store", str(store),
-                  "--cache", str(cache), *extra)
+                  "--cache", str(cache), *chosen, *extra)
         record = daemon.read_pid_file(mp)
         assert record is not None, f"no pid file for {mp}"
         mount = Mount(mp, record["pid"], log_file, cache)

@@ -20,7 +20,7 @@ from mounts import Mounter, publish, run_weenv
 from support import layers, oci_apply, trees
 from support.trees import dir, file, hardlink, symlink, with_parents  # noqa: A004
 
-pytestmark = pytest.mark.requires_fuse
+pytestmark = [pytest.mark.requires_fuse, pytest.mark.usefixtures("both_paths")]
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from weenvfs.fuse import daemon
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
-pytestmark = pytest.mark.requires_fuse
+pytestmark = [pytest.mark.requires_fuse, pytest.mark.usefixtures("both_paths")]
 
 KIB = 1 << 10
 MIB = 1 << 20
