@@ -51,6 +51,11 @@ SPARSE = {0: b"head", 5 * CHUNK + 10: b"mid" * 300, 12 * CHUNK - 4: b"tail"}
 
 @pytest.fixture
 def env(tmp_path: Path) -> Environment:
+    return make_env(tmp_path)
+
+
+def make_env(tmp_path: Path) -> Environment:
+    """CONTENTS plus a sparse file, built into a local store and opened as `env:t`."""
     specs = [file(path, data) for path, data in CONTENTS.items()]
     specs.append(sparse("sparse", 12 * CHUNK, SPARSE))
     src = trees.make_tree(tmp_path / "src", *specs)

@@ -39,6 +39,7 @@ def both_paths(request: pytest.FixtureRequest, mounter: Mounter,
     """The data path this run of the test mounts with (see the module docstring)."""
     if request.param == "kernel":
         require_or_skip(os.geteuid() == 0, "the kernel path needs root")
-        require_or_skip("erofs" in open("/proc/filesystems").read(), "the kernel has no EROFS")
+        filesystems = Path("/proc/filesystems").read_text()
+        require_or_skip("erofs" in filesystems, "the kernel has no EROFS")
     mounter.path = request.param
     return str(request.param)
