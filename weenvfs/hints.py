@@ -29,7 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from weenvfs.cli import add_command
-from weenvfs.cli_args import add_ref_and_command, add_store, print_json, split_command
+from weenvfs.cli_args import (
+    add_ref_and_command,
+    add_store,
+    is_url,
+    print_json,
+    split_command,
+)
 from weenvfs.core.chunk_plan import (
     DEFAULT_COALESCE_GAP,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -130,7 +136,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
     from weenvfs.core.cache import default_cache_dir
 
     cache = (args.cache or default_cache_dir()).absolute()
-    store = args.store if "://" in args.store else os.path.abspath(args.store)
+    store = args.store if is_url(args.store) else os.path.abspath(args.store)
     with open_store(store) as s:
         s.check(write=True)  # the daemon publishes on unmount: fail now, not then
         _, manifest = Repository(s).resolve_env(args.ref)

@@ -37,9 +37,9 @@ def _daemons_of(mountpoint: Path) -> list[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ") + b" "
         except OSError:
             continue
-        if b"weenvfs" in cmdline and b"--foreground" in cmdline and needle in cmdline:
-            if daemon.process_alive(int(entry)):
-                found.append(int(entry))
+        ours = b"weenvfs" in cmdline and b"--foreground" in cmdline and needle in cmdline
+        if ours and daemon.process_alive(int(entry)):
+            found.append(int(entry))
     return found
 
 

@@ -248,6 +248,23 @@ def _signals_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _provisioner_notice(elastic: bool) -> Iterator[None]:
+    """With --elastic, say on stderr (one line) when this command started the node's
+    provisioner: it keeps running after the command, for every elastic sandbox of the node."""
+    if not elastic:
+        yield
+        return
+    from weenvfs.provision.registry import running_pid
+
+    before = running_pid()
+    yield
+    after = running_pid()
+    if before is None and after is not None:
+        print(f"weenv: started the node's provisioner (pid {after}); it keeps running for "
+              "elastic sandboxes: stop it with `weenv provision stop`", file=sys.stderr)
+
+
+@contextlib.contextmanager
 def _signals_ignored() -> Iterator[None]:
     """Let a teardown finish: a second Ctrl-C or SIGTERM must not cut it in half."""
     old = {s: signal.signal(s, signal.SIG_IGN)
@@ -270,8 +287,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not command:
         raise UsageError("no command given and the environment has no entrypoint or cmd")
     with _signals_interrupt():
-        box = Sandbox.create(source, _options(args, keep_upper=args.keep),
-                             owner_pid=os.getpid())
+        with _provisioner_notice(args.elastic):
+            box = Sandbox.create(source, _options(args, keep_upper=args.keep),
+                                 owner_pid=os.getpid())
         try:
             return _run_attached(box, command, {}, None, None)
         finally:
@@ -306,7 +324,7 @@ def _cmd_create(args: argparse.Namespace) -> int:
     from .sandbox import Sandbox
 
     source = resolve_source(args.ref, args.store, args.cache)
-    with _signals_interrupt():
+    with _signals_interrupt(), _provisioner_notice(args.elastic):
         box = Sandbox.create(source, _options(args, name=args.name), owner_pid=None)
     print(box.id)
     return 0
