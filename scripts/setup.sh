@@ -36,6 +36,14 @@ python_lacks_headers() {
 sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
 }
 
+# Compile every module of the project and the venv once, so that no run pays for it: where
+# PYTHONDONTWRITEBYTECODE is set (as on our machines) Python never writes .pyc files itself, and
+# `weenv version` then recompiled every module it imports on every run (~150 ms more).
+compile_python() {
+    log "compiling the project's and the venv's Python modules"
+    "$VENV/bin/python" -m compileall -q -j 0 weenvfs format tools "$VENV/lib" >/dev/null || true
+}
+
 install_debian_packages() {
     local wanted=("${DEBIAN_PACKAGES[@]}") missing=() pkg
     if python_lacks_venv; then wanted+=(python3-venv); fi
@@ -85,3 +93,4 @@ install_venv() {
 
 install_debian_packages
 install_venv
+compile_python

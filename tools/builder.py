@@ -1,8 +1,9 @@
 """Building one layer group: sources -> tree + chunks -> index -> published and tagged.
 
 Owns: `build_group`, the whole build of one group, and `open_source` (a directory, a tar
-file, or '-' for a tar on stdin). It seeds dedup from the group's previous version (the tag
-being replaced) and from any `dedup_with` references, applies one or more layer sources in
+file, or '-' for a tar on stdin). It seeds dedup from the group's previous versions (the tag
+being replaced and the newest other tags of the name, dedup_sources.py) and from any
+`dedup_with` references, applies one or more layer sources in
 order into one tree (OCI semantics, see tree.py), chunks the data as it streams past,
 encodes the index, and publishes in the spec's order. Temporary blob files live in a work
 directory that is removed however the build ends; nothing is tagged unless all of it is
@@ -22,13 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weenvfs.errors import RefNotFound, SourceError
+from weenvfs.errors import ObjectMissing, SourceError
 from weenvfs.format.digest import short
 from weenvfs.format.index_writer import encode_index_object
 from weenvfs.format.refs import check_name, check_tag
 from weenvfs.store.repository import Repository
 
 from .chunker import Chunker, ChunkOptions, ChunkStats, DedupTable
+from .dedup_sources import recent_versions
 from .entries import Source
 from .layout import LayoutOrder
 from .progress import Progress
@@ -45,7 +47,9 @@ class BuildOptions:
     """Options of one build besides the sources and the target."""
 
     chunk: ChunkOptions = field(default_factory=ChunkOptions)
-    dedup_previous: bool = True  # reuse chunks of the version `name:tag` points at now
+    # reuse chunks of the version `name:tag` points at now and of the newest other versions
+    # of the same name (dedup_sources.py: every tag of it, bounded)
+    dedup_previous: bool = True
     dedup_with: tuple[str, ...] = ()  # more group references to reuse chunks from
     tmp_dir: Path | None = None  # where blob files are staged (default: the system's)
     layout: LayoutOrder | None = None  # hinted data first, in hint order (layout.py)
@@ -65,6 +69,7 @@ class BuildResult:
     blobs_uploaded: int
     bytes_uploaded: int
     index_size: int
+    dedup_sources: list[str] = field(default_factory=list)  # `ref@digest12` seeded from
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready view (the CLI's --json output)."""
@@ -78,6 +83,7 @@ class BuildResult:
             "blobs_uploaded": self.blobs_uploaded,
             "bytes_uploaded": self.bytes_uploaded,
             "index_size": self.index_size,
+            "dedup_sources": list(self.dedup_sources),
         }
 
 
@@ -93,21 +99,30 @@ def open_source(spec: str | Path) -> Source:
 
 def _dedup_table(
     repo: Repository, name: str, tag: str, options: BuildOptions
-) -> tuple[DedupTable, str | None]:
-    table, previous = DedupTable(), None
+) -> tuple[DedupTable, str | None, list[str]]:
+    """The table of chunks to reuse, the digest `name:tag` points at now (or None), and the
+    references the table was seeded from (`name:tag@digest12`, for the report)."""
+    table, previous, used = DedupTable(), None, []
     if options.dedup_previous:
-        try:
-            previous, index = repo.resolve_group(f"{name}:{tag}")
-        except RefNotFound:
-            log.info("no previous version of %s:%s to dedup against", name, tag)
-        else:
+        for version_tag, digest in recent_versions(repo, name, tag):
+            try:
+                index = repo.get_index(digest)
+            except ObjectMissing:
+                log.warning("not deduplicating against %s:%s: index %s is missing",
+                            name, version_tag, short(digest))
+                continue
+            if version_tag == tag:
+                previous = digest
             table.add_index(index)
-            log.info("dedup against the previous %s:%s (%s)", name, tag, short(previous))
+            used.append(f"{name}:{version_tag}@{short(digest)}")
+        if not used:
+            log.info("no earlier version of group %s to dedup against", name)
     for ref in options.dedup_with:
         digest, index = repo.resolve_group(ref)
         table.add_index(index)
-        log.info("dedup against %s (%s)", ref, short(digest))
-    return table, previous
+        used.append(f"{ref}@{short(digest)}")
+    log.info("dedup against %s", ", ".join(used) or "nothing")
+    return table, previous, used
 
 
 def build_group(
@@ -126,7 +141,7 @@ def build_group(
     options = options or BuildOptions()
     progress = progress or Progress.quiet()
     layers = list(sources) if isinstance(sources, Sequence) else [sources]
-    table, previous = _dedup_table(repo, name, tag, options)
+    table, previous, dedup_sources = _dedup_table(repo, name, tag, options)
     workdir = Path(tempfile.mkdtemp(prefix="weenv-build-", dir=options.tmp_dir))
     try:
         chunker = Chunker(options.chunk, workdir, table, progress.update, options.layout)
@@ -150,6 +165,7 @@ def build_group(
         published.blobs_uploaded,
         published.bytes_uploaded,
         len(index_object),
+        dedup_sources,
     )
 
 

@@ -135,7 +135,8 @@ def _register_build(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument(
         "--no-dedup-previous",
         action="store_true",
-        help="do not reuse chunks of the version NAME:TAG points at now",
+        help="do not reuse chunks of earlier versions of NAME (by default: the version NAME:TAG "
+        "points at now, then the newest other tags of NAME, at most 3)",
     )
     p.add_argument(
         "--hint",
@@ -263,7 +264,8 @@ def _summary(r: BuildResult) -> str:
         f"({format_size(s.bytes_new_compressed)} compressed) in {r.blobs_new} blobs, "
         f"{r.blobs_uploaded} uploaded",
         f"  reused: {s.chunks_reused} chunks, {format_size(s.bytes_reused)} "
-        f"({format_size(s.bytes_reused_compressed)} compressed); {s.files_reused} small files",
+        f"({format_size(s.bytes_reused_compressed)} compressed); {s.files_reused} small files"
+        f" (from {', '.join(r.dedup_sources) or 'no earlier group'})",
     ]
     if s.chunks_zero:
         lines.append(f"  holes:  {s.chunks_zero} zero chunks, {format_size(s.bytes_zero)}")

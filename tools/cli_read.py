@@ -1,4 +1,4 @@
-"""The read-side commands: `weenv inspect`, `weenv verify`, `weenv export`, `weenv gc`.
+"""The read-side commands: `weenv ls`, `weenv inspect`, `weenv verify`, `weenv export`, `weenv gc`.
 
 Owns: their arguments, opening (and checking) the store, progress on stderr, and printing the
 results (human text or --json on stdout). The work is in inspect.py, verify.py, export.py and
@@ -45,7 +45,8 @@ def parse_duration(text: str) -> float:
 
 
 def register(subparsers: Subparsers) -> None:
-    """Add `inspect`, `verify`, `export` and `gc`."""
+    """Add `ls`, `inspect`, `verify`, `export` and `gc`."""
+    _register_ls(subparsers)
     _register_inspect(subparsers)
     _register_verify(subparsers)
     _register_export(subparsers)
@@ -84,6 +85,64 @@ def _with_repo(fn: Callable[[argparse.Namespace, Repository], int]) -> Callable[
 def _print_json(obj: Any) -> None:
     # ASCII escapes only: names that are not UTF-8 travel as surrogate escapes (\udcXX).
     print(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=True))
+
+
+# -- ls -----------------------------------------------------------------------------------------
+
+
+def _register_ls(subparsers: Subparsers) -> None:
+    p = add_command(
+        subparsers,
+        "ls",
+        help="list the environments and groups a store holds",
+        description=(
+            "List the environments and layer groups of a store by name: each tagged version\n"
+            "(newest first) with its tags, digest, size of file data, date (the mtime of its\n"
+            "root directory) and, for an environment, its groups and recorded hint tags."
+        ),
+        examples=["weenv ls --store /srv/weenv",
+                  "weenv ls --store s3://envs/weenv --json | jq '.environments[].name'"],
+        func=_with_repo(_cmd_ls),
+    )
+    _store_arg(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _cmd_ls(args: argparse.Namespace, repo: Repository) -> int:
+    from .listing import list_store
+
+    document = list_store(repo)
+    if args.json:
+        _print_json(document)
+        return 0
+    for title, kind in (("ENVIRONMENT", "environments"), ("GROUP", "groups")):
+        rows = [(title, "TAGS", "DIGEST", "SIZE", "DATE", "GROUPS/HINTS" if kind[0] == "e" else "")]
+        for item in document[kind]:
+            for v in item["versions"]:
+                rows.append(_ls_row(item["name"], v))
+        if len(rows) == 1:
+            print(f"no {kind} in {document['store']}")
+        else:
+            _print_rows(rows)
+        if kind == "environments":
+            print()
+    return 0
+
+
+def _ls_row(name: str, v: dict[str, Any]) -> tuple[str, ...]:
+    if v.get("missing"):
+        return (name, ",".join(v["tags"]), v["digest"][:12], "-", "-", "(missing)")
+    extra = ""
+    if "groups" in v:
+        extra = " ".join(v["groups"]) + (f"; hints {','.join(v['hints'])}" if v["hints"] else "")
+    return (name, ",".join(v["tags"]), v["digest"][:12], format_size(v["file_bytes"]),
+            (v["date"] or "-")[:10], extra)
+
+
+def _print_rows(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
 # -- inspect ------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weenvfs.errors import RefNotFound, SourceError, StoreError, UsageError
+from weenvfs.errors import ObjectMissing, RefNotFound, SourceError, StoreError, UsageError
 from weenvfs.format.digest import short
 from weenvfs.format.index import GroupIndex
 from weenvfs.format.manifest import GroupRef, Manifest, encode_manifest
@@ -49,6 +49,7 @@ from weenvfs.store.repository import Repository
 
 from .chunker import Chunker, ChunkOptions, DedupTable
 from .convert_group import LowerView, StackedTree, StoredGroup, build_group_untagged
+from .dedup_sources import recent_versions
 from .image_source import Image, ImageSource, Layer
 from .layers import LayerSource, check_media_type
 from .layout import LayoutOrder
@@ -296,9 +297,13 @@ class _Converter:
         table.files = dict(self.seed.files)
         for index in lower:
             table.add_index(index)
-        if plan.explicit_tag:
-            with contextlib.suppress(RefNotFound):
-                table.add_index(self.repo.resolve_group(plan.ref)[1])
+        # Earlier versions of this group's name (the tag replaced, the newest others): a new
+        # tag of a group mostly holds what the previous ones did.
+        for version_tag, digest in recent_versions(self.repo, plan.name, plan.tag):
+            with contextlib.suppress(ObjectMissing):
+                table.add_index(self.repo.get_index(digest))
+                log.info("dedup %s against %s:%s (%s)", plan.ref, plan.name, version_tag,
+                         short(digest))
         return table
 
     def read_layer(self, layer: Layer, total: int) -> Any:

@@ -27,31 +27,37 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[argparse.Namespace], int]
 
-# Dotted names of the modules that register subcommands, in the order they appear in --help.
-# Only modules that exist belong here: a failing import is a bug, never skipped.
-COMMAND_MODULES: tuple[str, ...] = (
-    "weenvfs.tools.cli_build",
-    "weenvfs.tools.cli_convert",
-    "weenvfs.tools.cli_read",
-    "weenvfs.fuse.commands",
-    "weenvfs.core.commands",
-    "weenvfs.hints",
-    "weenvfs.store.commands",
-    "weenvfs.runtime.commands",
-    "weenvfs.provision.commands",
-    "weenvfs.demo",
-)
-
-# Commands whose module is known without importing every module: `weenv mount` must answer
-# in milliseconds (DESIGN.md budgets), and its daemon starts the interpreter again, so neither
-# may wait for imports that only `build` or `convert` need (requests, the builder). Any command
-# not listed here is parsed with every module registered, as before.
-FAST_COMMANDS: dict[str, str] = {
+# Every subcommand and the module that registers it, in the order of --help (None: built
+# in). `weenv COMMAND` imports only COMMAND's module, so that `weenv version` and `weenv run`
+# do not pay for the imports of `build` or `convert` (requests, the builder), and `weenv
+# mount`'s daemon, which starts the interpreter again, neither (DESIGN.md budgets; issue 13
+# asks under 100 ms to parse and dispatch). `weenv --help` and an unknown command import every
+# module. A test checks this table against what each module registers; a failing import is a
+# bug, never skipped.
+COMMANDS: dict[str, str | None] = {
+    "version": None,
+    "build": "weenvfs.tools.cli_build",
+    "compose": "weenvfs.tools.cli_build",
+    "convert": "weenvfs.tools.cli_convert",
+    "ls": "weenvfs.tools.cli_read",
+    "inspect": "weenvfs.tools.cli_read",
+    "verify": "weenvfs.tools.cli_read",
+    "export": "weenvfs.tools.cli_read",
+    "gc": "weenvfs.tools.cli_read",
     "mount": "weenvfs.fuse.commands",
     "umount": "weenvfs.fuse.commands",
     "stats": "weenvfs.fuse.commands",
     "mountd": "weenvfs.fuse.commands",
+    "cache": "weenvfs.core.commands",
+    "hints": "weenvfs.hints",
+    "dev": "weenvfs.store.commands",
+    "run": "weenvfs.runtime.commands",
+    "sandbox": "weenvfs.runtime.commands",
+    "provision": "weenvfs.provision.commands",
+    "demo": "weenvfs.demo",
 }
+# The modules that register subcommands, in the order they appear in --help.
+COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(m for m in COMMANDS.values() if m))
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE from sysexits.h
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
@@ -144,7 +150,8 @@ def _register_builtin(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """Build the complete `weenv` parser from the built-in and registered commands; with
-    `command` one of FAST_COMMANDS, register only the module that provides it."""
+    `command` one of COMMANDS, register only the module that provides it (none for a
+    built-in command)."""
     parser = argparse.ArgumentParser(
         prog="weenv",
         description=(
@@ -158,8 +165,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.set_defaults(func=None, command_parser=parser)
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     _register_builtin(subparsers)
-    fast = FAST_COMMANDS.get(command or "")
-    for name in (fast,) if fast in COMMAND_MODULES else COMMAND_MODULES:
+    known = command in COMMANDS
+    module = COMMANDS.get(command or "")
+    for name in (() if module is None else (module,)) if known else COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
     examples = ["weenv --help", "weenv COMMAND --help"]
     for sub in subparsers.choices.values():
@@ -169,9 +177,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _command_of(argv: Sequence[str]) -> str | None:
-    """The subcommand named in `argv` (the first word that is not a global option)."""
+    """The subcommand named in `argv` (the first word that is not a global option); `version`
+    for `--version`, which needs no command module either."""
     words = iter(argv)
     for word in words:
+        if word == "--version":
+            return "version"
         if word == "--log-file":
             next(words, None)
         elif word == "--" or not word.startswith("-"):

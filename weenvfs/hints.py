@@ -29,6 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from weenvfs.cli import add_command
+from weenvfs.cli_args import (
+    add_ref_and_command,
+    add_store,
+    is_url,
+    print_json,
+    split_command,
+)
 from weenvfs.core.chunk_plan import (
     DEFAULT_COALESCE_GAP,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -60,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "replays its environment's hint (tag latest) in the background."
         ),
         examples=[
-            "weenv hints record py:3.11 --store /srv/weenv -- python3 -c 'import numpy'",
+            "weenv hints record --store /srv/weenv py:3.11 python3 -c 'import numpy'",
             "weenv hints show py:3.11 --store /srv/weenv",
         ],
         func=None,
@@ -82,22 +89,18 @@ def _register_record(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
             "COMMAND's status."
         ),
         examples=[
-            "weenv hints record py:3.11 --store /srv/weenv -- python3 -c 'import numpy'",
-            "weenv hints record py:3.11 --store s3://envs --tag train --replace -- ./run.sh",
+            "weenv hints record --store /srv/weenv py:3.11 python3 -c 'import numpy'",
+            "weenv hints record --store s3://envs --tag train --replace py:3.11 ./run.sh",
         ],
         func=_cmd_record,
     )
-    # argparse cannot take options between REF and `-- COMMAND` with a list positional, so
-    # REF, those options and the command arrive as one remainder that _split() takes apart.
-    p.add_argument("rest", nargs=argparse.REMAINDER, metavar="REF [OPTIONS] -- COMMAND...",
-                   help="environment NAME[:TAG] or manifest digest, then the command")
-    p.add_argument("--store", metavar="URL", help="store URL or directory (required)")
+    add_store(p, required=False)
     p.add_argument("--tag", default=DEFAULT_TAG, help="hint tag to merge into (default latest)")
     p.add_argument("--replace", action="store_true",
                    help="publish this run alone instead of merging it into the tag's hint")
     p.add_argument("--cache", type=Path, metavar="DIR", help="node chunk cache folder")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
-    p.set_defaults(ref=None)
+    add_ref_and_command(p, "ref", "REF", "environment NAME[:TAG] or manifest digest")
 
 
 def _register_show(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -113,7 +116,7 @@ def _register_show(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         func=_cmd_show,
     )
     p.add_argument("ref", metavar="REF", help="environment NAME[:TAG] or manifest digest")
-    p.add_argument("--store", required=True, metavar="URL", help="store URL or directory")
+    add_store(p)
     p.add_argument("--hint", default=DEFAULT_TAG, metavar="TAG|DIGEST",
                    help="hint tag or digest (default latest)")
     p.add_argument("--records", action="store_true", help="also list every record")
@@ -123,39 +126,17 @@ def _register_show(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 # -- record ---------------------------------------------------------------------------------
 
 
-def _split(args: argparse.Namespace) -> list[str]:
-    """Set `args.ref` and the options given after it; return the command."""
-    rest = list(args.rest)
-    if rest[:1] == ["--"]:
-        rest = rest[1:]
-    if not rest or rest[0].startswith("-"):
-        raise UsageError("usage: weenv hints record REF --store URL [OPTIONS] -- COMMAND...")
-    args.ref, rest = rest[0], rest[1:]
-    if "--" in rest:
-        cut = rest.index("--")
-        options, command = rest[:cut], rest[cut + 1 :]
-        try:
-            args.command_parser.parse_args(options, namespace=args)
-        except SystemExit:  # argparse printed the problem
-            raise UsageError(f"bad options for weenv hints record: {' '.join(options)}") from None
-    else:
-        command = rest
-    if not command:
-        raise UsageError("no command given (weenv hints record REF --store URL -- COMMAND...)")
-    if not args.store:
-        raise UsageError("--store is required")
-    return command
-
-
 def _cmd_record(args: argparse.Namespace) -> int:
-    command = _split(args)
+    command = split_command(args, "ref", store=True)
+    if not command:
+        raise UsageError("no command given (weenv hints record [OPTIONS] REF COMMAND...)")
     check_hint_spec(args.tag, "--tag", allow_none=False)
     if os.geteuid() != 0:
         raise UsageError("weenv hints record runs the command with chroot: run it as root")
     from weenvfs.core.cache import default_cache_dir
 
     cache = (args.cache or default_cache_dir()).absolute()
-    store = args.store if "://" in args.store else os.path.abspath(args.store)
+    store = args.store if is_url(args.store) else os.path.abspath(args.store)
     with open_store(store) as s:
         s.check(write=True)  # the daemon publishes on unmount: fail now, not then
         _, manifest = Repository(s).resolve_env(args.ref)
@@ -236,7 +217,7 @@ def _run_chroot(mountpoint: Path, command: list[str], env_vars: dict[str, str]) 
 def _report(outcome: dict[str, Any], status: int, as_json: bool) -> None:
     outcome = {**outcome, "status": status}
     if as_json:
-        print(json.dumps(outcome, indent=2, sort_keys=True))
+        print_json(outcome)
     elif outcome.get("hint") is None:
         print("nothing was read: no hint published", file=sys.stderr)
     else:
@@ -282,7 +263,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     with open_store(args.store) as store:
         info = describe_hint(Repository(store), args.ref, args.hint, args.records)
     if args.json:
-        print(json.dumps(info, indent=2, sort_keys=True))
+        print_json(info)
         return 0
     print(f"hint {info['hint']} ({info['source']}) of {info['env']} ({short(info['manifest'])})")
     print(f"  {info['records']} records, {info['chunks']} chunks to fetch: {info['bytes']} bytes "

@@ -156,3 +156,13 @@ def test_record_a_trace_from_an_event_log(
     assert "1 sandboxes" in capsys.readouterr().out
     log.write_text('{"event": "start"}\n')
     assert main(["provision", "trace", "record", str(log), "-o", str(tmp_path / "u.json")]) == 2
+
+
+def test_status_shows_the_quota_budget_next_to_the_cpus() -> None:
+    import os
+
+    from weenvfs.provision.commands import _cpu_budget
+
+    cpus = os.cpu_count() or 1
+    text = _cpu_budget({"cpu_budget": cpus * 4000})
+    assert text == f"{cpus * 4:.2f} quota cores ({cpus} CPUs x 4 overcommit)"

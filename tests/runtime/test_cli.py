@@ -122,6 +122,34 @@ def test_usage_errors_are_one_line(env_ref: EnvRef) -> None:
     assert no_cmd.returncode == 2 and b"entrypoint" in no_cmd.stderr
 
 
+def test_run_takes_options_before_ref_and_the_command_after_it(env_ref: EnvRef) -> None:
+    # docker run [OPTIONS] IMAGE [COMMAND] [ARG...]: the command's own options stay its own.
+    done = run_weenv("run", *_base(env_ref), env_ref.ref, "echo", "hi", "--store", "x")
+    assert done.stdout == b"hi --store x\n"
+    box = run_weenv("sandbox", "create", *_base(env_ref), env_ref.ref).stdout.decode().strip()
+    try:
+        assert run_weenv("sandbox", "exec", "-w", "/tmp", box, "pwd").stdout == b"/tmp\n"
+    finally:
+        run_weenv("sandbox", "rm", box)
+
+
+def test_options_after_ref_without_dashes_are_an_error_not_dropped(env_ref: EnvRef) -> None:
+    done = run_weenv("run", env_ref.ref, *_base(env_ref), "echo", "hi", check=False)
+    assert done.returncode == 2 and b"options go before REF" in done.stderr
+    late = run_weenv("run", env_ref.ref, "echo", "hi", *_base(env_ref), check=False)
+    assert late.returncode == 2 and b"--store is required (before REF" in late.stderr
+
+
+@pytest.mark.parametrize("command", [("run",), ("sandbox", "create")])
+def test_a_bad_option_value_is_reported_once(env_ref: EnvRef, command: tuple[str, ...]) -> None:
+    tail = ("--", "true") if command == ("run",) else ()
+    for argv in ((*command, env_ref.ref, *_base(env_ref), "--memory", "2X", *tail),
+                 (*command, "--memory", "2X", *_base(env_ref), env_ref.ref, *tail)):
+        done = run_weenv(*argv, check=False)
+        assert done.returncode == 2
+        assert done.stderr.count(b"invalid size") == 1, done.stderr
+
+
 def test_help_shows_examples() -> None:
     for command in (
         ("run",),

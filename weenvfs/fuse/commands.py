@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weenvfs.cli import add_command
+from weenvfs.cli_args import add_store, is_url, positive, print_json
 from weenvfs.errors import UsageError, WeenvError
 from weenvfs.units import parse_size, size_arg
 
@@ -45,16 +46,6 @@ def default_cache_dir() -> Path:
     from weenvfs.core.cache import default_cache_dir as cache_default
 
     return cache_default()
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
 
 
 def _group_position(text: str) -> int:
@@ -95,13 +86,15 @@ def _register_mount(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         func=_cmd_mount,
     )
     p.add_argument("ref", metavar="REF", help="environment NAME[:TAG] or manifest digest")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing directory")
-    p.add_argument("--store", required=True, metavar="URL", help="store URL or directory")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing, empty directory")
+    add_store(p)
+    p.add_argument("--nonempty", action="store_true",
+                   help="mount over a directory that has files (they are hidden until unmount)")
     p.add_argument("--cache", type=Path, metavar="DIR", help="node chunk cache folder "
                    "(default: $WEENV_CACHE, else /var/cache/weenv/chunks)")
     p.add_argument("--cache-size", type=size_arg, default=parse_size(DEFAULT_CACHE_SIZE),
                    metavar="SIZE", help=f"cache bound (default {DEFAULT_CACHE_SIZE})")
-    p.add_argument("--deadline", type=_positive, default=DEFAULT_DEADLINE, metavar="SECS",
+    p.add_argument("--deadline", type=positive, default=DEFAULT_DEADLINE, metavar="SECS",
                    help="a read that cannot be served in SECS fails with EIO "
                    f"(default {DEFAULT_DEADLINE:g})")
     p.add_argument("--foreground", action="store_true",
@@ -205,8 +198,13 @@ def _config(args: argparse.Namespace) -> MountConfig:
     mountpoint = daemon.mount_path(args.mountpoint)
     if daemon.is_mounted(mountpoint):
         raise UsageError(f"{mountpoint} is already a mount point (`weenv umount` it first)")
+    if not mountpoint.exists():
+        raise UsageError(f"mount point {mountpoint} does not exist (create it: mkdir -p)")
     if not mountpoint.is_dir():
         raise UsageError(f"mount point {mountpoint} is not a directory")
+    if not args.nonempty and _has_entries(mountpoint):
+        raise UsageError(f"mount point {mountpoint} is not empty: the mount would hide its "
+                         "files (use an empty directory, or --nonempty to hide them)")
     allow_other = os.geteuid() == 0 if args.allow_other is None else args.allow_other
     if args.hint != MountConfig.hint or args.record_hints is not None:
         # core.hints imports the format and the store: only when there is something to check.
@@ -234,6 +232,14 @@ def _config(args: argparse.Namespace) -> MountConfig:
     )
 
 
+def _has_entries(folder: Path) -> bool:
+    try:
+        with os.scandir(folder) as entries:
+            return next(entries, None) is not None
+    except OSError:
+        return False  # unreadable: let the mount itself report what is wrong
+
+
 def _cmd_mount(args: argparse.Namespace) -> int:
     if args.foreground:
         return _mount_foreground(args)
@@ -247,7 +253,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         allow_other=config.allow_other, hint=config.hint, fetch_all=config.fetch_all,
         record_tag=config.record_tag, record_result=config.record_result,
         record_replace=config.record_replace, coalesce=config.coalesce, layer=config.layer,
-        path=config.path, verbose=args.verbose,
+        path=config.path, verbose=args.verbose, nonempty=args.nonempty,
     )
     pid = daemon.spawn(child, log_file)
     log.info("mounted %s at %s (daemon %d, log %s)", args.ref, config.mountpoint, pid, log_file)
@@ -264,14 +270,14 @@ def mount_args(
     allow_other: bool | None = None, hint: str | None = None, fetch_all: bool = False,
     record_tag: str | None = None, record_result: Path | None = None,
     record_replace: bool = False, coalesce: bool = True, layer: int | None = None,
-    path: str = "auto", verbose: int = 0,
+    path: str = "auto", verbose: int = 0, nonempty: bool = False,
 ) -> list[str]:
     """The arguments of `weenv mount REF MOUNTPOINT --foreground` for `daemon.spawn`.
 
     Keywords are MountConfig's fields; None leaves an option to the daemon's default. The
     daemon runs in / (so that it pins no working directory): a store folder is made
     absolute here, every other path must be absolute already."""
-    store = store if "://" in store else os.path.abspath(store)
+    store = store if is_url(store) else os.path.abspath(store)
     optional: list[str] = []
     if cache_size is not None:
         optional += ["--cache-size", str(cache_size)]
@@ -294,6 +300,7 @@ def mount_args(
         *(["--record-result", str(record_result)] if record_result else []),
         *(["--record-replace"] if record_replace else []),
         *([] if coalesce else ["--no-coalesce"]),
+        *(["--nonempty"] if nonempty else []),
     ]
 
 
@@ -411,7 +418,7 @@ def read_stats(mountpoint: str | Path) -> dict[str, Any]:
 def _cmd_stats(args: argparse.Namespace) -> int:
     document = read_stats(args.mountpoint)
     if args.json:
-        print(json.dumps(document, indent=2, sort_keys=True))
+        print_json(document)
         return 0
     for key, value in _flatten(document):
         print(f"{key:<40} {value}")

@@ -168,13 +168,23 @@ def spawn(args: Sequence[str], log_file: Path, timeout: float = SPAWN_TIMEOUT,
     from . import mountd
 
     read_end, write_end = os.pipe()
+    seen: list[int] = []  # the daemon's pid once read, also when Ctrl-C cuts the wait short
     try:
-        with open(log_file, "ab") as log:
-            if not (use_server and mountd.launch(list(args), write_end, log.fileno())):
-                _exec_detached(args, write_end, log)
-        os.close(write_end)
-        write_end = -1
-        pid, line = _await_ready(read_end, timeout)
+        try:
+            with open(log_file, "ab") as log:
+                if not (use_server and mountd.launch(list(args), write_end, log.fileno())):
+                    _exec_detached(args, write_end, log)
+            os.close(write_end)
+            write_end = -1
+            pid, line = _await_ready(read_end, timeout, seen)
+        except KeyboardInterrupt:
+            # Ctrl-C while the daemon starts: it runs in its own session and would finish
+            # mounting unseen. Stop it (and whatever it mounted) before reporting.
+            if write_end >= 0:
+                os.close(write_end)
+                write_end = -1
+            _abandon(read_end, args, timeout, seen[0] if seen else None)
+            raise
     finally:
         os.close(read_end)
         if write_end >= 0:
@@ -212,9 +222,11 @@ def _setsid() -> str:
     return path
 
 
-def _await_ready(fd: int, timeout: float) -> tuple[int | None, str | None]:
-    """The daemon's pid (from its `pid N` line) and its next line: `ok`, `error: ...`, ''
-    at EOF (it exited), or None after `timeout` seconds."""
+def _await_ready(
+    fd: int, timeout: float, seen: list[int] | None = None
+) -> tuple[int | None, str | None]:
+    """The daemon's pid (from its `pid N` line, also appended to `seen` as soon as read) and
+    its next line: `ok`, `error: ...`, '' at EOF (it exited), or None after `timeout`."""
     deadline = time.monotonic() + timeout
     data, pid = b"", None
     while True:
@@ -224,6 +236,8 @@ def _await_ready(fd: int, timeout: float) -> tuple[int | None, str | None]:
             word, _, rest = line.partition(" ")
             if word == PID and rest.isdigit() and pid is None:
                 pid = int(rest)
+                if seen is not None:
+                    seen.append(pid)
                 continue
             return pid, line
         left = deadline - time.monotonic()
@@ -236,6 +250,54 @@ def _await_ready(fd: int, timeout: float) -> tuple[int | None, str | None]:
         if not part:
             return pid, ""
         data += part
+
+
+def _abandon(fd: int, args: Sequence[str], timeout: float, pid: int | None) -> None:
+    """Undo a spawn interrupted by Ctrl-C: wait (further Ctrl-Cs ignored) for the daemon's
+    pid, or for the pipe to close (no daemon), stop the daemon, and unmount its mount point
+    if it died mounted (a SIGTERM before its signal handler was installed)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        if pid is None:
+            pid = _await_pid(fd, timeout)
+        if pid is not None:
+            _stop(pid)
+        mountpoint = _mountpoint_of(args)
+        if mountpoint is not None and is_mounted(mountpoint):
+            with contextlib.suppress(OSError, WeenvError):
+                force_unmount(mountpoint)
+            remove_pid_file(mountpoint, pid)
+        if mountpoint is not None:
+            with contextlib.suppress(OSError, WeenvError):
+                release_kernel_leftovers(mountpoint)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _await_pid(fd: int, timeout: float) -> int | None:
+    """The pid from the daemon's first line, or None once the pipe closes without one (or
+    after `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while b"\n" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        part = os.read(fd, 4096)
+        if not part:
+            return None
+        data += part
+    word, _, rest = data.split(b"\n", 1)[0].decode(errors="replace").partition(" ")
+    return int(rest) if word == PID and rest.strip().isdigit() else None
+
+
+def _mountpoint_of(args: Sequence[str]) -> Path | None:
+    """MOUNTPOINT of `mount REF MOUNTPOINT ...` (what `mount_args` builds), else None."""
+    words = list(args)
+    if "mount" not in words:
+        return None
+    at = words.index("mount") + 2
+    return mount_path(words[at]) if at < len(words) else None
 
 
 def _stop(pid: int) -> None:

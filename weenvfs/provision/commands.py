@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from weenvfs.cli import UsageError, WeenvError, add_command
-from weenvfs.units import parse_size
+from weenvfs.cli_args import print_json
+from weenvfs.units import size_arg
 
 from .cgroup import ProvisionError, detect_driver
 from .history import history_dir
@@ -23,13 +25,6 @@ from .simulator import POLICIES, Node, compare
 from .trace import AGENTIC_DOC, generate_agentic, load_trace, save_trace, trace_from_events
 
 GIB = 1 << 30
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _policy(args: argparse.Namespace) -> PolicyConfig:
@@ -52,7 +47,7 @@ def _add_policy_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=VALUE",
         help="override a policy parameter, e.g. mem_calm=5 or mem_floor=128M (repeatable)",
     )
-    parser.add_argument("--node-memory", type=_size, metavar="SIZE", help="memory budget")
+    parser.add_argument("--node-memory", type=size_arg, metavar="SIZE", help="memory budget")
     parser.add_argument("--node-cpus", type=float, metavar="N", help="CPU cores of the node")
 
 
@@ -275,7 +270,16 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _gib(n: object) -> str:
+    # Two decimals from a GiB up, whole MiB below: the status table's columns stay narrow.
     return "-" if not isinstance(n, int) else f"{n / GIB:.2f}G" if n >= GIB else f"{n >> 20}M"
+
+
+def _cpu_budget(node: dict[str, Any]) -> str:
+    """`8.00 quota cores (2 CPUs x 4 overcommit)`: quotas may add up to more than the
+    node's CPUs (policy cpu_overcommit), so show both."""
+    budget = node.get("cpu_budget", 0) / 1000
+    cpus = os.cpu_count() or 1
+    return f"{budget:.2f} quota cores ({cpus} CPUs x {budget / cpus:g} overcommit)"
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -284,7 +288,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     except ProvisionError as error:
         raise _fail(error) from None
     if args.json:
-        print(json.dumps(status, indent=1, sort_keys=True))
+        print_json(status)
         return 0
     node: dict[str, Any] = status.get("node", {})  # type: ignore[assignment]
     age = time.time() - float(status.get("wall", 0))  # type: ignore[arg-type]
@@ -295,8 +299,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     )
     print(
         f"node: memory {_gib(node.get('mem_granted'))} of {_gib(node.get('mem_budget'))}, "
-        f"cpu {node.get('cpu_granted', 0) / 1000:.2f} of {node.get('cpu_budget', 0) / 1000:.2f}"
-        f" cores granted{' OVER-COMMITTED' if node.get('overcommitted') else ''}"
+        f"cpu {node.get('cpu_granted', 0) / 1000:.2f} of {_cpu_budget(node)} granted"
+        f"{' OVER-COMMITTED' if node.get('overcommitted') else ''}"
     )
     rows = [("SANDBOX", "USAGE", "HIGH", "MAX", "CPU", "STATE")]
     sandboxes: dict[str, Any] = status.get("sandboxes", {})  # type: ignore[assignment]

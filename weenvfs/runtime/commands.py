@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -24,6 +23,15 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from weenvfs.cli import add_command
+from weenvfs.cli_args import (
+    add_ref_and_command,
+    add_store,
+    env_pair,
+    non_negative,
+    positive,
+    print_json,
+    split_command,
+)
 from weenvfs.errors import Terminated, UsageError
 from weenvfs.units import size_arg
 
@@ -45,7 +53,7 @@ def register(subparsers: Sub) -> None:
         description="Manage sandboxes that outlive one command (see `weenv run` for one).",
         examples=[
             "weenv sandbox create debian:12 --store /srv/weenv   # prints the id",
-            "weenv sandbox exec weenv-0a1b2c3d4e -- python3 -V",
+            "weenv sandbox exec weenv-0a1b2c3d4e python3 -V",
             "weenv sandbox reset weenv-0a1b2c3d4e",
             "weenv sandbox rm weenv-0a1b2c3d4e",
         ],
@@ -60,38 +68,11 @@ def register(subparsers: Sub) -> None:
     _register_gc(sub)
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
-    return value
-
-
-def _env_pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key, value
-
-
-def _add_sandbox_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", metavar="URL", help="store URL or directory (required)")
+def _add_sandbox_options(p: argparse.ArgumentParser, *, store_required: bool) -> None:
+    add_store(p, required=store_required)
     p.add_argument("--cache", type=Path, metavar="DIR",
                    help="node chunk cache (default: as `weenv mount`)")
-    p.add_argument("--cpus", type=_positive_float, metavar="N", help="CPU quota in cores")
+    p.add_argument("--cpus", type=positive, metavar="N", help="CPU quota in cores")
     p.add_argument("--memory", type=size_arg, metavar="SIZE", help="memory limit, e.g. 2G")
     p.add_argument("--pids", type=int, metavar="N",
                    help="most processes at once (default 4096)")
@@ -99,7 +80,7 @@ def _add_sandbox_options(p: argparse.ArgumentParser) -> None:
                    help="keep the writable layer in RAM (tmpfs) instead of on disk")
     p.add_argument("--network", choices=("none", "host"), default="none",
                    help="none: loopback only (default); host: the node's network")
-    p.add_argument("--keep-warm", type=_non_negative, default=0.0, metavar="SECS",
+    p.add_argument("--keep-warm", type=non_negative, default=0.0, metavar="SECS",
                    help="keep the environment mounted SECS after its last sandbox ends")
     p.add_argument("--lower", choices=LOWER_MODES, default=DEFAULT_LOWER,
                    help="layers: a shared mount per group, stacked by overlayfs (environments "
@@ -113,7 +94,7 @@ def _add_sandbox_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_process_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-e", "--env", type=_env_pair, action="append", default=[],
+    p.add_argument("-e", "--env", type=env_pair, action="append", default=[],
                    metavar="KEY=VALUE", help="set an environment variable (repeatable)")
     p.add_argument("-w", "--workdir", metavar="DIR", help="working directory inside")
     p.add_argument("-u", "--user", metavar="USER[:GROUP]",
@@ -125,26 +106,27 @@ def _register_run(subparsers: Sub) -> None:
         subparsers, "run",
         help="run one command in a fresh sandbox of an environment",
         description=(
-            "Run CMD in a new sandbox of environment REF and exit with its status.\n"
+            "Run COMMAND in a new sandbox of environment REF and exit with its status:\n"
+            "weenv run [OPTIONS] REF [COMMAND [ARG...]], as docker run (options before REF,\n"
+            "every word after REF is the command; a `--` before it is accepted).\n"
             "The sandbox is a writable overlay over the environment's shared lazy mounts\n"
             "(one per group, shared with every environment built on the same groups), in\n"
             "its own pid, mount, ipc, uts and (by default) network namespaces and cgroup.\n"
-            "Without CMD the environment's entrypoint and cmd run. Everything is removed at\n"
+            "Without COMMAND the environment's entrypoint and cmd run. Everything is removed at\n"
             "exit (--keep keeps the writable layer for inspection)."
         ),
         examples=[
-            "weenv run debian:12 --store /srv/weenv -- cat /etc/os-release",
-            "weenv run py:3.11 --store s3://envs/weenv --cpus 2 --memory 4G -- python3 -V",
-            "weenv run task:1234 --store /srv/weenv --tmpfs-upper -e SEED=7 -- ./run.sh",
-            "weenv run task:1234 --store /srv/weenv --elastic --memory 1G -- make test",
+            "weenv run --store /srv/weenv debian:12 cat /etc/os-release",
+            "weenv run --store s3://envs/weenv --cpus 2 --memory 4G py:3.11 python3 -V",
+            "weenv run --store /srv/weenv --tmpfs-upper -e SEED=7 task:1234 ./run.sh",
+            "weenv run --store /srv/weenv --elastic --memory 1G task:1234 -- make test",
         ],
         func=_cmd_run,
     )
-    _add_rest(p, "REF [OPTIONS] -- CMD...",
-              "environment NAME[:TAG] or manifest digest, options, `--`, the command")
-    _add_sandbox_options(p)
+    _add_sandbox_options(p, store_required=False)
     p.add_argument("--keep", action="store_true",
                    help="keep the writable layer on disk and print where")
+    add_ref_and_command(p, "ref", "REF", "environment NAME[:TAG] or manifest digest")
 
 
 def _register_create(sub: Sub) -> None:
@@ -159,8 +141,8 @@ def _register_create(sub: Sub) -> None:
         ],
         func=_cmd_create,
     )
-    _add_rest(p, "REF [OPTIONS]", "environment NAME[:TAG] or manifest digest, then options")
-    _add_sandbox_options(p)
+    p.add_argument("ref", metavar="REF", help="environment NAME[:TAG] or manifest digest")
+    _add_sandbox_options(p, store_required=True)
     p.add_argument("--name", metavar="ID", help="the sandbox id (default: weenv-<random>)")
 
 
@@ -168,13 +150,16 @@ def _register_exec(sub: Sub) -> None:
     p = add_command(
         sub, "exec",
         help="run a command in a sandbox; exits with its status",
-        description="Run CMD in sandbox ID with this terminal's stdin, stdout and stderr.",
-        examples=["weenv sandbox exec weenv-0a1b2c3d4e -- ls -l /",
-                  "weenv sandbox exec -u nobody -w /tmp weenv-0a1b2c3d4e -- id"],
+        description=(
+            "Run COMMAND in sandbox ID with this terminal's stdin, stdout and stderr:\n"
+            "weenv sandbox exec [OPTIONS] ID COMMAND [ARG...] (options before ID)."
+        ),
+        examples=["weenv sandbox exec weenv-0a1b2c3d4e ls -l /",
+                  "weenv sandbox exec -u nobody -w /tmp weenv-0a1b2c3d4e id"],
         func=_cmd_exec,
     )
-    _add_rest(p, "ID [OPTIONS] -- CMD...", "sandbox id, options, `--`, the command")
     _add_process_options(p)
+    add_ref_and_command(p, "id", "ID", "the sandbox id (`weenv sandbox create` printed it)")
 
 
 def _register_reset(sub: Sub) -> None:
@@ -227,39 +212,10 @@ def _register_gc(sub: Sub) -> None:
     p.add_argument("--json", action="store_true", help="print what was removed as JSON")
     p.add_argument("--mounts-only", action="store_true",
                    help="only unmount environments no sandbox uses")
-    p.add_argument("--after", type=_non_negative, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--after", type=non_negative, default=0.0, help=argparse.SUPPRESS)
 
 
 # -- handlers ---------------------------------------------------------------------------------
-
-
-def _add_rest(p: argparse.ArgumentParser, metavar: str, help: str) -> None:
-    # argparse cannot take options between a positional and `-- CMD` with a list positional
-    # (it matches the empty list early), so the positional, the options after it and the
-    # command arrive as one remainder that _split() takes apart (as `weenv hints record`).
-    p.add_argument("rest", nargs=argparse.REMAINDER, metavar=metavar, help=help)
-
-
-def _split(args: argparse.Namespace, name: str) -> list[str]:
-    """Set `args.<name>` from the remainder, parse the options after it; return the command
-    (what follows `--`)."""
-    rest = list(args.rest)
-    if rest[:1] == ["--"]:
-        rest = rest[1:]
-    if not rest or rest[0].startswith("-"):
-        raise UsageError(f"{name.upper()} is missing (see --help)")
-    setattr(args, name, rest[0])
-    rest = rest[1:]
-    cut = rest.index("--") if "--" in rest else len(rest)
-    options, command = rest[:cut], rest[cut + 1 :]
-    if options:
-        try:
-            args.command_parser.parse_args(options, namespace=args)
-        except SystemExit:  # argparse printed the problem
-            raise UsageError(f"bad options: {' '.join(options)}") from None
-    if hasattr(args, "store") and not args.store:
-        raise UsageError("--store is required")
-    return command
 
 
 def _options(args: argparse.Namespace, **extra: Any) -> Any:
@@ -292,6 +248,23 @@ def _signals_interrupt() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _provisioner_notice(elastic: bool) -> Iterator[None]:
+    """With --elastic, say on stderr (one line) when this command started the node's
+    provisioner: it keeps running after the command, for every elastic sandbox of the node."""
+    if not elastic:
+        yield
+        return
+    from weenvfs.provision.registry import running_pid
+
+    before = running_pid()
+    yield
+    after = running_pid()
+    if before is None and after is not None:
+        print(f"weenv: started the node's provisioner (pid {after}); it keeps running for "
+              "elastic sandboxes: stop it with `weenv provision stop`", file=sys.stderr)
+
+
+@contextlib.contextmanager
 def _signals_ignored() -> Iterator[None]:
     """Let a teardown finish: a second Ctrl-C or SIGTERM must not cut it in half."""
     old = {s: signal.signal(s, signal.SIG_IGN)
@@ -307,15 +280,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .environment import resolve_source
     from .sandbox import Sandbox
 
-    command = _split(args, "ref")
+    command = split_command(args, "ref", store=True)
     source = resolve_source(args.ref, args.store, args.cache)
     if not command:
         command = list(source.command)
     if not command:
         raise UsageError("no command given and the environment has no entrypoint or cmd")
     with _signals_interrupt():
-        box = Sandbox.create(source, _options(args, keep_upper=args.keep),
-                             owner_pid=os.getpid())
+        with _provisioner_notice(args.elastic):
+            box = Sandbox.create(source, _options(args, keep_upper=args.keep),
+                                 owner_pid=os.getpid())
         try:
             return _run_attached(box, command, {}, None, None)
         finally:
@@ -349,10 +323,8 @@ def _cmd_create(args: argparse.Namespace) -> int:
     from .environment import resolve_source
     from .sandbox import Sandbox
 
-    if _split(args, "ref"):
-        raise UsageError("sandbox create takes no command (use sandbox exec)")
     source = resolve_source(args.ref, args.store, args.cache)
-    with _signals_interrupt():
+    with _signals_interrupt(), _provisioner_notice(args.elastic):
         box = Sandbox.create(source, _options(args, name=args.name), owner_pid=None)
     print(box.id)
     return 0
@@ -361,9 +333,9 @@ def _cmd_create(args: argparse.Namespace) -> int:
 def _cmd_exec(args: argparse.Namespace) -> int:
     from .sandbox import Sandbox
 
-    command = _split(args, "id")
+    command = split_command(args, "id")
     if not command:
-        raise UsageError("no command given (weenv sandbox exec ID -- CMD...)")
+        raise UsageError("no command given (weenv sandbox exec [OPTIONS] ID COMMAND [ARG...])")
     box = Sandbox.load(args.id)
     with _signals_interrupt():
         return _run_attached(box, command, dict(args.env), args.workdir, args.user)
@@ -431,7 +403,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
             boxes.append(_describe(sandbox.Sandbox.load(sandbox_id), node))
     if args.json:
         document = {"sandboxes": boxes, "mounts": [m.to_json() for m in mounts.list_mounts()]}
-        print(json.dumps(document, indent=2, sort_keys=True))
+        print_json(document)
         return 0
     print(f"{'ID':<24} {'STATUS':<10} {'OWNER':>7} {'AGE':>8}  {'LIMITS':<22} ENV")
     now = time.time()
@@ -456,7 +428,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     report = gc.collect_after(args.after) if args.after else gc.collect(
         mounts_only=args.mounts_only)
     if args.json:
-        print(json.dumps(report.to_json(), indent=2, sort_keys=True))
+        print_json(report.to_json())
     else:
         for kind, items in report.to_json().items():
             for item in items:

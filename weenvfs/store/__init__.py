@@ -35,6 +35,16 @@ def _open_file_url(url: str, create: bool) -> Store:
     return LocalStore(Path(urllib.parse.unquote(parts.path)), create=create)
 
 
+def _file_url(url: str) -> str:
+    """`file:/path` (RFC 8089's short form, no authority) as `file:///path`; other URLs and
+    plain paths unchanged. `file:relative` is refused: a file URL's path is absolute."""
+    if url[:5].lower() != "file:" or url[5:7] == "//":
+        return url
+    if not url[5:].startswith("/"):
+        raise StoreError(f"bad store URL {url!r}: expected file:/absolute/path or a directory")
+    return "file://" + url[5:]
+
+
 # Remote stores are wrapped in RetryingStore with this policy: up to 5 tries of a call whose
 # failure is temporary (5xx, throttling, timeouts, resets, cut bodies), sleeping a random
 # 0-0.2, 0-0.4, 0-0.8, 0-1.6 s between them (full jitter), and never past 30 s from the first
@@ -66,8 +76,9 @@ STORE_SCHEMES: dict[str, StoreFactory] = {
 
 
 def open_store(url: str, *, create: bool = False) -> Store:
-    """Open the store at `url`: `scheme://...` picks a backend from `STORE_SCHEMES`; a string
-    without a scheme is a local directory path, relative to the current directory or absolute.
+    """Open the store at `url`: `scheme://...` picks a backend from `STORE_SCHEMES` (and
+    `file:/path` is `file:///path`, RFC 8089); a string without a scheme is a local directory
+    path, relative to the current directory or absolute.
 
     `create=True` lets the backend make the location if it is missing (a publisher does
     this; a reader should not, so that a typo is reported rather than papered over). Nothing
@@ -76,6 +87,7 @@ def open_store(url: str, *, create: bool = False) -> Store:
     """
     if not url:
         raise StoreError("empty store URL")
+    url = _file_url(url)
     match = _SCHEME.match(url)
     if match is None:
         return STORE_SCHEMES["file"](Path(os.path.abspath(url)).as_uri(), create)

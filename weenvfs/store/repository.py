@@ -16,6 +16,7 @@ from pathlib import Path
 
 from weenvfs.errors import ObjectCorrupt, ObjectMissing, RefNotFound, StoreError
 from weenvfs.format.digest import digest_hex, short
+from weenvfs.format.errors import FormatError
 from weenvfs.format.hints import Hint, decode_hint
 from weenvfs.format.index import GroupIndex
 from weenvfs.format.manifest import Manifest, decode_manifest
@@ -105,7 +106,23 @@ class Repository:
             return decode_tag(self.store.get(tag_key(kind, name, tag)))
         except ObjectMissing:
             what = {"groups": "group", "envs": "environment", "hints": "hint"}[kind]
-            raise RefNotFound(f"no {what} {name}:{tag} in {self.store.url}") from None
+            near = self._near_refs(kind, f"{name}:{tag}") if kind != "hints" else []
+            hint = f" (did you mean {', '.join(near)}?)" if near else ""
+            raise RefNotFound(f"no {what} {name}:{tag} in {self.store.url}{hint}") from None
+
+    def _near_refs(self, kind: str, ref: str, n: int = 3) -> list[str]:
+        """Existing `name:tag` of `kind` closest to `ref` (difflib), for an error message:
+        one LIST of tag keys, no GETs; [] when the store cannot list."""
+        import difflib
+
+        try:
+            refs = []
+            for key in self.store.list(f"tags/{kind}/"):
+                _, name, tag = parse_tag_key(key)
+                refs.append(f"{name}:{tag}")
+        except (StoreError, FormatError):
+            return []
+        return difflib.get_close_matches(ref, refs, n=n, cutoff=0.6)
 
     def delete_tag(self, kind: str, name: str, tag: str) -> None:
         """Remove a tag (objects stay until `gc`)."""

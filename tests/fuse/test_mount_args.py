@@ -1,0 +1,41 @@
+"""`weenv mount` refuses a mount point that does not exist (saying so) or that has files
+(they would be hidden) unless `--nonempty`; checked by the parent before any daemon starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mounts import publish
+
+from weenvfs.cli import main
+from weenvfs.fuse import daemon
+
+pytestmark = pytest.mark.usefixtures("requires_fuse")
+
+
+def test_missing_mount_point_says_it_does_not_exist(tmp_path: Path, capsys) -> None:
+    code = main(["mount", "e:t", str(tmp_path / "nope"), "--store", str(tmp_path)])
+    assert code == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_non_empty_mount_point_is_refused(tmp_path: Path, capsys) -> None:
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    (mp / "precious").write_text("x")
+    code = main(["mount", "e:t", str(mp), "--store", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "is not empty" in err and "--nonempty" in err
+    assert not daemon.is_mounted(mp)
+
+
+def test_nonempty_flag_mounts_over_files(tmp_path: Path, mounter) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "hello").write_text("hello\n")
+    ref = publish(tmp_path / "store", [src])
+    mp = tmp_path / "over"
+    mp.mkdir()
+    (mp / "precious").write_text("x")
+    mounter.mount(ref, tmp_path / "store", mountpoint=mp, extra=["--nonempty"])
+    assert sorted(p.name for p in mp.iterdir()) == ["hello"]

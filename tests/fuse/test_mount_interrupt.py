@@ -1,0 +1,84 @@
+"""Ctrl-C during `weenv mount` (issue 14): the daemon runs in its own session, so the
+interrupted parent must stop it, and an interrupted mount leaves nothing mounted and no
+daemon running; a mount that completed before the signal says so (exit 0).
+
+SIGINT goes to a real `weenv mount` subprocess at several moments: before the daemon started,
+while it starts (before and after its `pid N` line), and after it answered. The delays only
+spread the moments; nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mounts import force_unmount, publish, stop_daemon
+
+from weenvfs.fuse import daemon
+
+pytestmark = pytest.mark.usefixtures("requires_fuse")
+
+DELAYS = (0.0, 0.15, 0.3, 0.5, 0.8, 1.2, 2.0)
+
+
+def _daemons_of(mountpoint: Path) -> list[int]:
+    """Pids of live processes serving `mountpoint` (a daemon's command line or title)."""
+    found = []
+    needle = os.fsencode(f" {mountpoint} ")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ") + b" "
+        except OSError:
+            continue
+        ours = b"weenvfs" in cmdline and b"--foreground" in cmdline and needle in cmdline
+        if ours and daemon.process_alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+@pytest.fixture(scope="module")
+def env_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    root = tmp_path_factory.mktemp("interrupt")
+    src = root / "src"
+    src.mkdir()
+    (src / "hello").write_text("hello\n")
+    return publish(root / "store", [src]), root / "store"
+
+
+@pytest.mark.parametrize("delay", DELAYS)
+def test_interrupted_mount_leaves_nothing(env_store: tuple[str, Path], tmp_path: Path,
+                                          delay: float) -> None:
+    ref, store = env_store
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "weenvfs", "--log-file", str(tmp_path / "mount.log"), "mount",
+         ref, str(mp), "--store", str(store), "--cache", str(tmp_path / "cache")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        mounted, daemons = daemon.is_mounted(mp), _daemons_of(mp)
+        if proc.returncode == 0:  # it completed before the signal: mounted, and said so
+            assert mounted and daemons
+        else:
+            assert proc.returncode in (130, -signal.SIGINT), err
+            assert not mounted, f"still mounted after: {err!r}"
+            assert daemons == [], f"daemon left running after: {err!r}"
+            assert daemon.read_pid_file(mp) is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        force_unmount(mp)
+        for pid in _daemons_of(mp):
+            stop_daemon(pid, mp)

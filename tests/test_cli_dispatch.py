@@ -1,0 +1,88 @@
+"""`weenv` imports a command's module only when that command runs (issue 13: `weenv run` and
+`weenv version` must not pay for importing every command), while `weenv --help` still lists
+every command. Structural checks only: which modules a fresh interpreter imported, never a
+timing."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from weenvfs import cli
+
+COMMAND_MODULES = frozenset(cli.COMMAND_MODULES)
+HEAVY = ("trio", "pyfuse3", "requests", "boto3", "zstandard", "weenvfs.core", "weenvfs.tools",
+         "weenvfs.store", "weenvfs.provision.sidecar")
+
+
+def _registered(module: str) -> set[str]:
+    parser = argparse.ArgumentParser()
+    subparsers = parser.add_subparsers()
+    importlib.import_module(module).register(subparsers)
+    return set(subparsers.choices)
+
+
+def test_every_registered_command_is_in_the_table_with_its_module() -> None:
+    table = {name: module for module in cli.COMMAND_MODULES for name in _registered(module)}
+    assert table == {k: v for k, v in cli.COMMANDS.items() if v is not None}
+
+
+def _imported(*argv: str) -> tuple[int, set[str]]:
+    code = (
+        "import sys\n"
+        "from weenvfs import cli\n"
+        f"code = cli.main({list(argv)!r})\n"
+        f"print(code, *sorted(m for m in sys.modules if m in {sorted(COMMAND_MODULES)!r}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=60)
+    words = done.stdout.splitlines()[-1].split()  # after any --help text
+    return int(words[0]), set(words[1:])
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (("version",), set()),
+        (("--version",), set()),
+        # runtime uses mount_args of the mount commands as a library (light: no trio)
+        (("run", "--help"), {"weenvfs.runtime.commands", "weenvfs.fuse.commands"}),
+        (("-v", "mount", "--help"), {"weenvfs.fuse.commands"}),
+        (("sandbox", "ls", "--help"), {"weenvfs.runtime.commands", "weenvfs.fuse.commands"}),
+        (("inspect", "--help"), {"weenvfs.tools.cli_read"}),
+    ],
+)
+def test_a_command_imports_only_its_module(argv: tuple[str, ...], expected: set[str]) -> None:
+    code, modules = _imported(*argv)
+    assert code == 0
+    assert modules == expected
+
+
+def test_run_parses_without_the_heavy_libraries() -> None:
+    code = (
+        "import sys\n"
+        "from weenvfs import cli\n"
+        "argv = ['run', '--store', '/s', 'env:t', 'true']\n"
+        "cli.build_parser(cli._command_of(argv)).parse_args(argv)\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=60)
+    assert done.stdout.strip() == "[]"
+
+
+def test_top_level_help_still_lists_every_command() -> None:
+    done = subprocess.run([sys.executable, "-m", "weenvfs", "--help"], capture_output=True,
+                          text=True, check=True, timeout=60)
+    for name in cli.COMMANDS:
+        assert f"\n    {name} " in done.stdout or f"\n    {name}\n" in done.stdout, name
+
+
+def test_an_unknown_command_gets_the_complete_parser() -> None:
+    done = subprocess.run([sys.executable, "-m", "weenvfs", "mout"], capture_output=True,
+                          text=True, check=False, timeout=60)
+    assert done.returncode == 2 and "invalid choice" in done.stderr and "mount" in done.stderr

@@ -1,0 +1,87 @@
+"""`weenv ls` (what a store holds), "did you mean" on a missing name, and default dedup of a
+new tag against the earlier versions of the same group (issue 14)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from support import trees
+from support.trees import dir, file  # noqa: A004
+
+from weenvfs.cli import main
+from weenvfs.store.local import LocalStore
+from weenvfs.store.repository import Repository
+from weenvfs.tools.dedup_sources import recent_versions
+
+MIB = 1 << 20
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _tree(root: Path, small: bytes = b"one") -> Path:
+    rng = random.Random(7)
+    return trees.make_tree(root, dir("."), file("big", rng.randbytes(3 * MIB)),
+                           file("small", small))
+
+
+def _build(capsys, store: LocalStore, src: Path, group: str) -> dict:
+    code, out, err = run(capsys, "build", str(src), "--store", store.url, "--group", group,
+                         "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_a_new_tag_reuses_the_chunks_of_the_previous_tag(tmp_path, capsys, store) -> None:
+    _build(capsys, store, _tree(tmp_path / "a"), "tricky:1")
+    second = _build(capsys, store, _tree(tmp_path / "b", b"two"), "tricky:2")
+    assert second["chunks_reused"] >= 3 and second["bytes_uploaded"] < MIB
+    assert [s.split("@")[0] for s in second["dedup_sources"]] == ["tricky:1"]
+    code, out, _ = run(capsys, "build", str(tmp_path / "b"), "--store", store.url,
+                       "--group", "tricky:3", "--quiet")
+    assert code == 0 and "(from tricky:" in out
+
+
+def test_recent_versions_order_and_bound(tmp_path, capsys, store) -> None:
+    for i, tag in enumerate(["v1", "v2", "v10", "latest", "v9"]):
+        _build(capsys, store, _tree(tmp_path / tag, str(i).encode()), f"g:{tag}")
+    _build(capsys, store, _tree(tmp_path / "other"), "h:v99")
+    found = recent_versions(Repository(store), "g", "v2")
+    assert [t for t, _ in found] == ["v2", "latest", "v10"]
+    assert recent_versions(Repository(store), "nope", "x") == []
+
+
+def test_ls_lists_environments_groups_tags_and_hints(tmp_path, capsys, store) -> None:
+    _build(capsys, store, _tree(tmp_path / "a"), "base:1")
+    assert run(capsys, "compose", "--store", store.url, "env:1", "--group", "base:1")[0] == 0
+    code, out, err = run(capsys, "ls", "--store", store.url, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [e["name"] for e in doc["environments"]] == ["env"]
+    version = doc["environments"][0]["versions"][0]
+    assert version["tags"] == ["1"] and version["groups"] == ["base"]
+    assert version["file_bytes"] == 3 * MIB + 3 and version["hints"] == []
+    group = doc["groups"][0]
+    assert group["name"] == "base" and group["versions"][0]["date"].endswith("Z")
+    code, out, _ = run(capsys, "ls", "--store", store.url)
+    assert code == 0 and "ENVIRONMENT" in out and "env" in out and "base" in out
+
+
+def test_ls_of_an_empty_store(tmp_path, capsys, store) -> None:
+    code, out, _ = run(capsys, "ls", "--store", store.url)
+    assert code == 0 and "no environments" in out and "no groups" in out
+
+
+def test_a_missing_environment_suggests_near_names(tmp_path, capsys, store) -> None:
+    _build(capsys, store, _tree(tmp_path / "a"), "base:1")
+    assert run(capsys, "compose", "--store", store.url, "python-env:1", "--group", "base:1")[0] == 0
+    code, _, err = run(capsys, "inspect", "pyhton-env:1", "--store", store.url)
+    assert code != 0 and "did you mean python-env:1" in err
+    code, _, err = run(capsys, "inspect", "python-env:2", "--store", store.url)
+    assert code != 0 and "did you mean python-env:1" in err
