@@ -42,7 +42,7 @@ from weenvfs.fuse.commands import default_cache_dir
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
-from . import rootfs
+from . import rootfs, safe_paths
 from .cgroups import DEFAULT_PIDS, Limits
 from .launcher import check_args, parse_exec_failure
 from .lowers import DEFAULT_LOWER
@@ -193,7 +193,7 @@ class Environment:
         owner = (process.uid, process.gid)
         parent = path.rsplit("/", 1)[0]
         if parent:
-            rootfs.make_dirs(self.root, parent, owner)
+            safe_paths.ensure_dir(self.root, parent, owner)
         payload = data.encode() if isinstance(data, str) else data
         rootfs.write_in_root(self.root, path, payload, mode, owner)
 

@@ -43,7 +43,7 @@ from typing import IO, Any
 
 from weenvfs.errors import UsageError, WeenvError
 
-from . import cgroups, elastic, mounts, rootfs
+from . import cgroups, elastic, mounts, rootfs, safe_paths
 from .cgroups import Limits, cgroup_pids, remove_cgroup
 from .launcher import Launcher, LaunchSpec, ProcessSpec, default_launcher
 from .lowers import DEFAULT_LOWER, LOWER_MODES, acquire_lowers, plan_lowers, release_lowers
@@ -300,14 +300,13 @@ class Sandbox:
         (top / "work").mkdir(mode=0o700)
 
     def _fix_rootfs(self) -> None:
-        """Create what the image lacks for a sandbox to run (lands in the upper, like
-        Docker's WORKDIR): the working directory and a world-writable /tmp."""
+        """Check the image where runc works (/dev, /proc, /sys: safe_paths.py) and create
+        what it lacks for a sandbox to run (lands in the upper, like Docker's WORKDIR): the
+        working directory and a world-writable /tmp, through symlinks resolved inside it."""
         process = self.process
-        owner = (process.uid, process.gid)
-        if not rootfs.is_dir_in_root(self.rootfs, process.cwd):
-            rootfs.make_dirs(self.rootfs, process.cwd, owner)
-        if not rootfs.is_dir_in_root(self.rootfs, "/tmp"):
-            rootfs.make_dirs(self.rootfs, "/tmp", (0, 0), mode=0o1777)
+        safe_paths.check_system_dirs(self.rootfs)
+        safe_paths.ensure_dir(self.rootfs, process.cwd, (process.uid, process.gid))
+        safe_paths.ensure_dir(self.rootfs, "/tmp", (0, 0), mode=0o1777)
 
     def _start(self) -> None:
         self._fix_rootfs()
