@@ -136,6 +136,8 @@ def _ours(kind: str, item: object, digests: set[str]) -> bool:
     parts = Path(str(item)).parts
     if kind == "mounts" and parts[3] == "envs":  # /run/weenv/envs/DIGEST/root
         return parts[4] in digests
+    if kind == "mounts" and parts[3] != "sandboxes":  # another area's (/run/weenv/kernel/...)
+        return False
     digest = _digest_of(_sandbox_id(kind, item))
     return digest is None or digest in digests
 

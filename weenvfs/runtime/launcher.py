@@ -103,6 +103,7 @@ class LaunchSpec:
     cgroup: CgroupSpec
     network: str = "none"  # "none": own network namespace with lo only; "host": the node's
     hostname: str = "weenv"
+    seccomp: dict[str, Any] | None = None  # OCI linux.seccomp (seccomp.py); None: no filter
 
 
 def process_spec(process: ProcessSpec) -> dict[str, Any]:
@@ -119,7 +120,9 @@ def process_spec(process: ProcessSpec) -> dict[str, Any]:
         "cwd": process.cwd,
         "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
         "rlimits": [{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile}],
-        "noNewPrivileges": False,  # as Docker: setuid tools (sudo, su) keep working
+        # Stricter than Docker's default: setuid binaries (sudo, su) cannot raise
+        # privileges; root in the sandbox keeps its capability set.
+        "noNewPrivileges": True,
     }
 
 
@@ -167,6 +170,7 @@ def runtime_spec(spec: LaunchSpec) -> dict[str, Any]:
                           **spec.cgroup.resources},
             "maskedPaths": list(MASKED_PATHS),
             "readonlyPaths": list(READONLY_PATHS),
+            **({"seccomp": spec.seccomp} if spec.seccomp is not None else {}),
         },
     }
 

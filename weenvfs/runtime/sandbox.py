@@ -43,9 +43,9 @@ from typing import IO, Any
 
 from weenvfs.errors import UsageError, WeenvError
 
-from . import cgroups, elastic, mounts, rootfs, safe_paths
+from . import cgroups, elastic, mounts, rootfs, safe_paths, seccomp
 from .cgroups import Limits, cgroup_pids, remove_cgroup
-from .launcher import Launcher, LaunchSpec, ProcessSpec, default_launcher
+from .launcher import DEFAULT_CAPS, Launcher, LaunchSpec, ProcessSpec, default_launcher
 from .lowers import DEFAULT_LOWER, LOWER_MODES, acquire_lowers, plan_lowers, release_lowers
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 SANDBOXES_ROOT = Path("/run/weenv/sandboxes")
 UPPERS_ROOT = Path("/var/lib/weenv/sandboxes")
 KEPT_MARKER = "KEPT"
+SECCOMP_FILE = "seccomp.json"  # in the bundle: the filter every start of the sandbox applies
 STATE_VERSION = 2  # 2: `mounts` names the keys of the shared mounts (lowers.py)
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -78,6 +79,7 @@ class SandboxOptions:
     cwd: str | None = None
     name: str | None = None
     lower: str = DEFAULT_LOWER  # lowers.py: a mount per group ("layers") or one ("merged")
+    seccomp: str | dict[str, Any] | None = None  # seccomp.resolve: None is Docker's default
 
 
 @dataclass(frozen=True)
@@ -239,6 +241,7 @@ class Sandbox:
             raise UsageError("keeping the upper layer needs it on disk (no --tmpfs-upper)")
         sandbox_id = options.name or f"weenv-{secrets.token_hex(5)}"
         folder = sandbox_dir(sandbox_id)
+        syscalls = seccomp.resolve(options.seccomp, DEFAULT_CAPS)  # a bad file fails first
         SANDBOXES_ROOT.mkdir(parents=True, exist_ok=True)
         try:
             folder.mkdir()
@@ -246,7 +249,12 @@ class Sandbox:
             raise UsageError(f"sandbox {sandbox_id} exists already") from None
         creator = os.getpid()
         sandbox = cls(_initial_state(sandbox_id, source, options, creator), launcher)
+        sandbox.state["seccomp"] = syscalls.name
         sandbox.save()
+        sandbox.bundle.mkdir(parents=True)
+        # Kept with the sandbox: every start (create, reset) applies the same filter, even if
+        # the profile's file changed or went away since.
+        (sandbox.bundle / SECCOMP_FILE).write_text(json.dumps(syscalls.to_json()))
         try:
             sandbox._build(source, options)
         except BaseException:
@@ -313,10 +321,19 @@ class Sandbox:
         cgroup = cgroups.cgroup_factory(self.id, Limits(**self.state["limits"]))
         self.state["cgroup"] = {"path": cgroup.path, "resources": cgroup.resources}
         spec = LaunchSpec(self.id, self.rootfs, self.bundle, self.process, cgroup,
-                          self.state["network"], self.id)
+                          self.state["network"], self.id, self.seccomp.profile)
         self.state["init_pid"] = self.launcher.start(spec)
         self.state["status"] = "running"
         self.save()
+
+    @property
+    def seccomp(self) -> seccomp.Seccomp:
+        """The syscall filter its processes run under (Docker's default for a sandbox made
+        before filters were kept)."""
+        try:
+            return seccomp.Seccomp.from_json(json.loads((self.bundle / SECCOMP_FILE).read_text()))
+        except (OSError, ValueError, KeyError):
+            return seccomp.resolve(None, DEFAULT_CAPS)
 
     @property
     def lowers(self) -> list[Path]:
