@@ -64,6 +64,10 @@ class CommandNotFound(WeenvError):
     exit_code = 127  # what a shell returns for a command it cannot find
 
 
+class SandboxBroken(WeenvError):
+    """The sandbox's environment mount is gone (its daemon died): nothing in it can run."""
+
+
 @dataclass(frozen=True)
 class SandboxOptions:
     """How to make a sandbox, besides the environment."""
@@ -207,12 +211,36 @@ class Sandbox:
         return bool(self.state.get("limits", {}).get("elastic"))
 
     def status(self) -> str:
-        """'creating', 'running', 'stopped' (init gone) or 'orphaned' (owner gone)."""
+        """'creating', 'running', 'stopped' (init gone), 'orphaned' (owner gone) or 'broken'
+        (an environment mount under it is gone)."""
         if not owner_alive(self.state.get("owner")):
             return "orphaned"
         if self.state.get("status") != "running":
             return str(self.state.get("status"))
-        return "running" if self.launcher.status(self.id) == "running" else "stopped"
+        if self.launcher.status(self.id) != "running":
+            return "stopped"
+        return "broken" if self.mount_problem() else "running"
+
+    def mount_problem(self) -> str | None:
+        """Why a shared mount under the sandbox no longer serves it, or None. A FUSE mount
+        whose daemon died answers with ENOTCONN (statfs always reaches the daemon, where a
+        stat may be answered from the kernel's attribute cache); one unmounted behind our
+        back is an empty folder."""
+        for path in self.lowers:
+            try:
+                os.statvfs(path)
+            except OSError as error:
+                return f"{path}: {error.strerror}"
+            if not os.path.ismount(path):
+                return f"{path}: not mounted"
+        return None
+
+    def check_mounts(self) -> None:
+        """SandboxBroken naming the mount if the sandbox's environment is gone."""
+        problem = self.mount_problem()
+        if problem:
+            raise SandboxBroken(f"sandbox {self.id} is broken: its environment mount is gone "
+                                f"({problem}); remove it with `weenv sandbox rm {self.id}`")
 
     def _reload(self) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -427,7 +455,9 @@ class Sandbox:
 
     def command(self, argv: tuple[str, ...], *, env: dict[str, str] | None = None,
                 cwd: str | None = None, user: str | None = None) -> ProcessSpec:
-        """The process spec of `argv` with per-command overrides of the defaults."""
+        """The process spec of `argv` with per-command overrides of the defaults
+        (SandboxBroken if the environment's mount is gone)."""
+        self.check_mounts()
         base = self.process
         spec = replace(base, args=argv)
         if user is not None:
