@@ -8,6 +8,7 @@ from support.runtime import (  # noqa: F401  (re-exported for the runtime tests)
     controller,
     force_cleanup,
     leaks,
+    loop_devices,
     pid_visible,
     run_weenv,
     runtime_unavailable,

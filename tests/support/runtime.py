@@ -1,7 +1,8 @@
 """Helpers for the runtime tests: what the node holds for sandboxes, and a forced clean-up.
 
 Owns: `NodeSnapshot` (sandbox folders, runc containers, cgroups under /weenv, mounts under
-/run/weenv, upper dirs, env folders, and processes inside sandbox cgroups), `leaks(before,
+/run/weenv, upper dirs, env folders, processes inside sandbox cgroups, and loop devices of
+--disk uppers), `leaks(before,
 after)` and `force_cleanup(ids)`, which removes sandboxes a failed test left (through the
 real `Sandbox.destroy` and `weenv sandbox gc`), plus `run_weenv` for CLI tests,
 `sample_store` (a sample tree built as a group) and `controller` (a process holding a
@@ -60,6 +61,17 @@ def _weenv_mounts() -> set[str]:
     return {t for t in targets if t.startswith("/run/weenv/")}
 
 
+def loop_devices() -> set[str]:
+    """Backing files of the loop devices that hold sandboxes' upper layers (--disk)."""
+    found = set()
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        with contextlib.suppress(OSError):
+            name = backing.read_text().strip().removesuffix(" (deleted)")
+            if name.startswith(f"{sandbox.UPPERS_ROOT}/"):
+                found.add(name)
+    return found
+
+
 def _sandbox_cgroups() -> set[str]:
     found = set()
     for parent in cgroups.cgroup_dirs(f"/{cgroups.CGROUP_PARENT}"):
@@ -88,6 +100,7 @@ class NodeSnapshot:
     uppers: frozenset[str]
     envs: frozenset[str]
     processes: frozenset[tuple[int, str]]
+    loops: frozenset[str]
 
     @classmethod
     def take(cls) -> NodeSnapshot:
@@ -100,6 +113,7 @@ class NodeSnapshot:
             frozenset(_names(sandbox.UPPERS_ROOT)),
             frozenset(_names(mounts.ENVS_ROOT)),
             frozenset(_sandbox_processes(groups)),
+            frozenset(loop_devices()),
         )
 
 
@@ -121,6 +135,8 @@ def _sandbox_id(kind: str, item: object) -> str:
         return Path(text).name
     if kind == "mounts":
         return Path(text).parts[4]  # /run/weenv/sandboxes/ID/rootfs
+    if kind == "loops":  # UPPERS_ROOT/ID/disk.img
+        return Path(text).parent.name
     if kind == "uppers" and text.startswith(".trash-"):
         return text[len(".trash-") :].rsplit("-", 1)[0]
     return text
@@ -145,7 +161,8 @@ def _ours(kind: str, item: object, digests: set[str]) -> bool:
 def leaks(before: NodeSnapshot, after: NodeSnapshot, digests: set[str]) -> dict[str, list[object]]:
     """What `after` has that `before` had not and belongs to this test, by kind."""
     found: dict[str, list[object]] = {}
-    for kind in ("sandboxes", "containers", "cgroups", "mounts", "uppers", "envs", "processes"):
+    for kind in ("sandboxes", "containers", "cgroups", "mounts", "uppers", "envs", "processes",
+                 "loops"):
         new = [
             item
             for item in getattr(after, kind) - getattr(before, kind)

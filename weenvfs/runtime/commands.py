@@ -97,6 +97,9 @@ def _add_sandbox_options(p: argparse.ArgumentParser) -> None:
                    help="most processes at once (default 4096)")
     p.add_argument("--tmpfs-upper", action="store_true",
                    help="keep the writable layer in RAM (tmpfs) instead of on disk")
+    p.add_argument("--disk", type=size_arg, metavar="SIZE",
+                   help="the writable layer holds at most SIZE (e.g. 2G; writes past it get "
+                   "ENOSPC): an ext4 image of its own, or with --tmpfs-upper the tmpfs size")
     p.add_argument("--network", choices=("none", "host"), default="none",
                    help="none: loopback only (default); host: the node's network")
     p.add_argument("--keep-warm", type=_non_negative, default=0.0, metavar="SECS",
@@ -275,7 +278,8 @@ def _options(args: argparse.Namespace, **extra: Any) -> Any:
     return SandboxOptions(
         limits=limits, tmpfs_upper=args.tmpfs_upper, network=args.network,
         keep_warm=args.keep_warm, env=dict(args.env), user=args.user, cwd=args.workdir,
-        lower=args.lower, seccomp=_seccomp_option(args.security_opt), **extra,
+        lower=args.lower, seccomp=_seccomp_option(args.security_opt), disk=args.disk,
+        **extra,
     )
 
 
@@ -429,6 +433,7 @@ def _describe(box: Sandbox, node: NodeView) -> dict[str, Any]:
         "lower": [str(path) for path in box.lowers],
         "upper": str(box.upper_root / "upper"),
         "tmpfs_upper": state.get("tmpfs_upper"),
+        "disk": state.get("disk"),
         "network": state.get("network"),
         "seccomp": box.seccomp.name,
         "no_new_privileges": True,

@@ -120,7 +120,7 @@ class Environment:
         tmpfs_upper: bool = False, network: str = "none", keep_warm: float = 0.0,
         env: dict[str, str] | None = None, user: str | None = None, cwd: str | None = None,
         elastic: bool = False, lower: str = DEFAULT_LOWER,
-        seccomp: str | dict[str, Any] | None = None,
+        seccomp: str | dict[str, Any] | None = None, disk: int | None = None,
     ) -> Environment:
         """Start a sandbox of `ref` from `store` (a URL or directory); `cache` is the node's
         chunk cache (default as `weenv mount`). `memory` is in bytes; `pids` defaults to
@@ -131,12 +131,13 @@ class Environment:
         environment on this node), and closing records the run for the next ones. `lower`
         is "layers" (a shared mount per group, default) or "merged" (runtime/lowers.py).
         `seccomp` is the syscall filter: None (Docker's default profile, runtime/seccomp.py),
-        "unconfined", the path of a profile's JSON file, or a profile as a dict."""
+        "unconfined", the path of a profile's JSON file, or a profile as a dict. `disk`
+        bounds the writable layer in bytes (ENOSPC past it; runtime/disk.py)."""
         source = resolve_source(ref, store, cache)
         limits = Limits(cpus, memory, DEFAULT_PIDS if pids is None else pids, elastic)
         options = SandboxOptions(limits=limits, tmpfs_upper=tmpfs_upper, network=network,
                                  keep_warm=keep_warm, env=dict(env or {}), user=user, cwd=cwd,
-                                 lower=lower, seccomp=seccomp)
+                                 lower=lower, seccomp=seccomp, disk=disk)
         env = cls(Sandbox.create(source, options, owner_pid=os.getpid()))
         _OPEN.add(env)
         return env

@@ -6,9 +6,11 @@ Owns, per sandbox `ID` (`weenv-<10 hex>` unless named):
                                          cgroup, default process; read by ls/exec/gc
     /run/weenv/sandboxes/ID/lock         flock'ed while the sandbox changes (reset, rm)
     /run/weenv/sandboxes/ID/rootfs/      overlayfs: the shared mounts as lowers (lowers.py)
-    /run/weenv/sandboxes/ID/scratch/     with --tmpfs-upper: a tmpfs holding upper/ and work/
+    /run/weenv/sandboxes/ID/scratch/     with --tmpfs-upper: a tmpfs holding upper/ and work/;
+                                         with --disk: the ext4 disk image mounted (disk.py)
     /run/weenv/sandboxes/ID/bundle/      the OCI bundle (config.json) and exec files
-    /var/lib/weenv/sandboxes/ID/         on-disk upper/ and work/ (the default)
+    /var/lib/weenv/sandboxes/ID/         on-disk upper/ and work/ (the default), or the
+                                         image disk.img of --disk
 
 and the order of things: state first (so gc can undo a half-made sandbox), then the
 environment's shared mounts (lowers.py, mounts.py), the upper, the overlay, the rootfs fixes
@@ -43,7 +45,7 @@ from typing import IO, Any
 
 from weenvfs.errors import UsageError, WeenvError
 
-from . import cgroups, elastic, mounts, rootfs, safe_paths, seccomp
+from . import cgroups, disk, elastic, mounts, rootfs, safe_paths, seccomp
 from .cgroups import Limits, cgroup_pids, remove_cgroup
 from .launcher import DEFAULT_CAPS, Launcher, LaunchSpec, ProcessSpec, default_launcher
 from .lowers import DEFAULT_LOWER, LOWER_MODES, acquire_lowers, plan_lowers, release_lowers
@@ -84,6 +86,7 @@ class SandboxOptions:
     name: str | None = None
     lower: str = DEFAULT_LOWER  # lowers.py: a mount per group ("layers") or one ("merged")
     seccomp: str | dict[str, Any] | None = None  # seccomp.resolve: None is Docker's default
+    disk: int | None = None  # bytes the upper may hold (disk.py; the tmpfs size with tmpfs)
 
 
 @dataclass(frozen=True)
@@ -191,8 +194,23 @@ class Sandbox:
 
     @property
     def upper_root(self) -> Path:
-        """The folder holding upper/ and work/ (a tmpfs mount point with --tmpfs-upper)."""
-        return self.dir / "scratch" if self.state["tmpfs_upper"] else UPPERS_ROOT / self.id
+        """The folder holding upper/ and work/ (a tmpfs or disk mount point with
+        --tmpfs-upper or --disk)."""
+        if self.state["tmpfs_upper"] or self.state.get("disk"):
+            return self.dir / "scratch"
+        return UPPERS_ROOT / self.id
+
+    @property
+    def disk_image(self) -> Path | None:
+        """The ext4 image holding the upper (--disk without --tmpfs-upper), or None."""
+        if self.state.get("disk") and not self.state["tmpfs_upper"]:
+            return UPPERS_ROOT / self.id / "disk.img"
+        return None
+
+    @property
+    def upper_mounted(self) -> bool:
+        """Whether upper_root is a mount of its own (tmpfs or disk)."""
+        return bool(self.state["tmpfs_upper"] or self.state.get("disk"))
 
     @property
     def process(self) -> ProcessSpec:
@@ -267,6 +285,10 @@ class Sandbox:
                              f"not {options.lower!r}")
         if options.keep_upper and options.tmpfs_upper:
             raise UsageError("keeping the upper layer needs it on disk (no --tmpfs-upper)")
+        if options.disk is not None:
+            disk.check_size(options.disk)
+            if options.keep_upper:
+                raise UsageError("keeping the upper layer needs it in a folder (no --disk)")
         sandbox_id = options.name or f"weenv-{secrets.token_hex(5)}"
         folder = sandbox_dir(sandbox_id)
         syscalls = seccomp.resolve(options.seccomp, DEFAULT_CAPS)  # a bad file fails first
@@ -330,8 +352,14 @@ class Sandbox:
     def _make_upper(self) -> None:
         top = self.upper_root
         top.mkdir(parents=True, exist_ok=True)
+        image = self.disk_image
         if self.state["tmpfs_upper"]:
-            rootfs.mount_tmpfs(top, self.state.get("tmpfs_size"))
+            rootfs.mount_tmpfs(top, self.state.get("disk") or self.state.get("tmpfs_size"))
+        elif image is not None:
+            image.parent.mkdir(parents=True, exist_ok=True)
+            disk.make_disk(image, int(self.state["disk"]))
+            disk.mount_disk(image, top)
+            (top / "lost+found").rmdir()  # mkfs's; the upper must start empty
         (top / "upper").mkdir(mode=0o755)
         (top / "work").mkdir(mode=0o700)
 
@@ -403,8 +431,10 @@ class Sandbox:
         """Make the upper go away fast: unmount the tmpfs, or rename the folder on disk for
         deletion once the sandbox runs again. Returns the folder to delete."""
         top = self.upper_root
-        if self.state["tmpfs_upper"]:
-            rootfs.unmount(top)
+        if self.upper_mounted:
+            rootfs.unmount(top)  # a disk's loop device goes with it (autoclear)
+            if self.disk_image is not None:
+                self.disk_image.unlink(missing_ok=True)
             return None
         trash = UPPERS_ROOT / f".trash-{self.id}-{secrets.token_hex(4)}"
         with contextlib.suppress(FileNotFoundError):
@@ -436,9 +466,11 @@ class Sandbox:
             if self.is_elastic:  # the provisioner's cgroup, kept across resets
                 remove_cgroup(cgroups.sandbox_cgroup(self.id))
             rootfs.unmount(self.rootfs)
-            if self.state["tmpfs_upper"]:
+            if self.upper_mounted:
                 rootfs.unmount(self.upper_root)
-            if keep and not self.state["tmpfs_upper"]:
+            if self.disk_image is not None:
+                shutil.rmtree(self.disk_image.parent, ignore_errors=True)
+            if keep and not self.upper_mounted:
                 with contextlib.suppress(FileNotFoundError):
                     (self.upper_root / KEPT_MARKER).write_text(json.dumps(self.state))
             else:
@@ -528,6 +560,7 @@ def _initial_state(sandbox_id: str, source: EnvSource, options: SandboxOptions,
         "network": options.network,
         "tmpfs_upper": options.tmpfs_upper,
         "tmpfs_size": options.tmpfs_size,
+        "disk": options.disk,
         "keep_upper": options.keep_upper,
         "keep_warm": options.keep_warm,
         "lower_mode": options.lower,
