@@ -10,7 +10,9 @@ The container's pid 1 is `catatonit -P` (Debian `catatonit`, statically linked),
 from the host at `INIT_PATH` inside the container's private /dev tmpfs: it works whatever the
 image contains, reaps zombies, and nothing of it lands in the sandbox's upper layer. Commands
 run through `runc exec --process FILE`, so every exec carries the full process spec (user,
-groups, capabilities, rlimits) and nothing is inherited from runc's defaults by accident.
+groups, capabilities, rlimits, noNewPrivileges) and nothing is inherited from runc's
+defaults by accident. The seccomp filter (seccomp.py) goes into `linux.seccomp` of config.json;
+runc applies it to the init and to every exec.
 
 Must not: mount anything on the host, manage upper layers or state files (sandbox.py), or
 decide limits (the cgroup hook in sandbox.py).

@@ -13,8 +13,9 @@ Owns, per sandbox `ID` (`weenv-<10 hex>` unless named):
                                          image disk.img of --disk
 
 and the order of things: state first (so gc can undo a half-made sandbox), then the
-environment's shared mounts (lowers.py, mounts.py), the upper, the overlay, the rootfs fixes
-(working directory, /tmp) and the init (launcher.py). Teardown runs the same steps backwards,
+environment's shared mounts (lowers.py, mounts.py), the upper, the overlay, the rootfs checks
+and fixes (safe_paths.py: /dev, /proc, /sys; working directory, /tmp) and the init
+(launcher.py, with the seccomp filter kept in the bundle). Teardown runs the same steps backwards,
 each one tolerant of the previous ones never having happened, so `destroy` also cleans up
 after crashes.
 
