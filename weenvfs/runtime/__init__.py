@@ -2,6 +2,9 @@
 
 Modules, bottom up:
 - `rootfs`: overlay/tmpfs mounts through libc, safe file access inside a root, image users;
+- `safe_paths`: the paths runc and WeEnv use inside a root, checked against hostile images;
+- `seccomp`: the syscall filter (Docker's default profile as data) and user profiles;
+- `disk`: a size-limited upper (`--disk`): an ext4 image on a loop device;
 - `launcher`: the one interface over the isolating program (runc, with a generated OCI spec);
 - `mounts`: shared FUSE mounts on a node, one per key, reference-counted;
 - `lowers`: which mounts make a sandbox's lower (one per group, stacked, or one merged);
@@ -19,7 +22,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["AsyncEnvironment", "Environment", "ExecResult", "Limits", "Sandbox"]
+__all__ = ["AsyncEnvironment", "Environment", "ExecResult", "Limits", "Sandbox",
+           "SandboxBroken"]
 
 _WHERE = {
     "AsyncEnvironment": "environment",
@@ -27,6 +31,7 @@ _WHERE = {
     "ExecResult": "environment",
     "Limits": "cgroups",
     "Sandbox": "sandbox",
+    "SandboxBroken": "sandbox",
 }
 
 

@@ -78,6 +78,9 @@ def _add_sandbox_options(p: argparse.ArgumentParser, *, store_required: bool) ->
                    help="most processes at once (default 4096)")
     p.add_argument("--tmpfs-upper", action="store_true",
                    help="keep the writable layer in RAM (tmpfs) instead of on disk")
+    p.add_argument("--disk", type=size_arg, metavar="SIZE",
+                   help="the writable layer holds at most SIZE (e.g. 2G; writes past it get "
+                   "ENOSPC): an ext4 image of its own, or with --tmpfs-upper the tmpfs size")
     p.add_argument("--network", choices=("none", "host"), default="none",
                    help="none: loopback only (default); host: the node's network")
     p.add_argument("--keep-warm", type=non_negative, default=0.0, metavar="SECS",
@@ -90,6 +93,10 @@ def _add_sandbox_options(p: argparse.ArgumentParser, *, store_required: bool) ->
                    help="let the node's provisioner size memory and CPU from use (starts it "
                    "if needed); --memory/--cpus are then the first limits (default: from "
                    "earlier sandboxes of the environment)")
+    p.add_argument("--security-opt", action="append", default=[], metavar="seccomp=PROFILE",
+                   help="seccomp=unconfined: no syscall filter; seccomp=PATH.json: this "
+                   "profile (Docker's or OCI's format) instead of the default, which refuses "
+                   "what Docker's default profile refuses")
     _add_process_options(p)
 
 
@@ -227,8 +234,23 @@ def _options(args: argparse.Namespace, **extra: Any) -> Any:
     return SandboxOptions(
         limits=limits, tmpfs_upper=args.tmpfs_upper, network=args.network,
         keep_warm=args.keep_warm, env=dict(args.env), user=args.user, cwd=args.workdir,
-        lower=args.lower, **extra,
+        lower=args.lower, seccomp=_seccomp_option(args.security_opt), disk=args.disk,
+        **extra,
     )
+
+
+def _seccomp_option(values: list[str]) -> str | None:
+    """The profile `--security-opt seccomp=...` names (the last one wins), or None."""
+    profile = None
+    for value in values:
+        key, sep, rest = value.partition("=")
+        if key != "seccomp" or not sep:
+            raise UsageError(f"--security-opt {value!r}: only seccomp=unconfined, "
+                             "seccomp=default or seccomp=PATH.json are supported")
+        profile = rest
+    if profile == "":
+        raise UsageError("--security-opt seccomp= needs unconfined, default or a JSON file")
+    return profile
 
 
 @contextlib.contextmanager
@@ -383,7 +405,10 @@ def _describe(box: Sandbox, node: NodeView) -> dict[str, Any]:
         "lower": [str(path) for path in box.lowers],
         "upper": str(box.upper_root / "upper"),
         "tmpfs_upper": state.get("tmpfs_upper"),
+        "disk": state.get("disk"),
         "network": state.get("network"),
+        "seccomp": box.seccomp.name,
+        "no_new_privileges": True,
         "elastic": box.is_elastic,
         "limits": limits,
         "provisioner": provisioner,

@@ -42,7 +42,7 @@ from weenvfs.fuse.commands import default_cache_dir
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
-from . import rootfs
+from . import rootfs, safe_paths
 from .cgroups import DEFAULT_PIDS, Limits
 from .launcher import check_args, parse_exec_failure
 from .lowers import DEFAULT_LOWER
@@ -120,6 +120,7 @@ class Environment:
         tmpfs_upper: bool = False, network: str = "none", keep_warm: float = 0.0,
         env: dict[str, str] | None = None, user: str | None = None, cwd: str | None = None,
         elastic: bool = False, lower: str = DEFAULT_LOWER,
+        seccomp: str | dict[str, Any] | None = None, disk: int | None = None,
     ) -> Environment:
         """Start a sandbox of `ref` from `store` (a URL or directory); `cache` is the node's
         chunk cache (default as `weenv mount`). `memory` is in bytes; `pids` defaults to
@@ -128,12 +129,15 @@ class Environment:
         CPU from what the sandbox uses (starting its sidecar if none runs): `cpus` and
         `memory` are then the first limits (default: from earlier sandboxes of the
         environment on this node), and closing records the run for the next ones. `lower`
-        is "layers" (a shared mount per group, default) or "merged" (runtime/lowers.py)."""
+        is "layers" (a shared mount per group, default) or "merged" (runtime/lowers.py).
+        `seccomp` is the syscall filter: None (Docker's default profile, runtime/seccomp.py),
+        "unconfined", the path of a profile's JSON file, or a profile as a dict. `disk`
+        bounds the writable layer in bytes (ENOSPC past it; runtime/disk.py)."""
         source = resolve_source(ref, store, cache)
         limits = Limits(cpus, memory, DEFAULT_PIDS if pids is None else pids, elastic)
         options = SandboxOptions(limits=limits, tmpfs_upper=tmpfs_upper, network=network,
                                  keep_warm=keep_warm, env=dict(env or {}), user=user, cwd=cwd,
-                                 lower=lower)
+                                 lower=lower, seccomp=seccomp, disk=disk)
         env = cls(Sandbox.create(source, options, owner_pid=os.getpid()))
         _OPEN.add(env)
         return env
@@ -193,7 +197,7 @@ class Environment:
         owner = (process.uid, process.gid)
         parent = path.rsplit("/", 1)[0]
         if parent:
-            rootfs.make_dirs(self.root, parent, owner)
+            safe_paths.ensure_dir(self.root, parent, owner)
         payload = data.encode() if isinstance(data, str) else data
         rootfs.write_in_root(self.root, path, payload, mode, owner)
 

@@ -10,7 +10,9 @@ The container's pid 1 is `catatonit -P` (Debian `catatonit`, statically linked),
 from the host at `INIT_PATH` inside the container's private /dev tmpfs: it works whatever the
 image contains, reaps zombies, and nothing of it lands in the sandbox's upper layer. Commands
 run through `runc exec --process FILE`, so every exec carries the full process spec (user,
-groups, capabilities, rlimits) and nothing is inherited from runc's defaults by accident.
+groups, capabilities, rlimits, noNewPrivileges) and nothing is inherited from runc's
+defaults by accident. The seccomp filter (seccomp.py) goes into `linux.seccomp` of config.json;
+runc applies it to the init and to every exec.
 
 Must not: mount anything on the host, manage upper layers or state files (sandbox.py), or
 decide limits (the cgroup hook in sandbox.py).
@@ -103,6 +105,7 @@ class LaunchSpec:
     cgroup: CgroupSpec
     network: str = "none"  # "none": own network namespace with lo only; "host": the node's
     hostname: str = "weenv"
+    seccomp: dict[str, Any] | None = None  # OCI linux.seccomp (seccomp.py); None: no filter
 
 
 def process_spec(process: ProcessSpec) -> dict[str, Any]:
@@ -119,7 +122,9 @@ def process_spec(process: ProcessSpec) -> dict[str, Any]:
         "cwd": process.cwd,
         "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
         "rlimits": [{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile}],
-        "noNewPrivileges": False,  # as Docker: setuid tools (sudo, su) keep working
+        # Stricter than Docker's default: setuid binaries (sudo, su) cannot raise
+        # privileges; root in the sandbox keeps its capability set.
+        "noNewPrivileges": True,
     }
 
 
@@ -167,6 +172,7 @@ def runtime_spec(spec: LaunchSpec) -> dict[str, Any]:
                           **spec.cgroup.resources},
             "maskedPaths": list(MASKED_PATHS),
             "readonlyPaths": list(READONLY_PATHS),
+            **({"seccomp": spec.seccomp} if spec.seccomp is not None else {}),
         },
     }
 

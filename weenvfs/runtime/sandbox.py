@@ -6,13 +6,16 @@ Owns, per sandbox `ID` (`weenv-<10 hex>` unless named):
                                          cgroup, default process; read by ls/exec/gc
     /run/weenv/sandboxes/ID/lock         flock'ed while the sandbox changes (reset, rm)
     /run/weenv/sandboxes/ID/rootfs/      overlayfs: the shared mounts as lowers (lowers.py)
-    /run/weenv/sandboxes/ID/scratch/     with --tmpfs-upper: a tmpfs holding upper/ and work/
+    /run/weenv/sandboxes/ID/scratch/     with --tmpfs-upper: a tmpfs holding upper/ and work/;
+                                         with --disk: the ext4 disk image mounted (disk.py)
     /run/weenv/sandboxes/ID/bundle/      the OCI bundle (config.json) and exec files
-    /var/lib/weenv/sandboxes/ID/         on-disk upper/ and work/ (the default)
+    /var/lib/weenv/sandboxes/ID/         on-disk upper/ and work/ (the default), or the
+                                         image disk.img of --disk
 
 and the order of things: state first (so gc can undo a half-made sandbox), then the
-environment's shared mounts (lowers.py, mounts.py), the upper, the overlay, the rootfs fixes
-(working directory, /tmp) and the init (launcher.py). Teardown runs the same steps backwards,
+environment's shared mounts (lowers.py, mounts.py), the upper, the overlay, the rootfs checks
+and fixes (safe_paths.py: /dev, /proc, /sys; working directory, /tmp) and the init
+(launcher.py, with the seccomp filter kept in the bundle). Teardown runs the same steps backwards,
 each one tolerant of the previous ones never having happened, so `destroy` also cleans up
 after crashes.
 
@@ -43,9 +46,9 @@ from typing import IO, Any
 
 from weenvfs.errors import UsageError, WeenvError
 
-from . import cgroups, elastic, mounts, rootfs
+from . import cgroups, disk, elastic, mounts, rootfs, safe_paths, seccomp
 from .cgroups import Limits, cgroup_pids, remove_cgroup
-from .launcher import Launcher, LaunchSpec, ProcessSpec, default_launcher
+from .launcher import DEFAULT_CAPS, Launcher, LaunchSpec, ProcessSpec, default_launcher
 from .lowers import DEFAULT_LOWER, LOWER_MODES, acquire_lowers, plan_lowers, release_lowers
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,7 @@ log = logging.getLogger(__name__)
 SANDBOXES_ROOT = Path("/run/weenv/sandboxes")
 UPPERS_ROOT = Path("/var/lib/weenv/sandboxes")
 KEPT_MARKER = "KEPT"
+SECCOMP_FILE = "seccomp.json"  # in the bundle: the filter every start of the sandbox applies
 STATE_VERSION = 2  # 2: `mounts` names the keys of the shared mounts (lowers.py)
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -61,6 +65,10 @@ class CommandNotFound(WeenvError):
     """The command is not an executable file in the sandbox."""
 
     exit_code = 127  # what a shell returns for a command it cannot find
+
+
+class SandboxBroken(WeenvError):
+    """The sandbox's environment mount is gone (its daemon died): nothing in it can run."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,8 @@ class SandboxOptions:
     cwd: str | None = None
     name: str | None = None
     lower: str = DEFAULT_LOWER  # lowers.py: a mount per group ("layers") or one ("merged")
+    seccomp: str | dict[str, Any] | None = None  # seccomp.resolve: None is Docker's default
+    disk: int | None = None  # bytes the upper may hold (disk.py; the tmpfs size with tmpfs)
 
 
 @dataclass(frozen=True)
@@ -185,8 +195,23 @@ class Sandbox:
 
     @property
     def upper_root(self) -> Path:
-        """The folder holding upper/ and work/ (a tmpfs mount point with --tmpfs-upper)."""
-        return self.dir / "scratch" if self.state["tmpfs_upper"] else UPPERS_ROOT / self.id
+        """The folder holding upper/ and work/ (a tmpfs or disk mount point with
+        --tmpfs-upper or --disk)."""
+        if self.state["tmpfs_upper"] or self.state.get("disk"):
+            return self.dir / "scratch"
+        return UPPERS_ROOT / self.id
+
+    @property
+    def disk_image(self) -> Path | None:
+        """The ext4 image holding the upper (--disk without --tmpfs-upper), or None."""
+        if self.state.get("disk") and not self.state["tmpfs_upper"]:
+            return UPPERS_ROOT / self.id / "disk.img"
+        return None
+
+    @property
+    def upper_mounted(self) -> bool:
+        """Whether upper_root is a mount of its own (tmpfs or disk)."""
+        return bool(self.state["tmpfs_upper"] or self.state.get("disk"))
 
     @property
     def process(self) -> ProcessSpec:
@@ -205,12 +230,36 @@ class Sandbox:
         return bool(self.state.get("limits", {}).get("elastic"))
 
     def status(self) -> str:
-        """'creating', 'running', 'stopped' (init gone) or 'orphaned' (owner gone)."""
+        """'creating', 'running', 'stopped' (init gone), 'orphaned' (owner gone) or 'broken'
+        (an environment mount under it is gone)."""
         if not owner_alive(self.state.get("owner")):
             return "orphaned"
         if self.state.get("status") != "running":
             return str(self.state.get("status"))
-        return "running" if self.launcher.status(self.id) == "running" else "stopped"
+        if self.launcher.status(self.id) != "running":
+            return "stopped"
+        return "broken" if self.mount_problem() else "running"
+
+    def mount_problem(self) -> str | None:
+        """Why a shared mount under the sandbox no longer serves it, or None. A FUSE mount
+        whose daemon died answers with ENOTCONN (statfs always reaches the daemon, where a
+        stat may be answered from the kernel's attribute cache); one unmounted behind our
+        back is an empty folder."""
+        for path in self.lowers:
+            try:
+                os.statvfs(path)
+            except OSError as error:
+                return f"{path}: {error.strerror}"
+            if not os.path.ismount(path):
+                return f"{path}: not mounted"
+        return None
+
+    def check_mounts(self) -> None:
+        """SandboxBroken naming the mount if the sandbox's environment is gone."""
+        problem = self.mount_problem()
+        if problem:
+            raise SandboxBroken(f"sandbox {self.id} is broken: its environment mount is gone "
+                                f"({problem}); remove it with `weenv sandbox rm {self.id}`")
 
     def _reload(self) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -237,8 +286,13 @@ class Sandbox:
                              f"not {options.lower!r}")
         if options.keep_upper and options.tmpfs_upper:
             raise UsageError("keeping the upper layer needs it on disk (no --tmpfs-upper)")
+        if options.disk is not None:
+            disk.check_size(options.disk)
+            if options.keep_upper:
+                raise UsageError("keeping the upper layer needs it in a folder (no --disk)")
         sandbox_id = options.name or f"weenv-{secrets.token_hex(5)}"
         folder = sandbox_dir(sandbox_id)
+        syscalls = seccomp.resolve(options.seccomp, DEFAULT_CAPS)  # a bad file fails first
         SANDBOXES_ROOT.mkdir(parents=True, exist_ok=True)
         try:
             folder.mkdir()
@@ -246,7 +300,12 @@ class Sandbox:
             raise UsageError(f"sandbox {sandbox_id} exists already") from None
         creator = os.getpid()
         sandbox = cls(_initial_state(sandbox_id, source, options, creator), launcher)
+        sandbox.state["seccomp"] = syscalls.name
         sandbox.save()
+        sandbox.bundle.mkdir(parents=True)
+        # Kept with the sandbox: every start (create, reset) applies the same filter, even if
+        # the profile's file changed or went away since.
+        (sandbox.bundle / SECCOMP_FILE).write_text(json.dumps(syscalls.to_json()))
         try:
             sandbox._build(source, options)
         except BaseException:
@@ -294,30 +353,44 @@ class Sandbox:
     def _make_upper(self) -> None:
         top = self.upper_root
         top.mkdir(parents=True, exist_ok=True)
+        image = self.disk_image
         if self.state["tmpfs_upper"]:
-            rootfs.mount_tmpfs(top, self.state.get("tmpfs_size"))
+            rootfs.mount_tmpfs(top, self.state.get("disk") or self.state.get("tmpfs_size"))
+        elif image is not None:
+            image.parent.mkdir(parents=True, exist_ok=True)
+            disk.make_disk(image, int(self.state["disk"]))
+            disk.mount_disk(image, top)
+            (top / "lost+found").rmdir()  # mkfs's; the upper must start empty
         (top / "upper").mkdir(mode=0o755)
         (top / "work").mkdir(mode=0o700)
 
     def _fix_rootfs(self) -> None:
-        """Create what the image lacks for a sandbox to run (lands in the upper, like
-        Docker's WORKDIR): the working directory and a world-writable /tmp."""
+        """Check the image where runc works (/dev, /proc, /sys: safe_paths.py) and create
+        what it lacks for a sandbox to run (lands in the upper, like Docker's WORKDIR): the
+        working directory and a world-writable /tmp, through symlinks resolved inside it."""
         process = self.process
-        owner = (process.uid, process.gid)
-        if not rootfs.is_dir_in_root(self.rootfs, process.cwd):
-            rootfs.make_dirs(self.rootfs, process.cwd, owner)
-        if not rootfs.is_dir_in_root(self.rootfs, "/tmp"):
-            rootfs.make_dirs(self.rootfs, "/tmp", (0, 0), mode=0o1777)
+        safe_paths.check_system_dirs(self.rootfs)
+        safe_paths.ensure_dir(self.rootfs, process.cwd, (process.uid, process.gid))
+        safe_paths.ensure_dir(self.rootfs, "/tmp", (0, 0), mode=0o1777)
 
     def _start(self) -> None:
         self._fix_rootfs()
         cgroup = cgroups.cgroup_factory(self.id, Limits(**self.state["limits"]))
         self.state["cgroup"] = {"path": cgroup.path, "resources": cgroup.resources}
         spec = LaunchSpec(self.id, self.rootfs, self.bundle, self.process, cgroup,
-                          self.state["network"], self.id)
+                          self.state["network"], self.id, self.seccomp.profile)
         self.state["init_pid"] = self.launcher.start(spec)
         self.state["status"] = "running"
         self.save()
+
+    @property
+    def seccomp(self) -> seccomp.Seccomp:
+        """The syscall filter its processes run under (Docker's default for a sandbox made
+        before filters were kept)."""
+        try:
+            return seccomp.Seccomp.from_json(json.loads((self.bundle / SECCOMP_FILE).read_text()))
+        except (OSError, ValueError, KeyError):
+            return seccomp.resolve(None, DEFAULT_CAPS)
 
     @property
     def lowers(self) -> list[Path]:
@@ -359,8 +432,10 @@ class Sandbox:
         """Make the upper go away fast: unmount the tmpfs, or rename the folder on disk for
         deletion once the sandbox runs again. Returns the folder to delete."""
         top = self.upper_root
-        if self.state["tmpfs_upper"]:
-            rootfs.unmount(top)
+        if self.upper_mounted:
+            rootfs.unmount(top)  # a disk's loop device goes with it (autoclear)
+            if self.disk_image is not None:
+                self.disk_image.unlink(missing_ok=True)
             return None
         trash = UPPERS_ROOT / f".trash-{self.id}-{secrets.token_hex(4)}"
         with contextlib.suppress(FileNotFoundError):
@@ -392,9 +467,11 @@ class Sandbox:
             if self.is_elastic:  # the provisioner's cgroup, kept across resets
                 remove_cgroup(cgroups.sandbox_cgroup(self.id))
             rootfs.unmount(self.rootfs)
-            if self.state["tmpfs_upper"]:
+            if self.upper_mounted:
                 rootfs.unmount(self.upper_root)
-            if keep and not self.state["tmpfs_upper"]:
+            if self.disk_image is not None:
+                shutil.rmtree(self.disk_image.parent, ignore_errors=True)
+            if keep and not self.upper_mounted:
                 with contextlib.suppress(FileNotFoundError):
                     (self.upper_root / KEPT_MARKER).write_text(json.dumps(self.state))
             else:
@@ -411,7 +488,9 @@ class Sandbox:
 
     def command(self, argv: tuple[str, ...], *, env: dict[str, str] | None = None,
                 cwd: str | None = None, user: str | None = None) -> ProcessSpec:
-        """The process spec of `argv` with per-command overrides of the defaults."""
+        """The process spec of `argv` with per-command overrides of the defaults
+        (SandboxBroken if the environment's mount is gone)."""
+        self.check_mounts()
         base = self.process
         spec = replace(base, args=argv)
         if user is not None:
@@ -482,6 +561,7 @@ def _initial_state(sandbox_id: str, source: EnvSource, options: SandboxOptions,
         "network": options.network,
         "tmpfs_upper": options.tmpfs_upper,
         "tmpfs_size": options.tmpfs_size,
+        "disk": options.disk,
         "keep_upper": options.keep_upper,
         "keep_warm": options.keep_warm,
         "lower_mode": options.lower,
