@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import urllib.parse
 import shutil
 import subprocess
 import sys
@@ -152,7 +153,10 @@ def _ours(kind: str, item: object, digests: set[str]) -> bool:
     parts = Path(str(item)).parts
     if kind == "mounts" and parts[3] == "envs":  # /run/weenv/envs/DIGEST/root
         return parts[4] in digests
-    if kind == "mounts" and parts[3] != "sandboxes":  # another area's (/run/weenv/kernel/...)
+    if kind == "mounts" and parts[3] == "kernel":  # /run/weenv/kernel/<quoted mp>/devices
+        served = Path(urllib.parse.unquote(parts[4])).parts
+        return served[:4] == ("/", "run", "weenv", "envs") and served[4] in digests
+    if kind == "mounts" and parts[3] != "sandboxes":  # another area's
         return False
     digest = _digest_of(_sandbox_id(kind, item))
     return digest is None or digest in digests
