@@ -16,10 +16,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import urllib.parse
 import shutil
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
