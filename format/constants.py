@@ -91,6 +91,8 @@ MAX_HINT_RECORDS = 1 << 22
 # -- manifests ------------------------------------------------------------------------------
 
 MANIFEST_SCHEMA = 1
+MANIFEST_SCHEMA_EROFS = 2  # schema 1 plus groups[].erofs (SPEC.md 8.1, 15.9)
 MANIFEST_MEDIA_TYPE = "application/vnd.weenv.manifest.v1+json"
 MAX_MANIFEST_SIZE = 4 << 20
+MAX_IMAGE_SIZE = 1 << 31  # uncompressed bytes of a published EROFS image (SPEC.md 15.9)
 MAX_GROUPS = 128

@@ -18,10 +18,12 @@ from .errors import FormatError, UnsupportedFormat
 
 @dataclass(frozen=True)
 class GroupRef:
-    """One layer group of an environment: its name (informational) and its index digest."""
+    """One layer group of an environment: its name (informational), its index digest and,
+    optionally, the digest of its published EROFS image (SPEC.md 15.9; omitted when None)."""
 
     name: str
     index: str
+    erofs: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,9 +51,10 @@ class Manifest:
 def _to_json(m: Manifest) -> dict[str, Any]:
     c = m.config
     return {
-        "schemaVersion": C.MANIFEST_SCHEMA,
+        "schemaVersion": C.MANIFEST_SCHEMA_EROFS if any(g.erofs for g in m.groups)
+        else C.MANIFEST_SCHEMA,
         "mediaType": C.MANIFEST_MEDIA_TYPE,
-        "groups": [{"name": g.name, "index": g.index} for g in m.groups],
+        "groups": [_group_json(g) for g in m.groups],
         "config": {
             "env": list(c.env),
             "cwd": c.cwd,
@@ -63,6 +66,13 @@ def _to_json(m: Manifest) -> dict[str, Any]:
         "hints": m.hints,
         "provenance": m.provenance,
     }
+
+
+def _group_json(g: GroupRef) -> dict[str, str]:
+    out = {"name": g.name, "index": g.index}
+    if g.erofs is not None:
+        out["erofs"] = g.erofs
+    return out
 
 
 def encode_manifest(m: Manifest) -> bytes:
@@ -106,7 +116,7 @@ def decode_manifest(data: bytes) -> Manifest:
         raise FormatError("manifest", f"not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise FormatError("manifest", "must be a JSON object")
-    if obj.get("schemaVersion") != C.MANIFEST_SCHEMA:
+    if obj.get("schemaVersion") not in (C.MANIFEST_SCHEMA, C.MANIFEST_SCHEMA_EROFS):
         raise UnsupportedFormat("manifest schemaVersion", f"{obj.get('schemaVersion')!r}")
     if obj.get("mediaType") != C.MANIFEST_MEDIA_TYPE:
         raise FormatError("manifest mediaType", f"{obj.get('mediaType')!r}")
@@ -114,7 +124,11 @@ def decode_manifest(data: bytes) -> Manifest:
     for g in _field(obj, "groups", list, "manifest"):
         if not isinstance(g, dict):
             raise FormatError("manifest.groups", "entries must be objects")
-        groups.append(GroupRef(_field(g, "name", str, "group"), _field(g, "index", str, "group")))
+        erofs = g.get("erofs")
+        if erofs is not None and not isinstance(erofs, str):
+            raise FormatError("group.erofs", "must be a digest")
+        groups.append(GroupRef(_field(g, "name", str, "group"), _field(g, "index", str, "group"),
+                               erofs))
     cfg = _field(obj, "config", dict, "manifest")
     labels = _field(cfg, "labels", dict, "config")
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
@@ -141,6 +155,8 @@ def _validate(m: Manifest) -> None:
         raise FormatError("manifest.groups", f"need 1..{C.MAX_GROUPS} groups, got {len(m.groups)}")
     for g in m.groups:
         check_digest(g.index, f"manifest group {g.name!r} index")
+        if g.erofs is not None:
+            check_digest(g.erofs, f"manifest group {g.name!r} erofs")
     if m.hints is not None:
         check_digest(m.hints, "manifest.hints")
     if not m.config.cwd.startswith("/"):

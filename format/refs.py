@@ -4,6 +4,7 @@
     indexes/<digest>        group indexes (zstd)
     manifests/<digest>      environment manifests (canonical JSON)
     hints/<digest>          prefetch hints (zstd)
+    erofs/<digest>          a group's published EROFS metadata image (zstd)
     tags/<kind>/<name>/<tag>  "<digest>\\n", the only mutable objects; a '/' in the name is
                               written as '~' so that one name's tags never nest in another's
 
@@ -17,7 +18,7 @@ import re
 from .digest import check_digest
 from .errors import FormatError
 
-KINDS = ("blobs", "indexes", "manifests", "hints")
+KINDS = ("blobs", "indexes", "manifests", "hints", "erofs")
 TAG_KINDS = ("groups", "envs", "hints")
 DEFAULT_TAG = "latest"
 

@@ -49,7 +49,7 @@ from weenvfs.store.repository import Repository
 log = logging.getLogger(__name__)
 
 DEFAULT_GRACE = 3600.0
-_DELETE_ORDER = ("manifests", "hints", "indexes", "blobs")
+_DELETE_ORDER = ("manifests", "hints", "erofs", "indexes", "blobs")
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -117,6 +117,8 @@ class _Marker:
         via = f"{origin} -> manifests/{short(digest)}"
         for group in manifest.groups:
             self.index(group.index, via)
+            if group.erofs is not None:  # not read: its digest is all gc needs
+                self.marks["erofs"].add(group.erofs)
         if manifest.hints is not None:
             self.hint(manifest.hints, via)
 

@@ -24,7 +24,10 @@ from typing import Any
 import blake3
 
 from weenvfs.errors import ObjectMissing, StoreError, StoreUnavailable
+from weenvfs.format.chunk import decompress_object
+from weenvfs.format.constants import MAX_IMAGE_SIZE
 from weenvfs.format.digest import digest_bytes, digest_hex, short
+from weenvfs.format.erofs_group import group_image
 from weenvfs.format.errors import FormatError
 from weenvfs.format.hints import decode_hint
 from weenvfs.format.index import ROOT_INODE, GroupIndex, Inode
@@ -207,6 +210,8 @@ class Verifier:
         indexes: list[GroupIndex | None] = []
         for g in manifest.groups:
             indexes.append(self._group(g.index, f"group {g.name!r}"))
+            if g.erofs is not None and indexes[-1] is not None:
+                self._erofs(g.erofs, indexes[-1], g.name)
         if manifest.hints is not None:
             self._hint(manifest.hints, indexes)
         return self.report
@@ -388,6 +393,23 @@ class Verifier:
             self.report.checked["file digests"] += 1
             if hasher.digest() != expected:
                 self._problem(key, f"inode {ino}: file content does not match its file digest")
+
+    # -- published EROFS images -------------------------------------------------------------
+
+    def _erofs(self, digest: str, index: GroupIndex, name: str) -> None:
+        """The published image must be exactly the one the format derives from the index."""
+        key = object_key("erofs", digest)
+        data = self._fetch("erofs", digest, f"EROFS image of group {name!r}")
+        if data is None:
+            return
+        try:
+            image = decompress_object(data, key, MAX_IMAGE_SIZE)
+        except FormatError as error:
+            self._problem(key, f"EROFS image does not decompress: {error}")
+            return
+        self.report.checked["erofs images"] += 1
+        if image != group_image(index):
+            self._problem(key, f"EROFS image of group {name!r} is not the one its index gives")
 
     # -- hints ------------------------------------------------------------------------------
 

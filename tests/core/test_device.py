@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from test_reader import CHUNK, CONTENTS, expected_sparse, make_env, run_with_fetcher
 
-from weenvfs.core.device_layout import BLOCK_SIZE, DeviceLayout
 from weenvfs.core.device_reader import DeviceReader
 from weenvfs.core.environment import Environment
 from weenvfs.core.fetcher import Fetcher
 from weenvfs.core.reader import Reader
 from weenvfs.core.tree import FormatError
+from weenvfs.format.device_layout import BLOCK_SIZE, DeviceLayout
 
 
 @pytest.fixture

@@ -136,7 +136,27 @@ def test_bad_manifests_are_refused(name: str) -> None:
 
 def test_unknown_schema_is_unsupported() -> None:
     with pytest.raises(UnsupportedFormat):
+        decode_manifest(_edit(schemaVersion=3))
+    with pytest.raises(FormatError, match="canonical"):  # schema 2 means "names an image"
         decode_manifest(_edit(schemaVersion=2))
+
+
+def test_a_published_erofs_image_makes_schema_2() -> None:
+    manifest = decode_manifest(DATA)
+    image = "ab" * 32
+    groups = (GroupRef(manifest.groups[0].name, manifest.groups[0].index, image),
+              *manifest.groups[1:])
+    data = encode_manifest(Manifest(groups, manifest.config, manifest.hints,
+                                    manifest.provenance))
+    obj = json.loads(data)
+    assert obj["schemaVersion"] == 2 and obj["groups"][0]["erofs"] == image
+    assert "erofs" not in obj["groups"][1]
+    assert decode_manifest(data).groups[0].erofs == image
+    obj["schemaVersion"] = 1  # an image in a schema 1 manifest is an unknown field
+    with pytest.raises(FormatError, match="canonical"):
+        decode_manifest(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode())
+    with pytest.raises(FormatError, match="erofs"):
+        encode_manifest(Manifest((GroupRef("g", manifest.groups[0].index, "nope"),)))
 
 
 def test_manifest_truncated_at_every_offset() -> None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import trio
 
-from .device_layout import DeviceLayout, DevicePiece
+from weenvfs.format.device_layout import DeviceLayout, DevicePiece
+
 from .reader import Reader
 from .tree import FormatError, make_inode
 

@@ -1,16 +1,18 @@
-"""A group's EROFS metadata image, derived from its index, and the node's copies of it.
+"""The EROFS metadata image of each group a kernel-path mount stacks, and the node's copies.
 
-The kernel path mounts, for group N of an environment, an EROFS image that holds everything
-but file data: the `LayerTree` of groups 0..N (what overlayfs needs of that layer: whiteouts
-as 0/0 character devices, opaque directories marked, implied directories with the merged
-view's attributes) walked once and written by `weenvfs.format.erofs`. Its regular files are
-chunk-based inodes on the group's data device (device_layout.py): chunk k of a file is block
-`start + k * chunk_blocks`, and a zero chunk of the index is a hole the kernel never reads.
+The lowest group of a stack (and a group mounted alone) is shown by the image the format
+defines for it (`weenvfs.format.erofs_group.group_image`, SPEC.md 15.9): the publisher stores
+it as `erofs/<digest>` and names it in the manifest, so a node fetches and checks it (one
+small request) instead of deriving it; it derives the same bytes itself when the store has
+none (an older manifest). A group higher in a stack depends on what lies below it (which
+whiteouts show, what an implied directory looks like, where overlayfs' opaque marker goes):
+`LayerImage` derives it from the `LayerTree` of groups 0..N, answering `GroupImage`'s two
+hooks once per directory.
 
-The image is a pure function of the index digests of groups 0..N and the writer's version,
-so the node keeps one copy per stack in the cache folder (`erofs/<key>.img`) next to its
-BLAKE3 digest (`<key>.img.b3`). Before an image reaches the kernel its digest is checked
-(`cached_image`): a damaged or half-written copy is rebuilt, never mounted.
+The node keeps every image in the cache folder: a published one as `erofs/<digest>.img`
+(its name is its BLAKE3), a derived one as `erofs/<stack key>.img` with its BLAKE3 in
+`<stack key>.img.b3`. Before an image reaches the kernel its digest is checked
+(`cached_image`): a damaged or half-written copy is fetched or built again, never mounted.
 
 Must not: mount anything (fuse/), fetch file data, or encode EROFS bytes itself.
 """
@@ -24,17 +26,23 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from weenvfs.format import erofs
-from weenvfs.format.constants import CHUNK, CHUNK_ZERO
+from weenvfs.format.chunk import decompress_object
+from weenvfs.format.constants import MAX_IMAGE_SIZE
+from weenvfs.format.device_layout import DeviceLayout
 from weenvfs.format.digest import digest_hex
+from weenvfs.format.erofs_group import DirectoryView, GroupImage, group_image
 from weenvfs.format.errors import FormatError
-from weenvfs.format.index import Inode
+from weenvfs.store.base import Store
+from weenvfs.store.repository import Repository
 
-from .device_layout import BLOCK_SIZE, DeviceLayout
-from .layer_tree import WHITEOUT_MODE
-from .tree import ROOT_INODE, Tree, make_inode
+from .layer_tree import LayerTree
+from .tree import ROOT_INODE
 
 log = logging.getLogger(__name__)
+
+# Re-exported for the mount lifecycle (fuse/ reaches the format through core only).
+__all__ = ["DeviceLayout", "LayerImage", "build_image", "cached_image", "fetch_group_image",
+           "group_image", "stack_key"]
 
 IMAGE_DIR = "erofs"
 # Bumped whenever what this module or the writer emits changes: old copies are then rebuilt.
@@ -49,153 +57,73 @@ def stack_key(index_digests: Sequence[str]) -> str:
     return h.hexdigest()
 
 
-def _chunk_bits(chunk_size: int) -> int | None:
-    """log2(chunk_size / BLOCK_SIZE) when the index's chunks can be EROFS chunks, else None."""
-    if chunk_size < BLOCK_SIZE or chunk_size & (chunk_size - 1):
-        return None
-    return chunk_size.bit_length() - BLOCK_SIZE.bit_length()
+class LayerImage(GroupImage):
+    """The image of the top group of a `LayerTree`: the walk of `GroupImage`, its two hooks
+    answered by the composed tree (once per directory): whether anything lies below a
+    directory (so that its whiteouts show), and the attributes and xattrs it shows (an
+    implied directory's come from below; an opaque one carries overlayfs' marker). A handle
+    is the tree's inode number."""
 
-
-def _whole_file_bits(size: int) -> int:
-    """The smallest chunk size (as bits over BLOCK_SIZE) that holds `size` bytes at once."""
-    blocks = max(-(-size // BLOCK_SIZE), 1)
-    return (blocks - 1).bit_length()
-
-
-class ImageBuilder:
-    """Walks a `LayerTree` (or a one-group `Tree`) into the inode list `erofs.write_image`
-    takes.
-
-    Only the top group's own records are walked, each decoded once; the tree is asked only
-    what depends on the groups below, once per directory: its composed entry (does anything
-    lie below it, so that its whiteouts must show; an implied directory's attributes) and its
-    xattrs (the opaque marker). What a layer shows is LayerTree's rule (core/layer_tree.py);
-    tests/fuse/test_layer_mounts.py checks both paths against the OCI layer applier."""
-
-    def __init__(self, tree: Tree, layout: DeviceLayout) -> None:
+    def __init__(self, tree: LayerTree, layout: DeviceLayout) -> None:
+        super().__init__(tree.groups[tree.top], layout)
         self.tree = tree
-        self.layout = layout
-        self.top = len(tree.groups) - 1  # the group shown: a LayerTree's, or the only one
-        self.index = tree.groups[self.top]
-        self.bits = _chunk_bits(self.index.chunk_size)
-        self._records: dict[int, Inode] = {}
-        self._zero: bytes | None = None
 
-    def _record(self, ino: int) -> Inode:
-        rec = self._records.get(ino)
-        if rec is None:
-            rec = self._records[ino] = self.index.inode(ino)
-        return rec
+    def root(self) -> object:
+        return ROOT_INODE
 
-    def inodes(self) -> list[erofs.ErofsInode]:
-        """Every inode reachable from the root, the root first."""
-        out: list[erofs.ErofsInode | None] = [None]
-        leaves: dict[int, int] = {}  # record -> position (hardlinks share one inode)
-        pending = [(ROOT_INODE, 0)]  # (tree inode of a directory, its position in out)
-        while pending:
-            directory, position = pending.pop()
-            entry = self.tree.entry(directory)
-            below = len(entry.layers) > 1  # something lies under it: its whiteouts count
-            entries, subdirs = [], 0
-            for name, ino in self.index.entries(entry.layers[0][1]):
-                rec = self._record(ino)
-                if rec.is_dir:
-                    child = self.tree.lookup(directory, name).inode
-                    n = len(out)
-                    out.append(None)
-                    pending.append((child, n))
-                    subdirs += 1
-                elif rec.whiteout and not below:
-                    continue
-                else:
-                    n = leaves.get(ino)
-                    if n is None:
-                        n = leaves[ino] = len(out)
-                        out.append(self._leaf(ino, rec))
-                entries.append((name, n))
-            out[position] = self._directory(directory, tuple(entries), subdirs)
-        assert all(inode is not None for inode in out)
-        return out  # type: ignore[return-value]
+    def own(self, handle: object) -> int:
+        assert isinstance(handle, int)
+        return self.tree.entry(handle).layers[0][1]
 
-    def _directory(self, inode: int, entries: tuple[tuple[bytes, int], ...],
-                   subdirs: int) -> erofs.ErofsInode:
-        attr = self.tree.attr(inode)
-        # nlink: exact within this layer (the tree says 1 for a merged directory).
-        return erofs.ErofsInode(
-            mode=attr.mode, uid=attr.uid, gid=attr.gid, nlink=2 + subdirs,
-            mtime_ns=attr.mtime_ns, xattrs=tuple(self.tree.xattrs(inode)), entries=entries)
+    def directory(self, handle: object) -> DirectoryView:
+        assert isinstance(handle, int)
+        entry, attr = self.tree.entry(handle), self.tree.attr(handle)
+        return DirectoryView(len(entry.layers) > 1, attr.mode, attr.uid, attr.gid,
+                             attr.mtime_ns, tuple(self.tree.xattrs(handle)))
 
-    def _leaf(self, ino: int, rec: Inode) -> erofs.ErofsInode:
-        if rec.whiteout:  # overlayfs' whiteout: a character device 0/0, as LayerTree shows
-            return erofs.ErofsInode(mode=WHITEOUT_MODE, uid=0, gid=0, nlink=1,
-                                    mtime_ns=rec.mtime_ns)
-        xattrs = tuple(self.tree.xattrs(make_inode(self.top, ino))) if rec.xattr_count else ()
-        common = {"mode": rec.mode, "uid": rec.uid, "gid": rec.gid, "nlink": rec.nlink,
-                  "mtime_ns": rec.mtime_ns, "xattrs": xattrs}
-        if rec.is_lnk:
-            return erofs.ErofsInode(target=self.index.readlink(ino), **common)  # type: ignore[arg-type]
-        if not rec.is_reg:
-            return erofs.ErofsInode(rdev=rec.rdev, **common)  # type: ignore[arg-type]
-        if rec.size == 0:
-            return erofs.ErofsInode(**common)  # type: ignore[arg-type]
-        if rec.data_first + rec.data_count > self.index.header.chunk_count:
-            self.index.file_chunks(ino)  # raises the FormatError that names the problem
-        bits, chunks = self._chunks(ino, rec)
-        return erofs.ErofsInode(size=rec.size, chunk_bits=bits, chunks=chunks, **common)  # type: ignore[arg-type]
-
-    def _chunks(self, ino: int, rec: Inode) -> tuple[int, tuple[int, ...]]:
-        """(chunk bits, device block of each chunk or HOLE) of regular file record `ino`."""
-        start = self.layout.start_block(ino)
-        count, first, zero = rec.data_count, rec.data_first, self._zero_chunks()
-        if count == 1:  # a small file, alone or batched: one chunk holds it all
-            return _whole_file_bits(rec.size), (erofs.HOLE if zero[first] else start,)
-        if count != -(-rec.size // self.index.chunk_size) or rec.inner_offset:
-            self.index.file_chunks(ino)  # raises the FormatError that names the problem
-        if self.bits is None:  # chunks EROFS cannot mirror: one extent, zeros served
-            return _whole_file_bits(rec.size), (start,)
-        step = 1 << self.bits
-        return self.bits, tuple(erofs.HOLE if zero[first + k] else start + k * step
-                                for k in range(count))
-
-    def _zero_chunks(self) -> bytes:
-        """One byte per chunk record of the index: 1 for a zero chunk (a hole), decoded in
-        one pass. The fetcher validates every record it reads; a hole is never read."""
-        if self._zero is None:
-            h = self.index.header
-            table = memoryview(self.index.raw)[h.chunk_offset:h.chunk_offset
-                                               + h.chunk_count * CHUNK.size]
-            self._zero = bytes(flags & CHUNK_ZERO for _, _, flags, _, _, _
-                               in CHUNK.iter_unpack(table))
-            if len(self._zero) != h.chunk_count:
-                raise FormatError("chunk table", "shorter than chunk_count")
-        return self._zero
+    def child(self, handle: object, name: bytes, ino: int) -> object:
+        assert isinstance(handle, int)
+        return self.tree.lookup(handle, name).inode
 
 
-def build_image(tree: Tree, layout: DeviceLayout) -> bytes:
-    """The EROFS metadata image of `tree`'s top group, its data on `layout`'s device. `tree`
-    is a `LayerTree`, or the `Tree` of a single group (the same view, minus the overlay
-    markers a lone mount has no use for)."""
-    builder = ImageBuilder(tree, layout)
-    return erofs.write_image(builder.inodes(), layout.blocks, b"weenv-group-%d" % builder.top)
+def build_image(tree: LayerTree, layout: DeviceLayout) -> bytes:
+    """The EROFS metadata image of `tree`'s top group, its data on `layout`'s device (the
+    lowest group's is `group_image`'s: nothing below it to ask about)."""
+    if tree.top == 0:
+        return GroupImage(tree.groups[0], layout).image(b"weenv-group")
+    return LayerImage(tree, layout).image(b"weenv-group")
 
 
-def cached_image(cache_dir: Path, key: str, build: Callable[[], bytes]) -> Path:
-    """The verified copy of image `key` in `cache_dir`, built (by `build`) if it is missing
-    or does not match its recorded digest. Safe against concurrent builders: each writes a
-    temporary file and renames it; the digest file is written after the image."""
+def fetch_group_image(store: Store, digest: str) -> bytes:
+    """The published image `erofs/<digest>` (verified against its digest, decompressed)."""
+    data = Repository(store).get_object("erofs", digest)
+    return decompress_object(data, f"erofs/{digest[:12]}", MAX_IMAGE_SIZE)
+
+
+def cached_image(cache_dir: Path, key: str, build: Callable[[], bytes],
+                 digest: str | None = None) -> Path:
+    """The verified copy of image `key` in `cache_dir`, made by `build` if it is missing or
+    does not match its digest: `digest` when the image's digest is known (a published one;
+    `build` must return exactly those bytes), else the one recorded next to it. Safe
+    against concurrent builders: each writes a temporary file and renames it."""
     folder = cache_dir / IMAGE_DIR
     path = folder / f"{key}.img"
     digest_path = folder / f"{key}.img.b3"
     with contextlib.suppress(OSError):
-        want = digest_path.read_text().strip()
-        data = path.read_bytes()
-        if digest_hex(data) == want:
+        want = digest or digest_path.read_text().strip()
+        if digest_hex(path.read_bytes()) == want:
             return path
-        log.warning("EROFS image %s does not match its digest: rebuilding it", path)
+        log.warning("EROFS image %s does not match its digest: making it again", path)
     data = build()
     folder.mkdir(parents=True, exist_ok=True)
-    _write_atomically(path, data)
-    _write_atomically(digest_path, (digest_hex(data) + "\n").encode())
+    if digest is None:
+        _write_atomically(path, data)
+        _write_atomically(digest_path, (digest_hex(data) + "\n").encode())
+    elif digest_hex(data) != digest:
+        raise FormatError(f"EROFS image {key[:12]}", "the bytes do not match digest "
+                         f"{digest[:12]}")
+    else:
+        _write_atomically(path, data)
     return path
 
 

@@ -37,14 +37,20 @@ from typing import Any
 import pyfuse3
 import trio
 
-from weenvfs.core.device_layout import DeviceLayout
 from weenvfs.core.device_reader import DeviceReader
 from weenvfs.core.environment import Environment
-from weenvfs.core.kernel_image import build_image, cached_image, stack_key
+from weenvfs.core.kernel_image import (
+    DeviceLayout,
+    build_image,
+    cached_image,
+    fetch_group_image,
+    group_image,
+    stack_key,
+)
 from weenvfs.core.layer_tree import LayerTree
 from weenvfs.core.reader import Reader
-from weenvfs.core.tree import Tree
-from weenvfs.errors import WeenvError
+from weenvfs.core.tree import FormatError
+from weenvfs.errors import StoreError, WeenvError
 
 from . import daemon, syscalls
 from .config import MountConfig
@@ -107,25 +113,42 @@ def private_dir(mountpoint: Path) -> Path:
 
 
 def prepare_layers(env: Environment, config: MountConfig, reader: Reader) -> list[KernelLayer]:
-    """Every layer of this mount, lowest first, with its image built or verified."""
+    """Every layer of this mount, lowest first, with its image fetched, built or verified."""
     groups = env.tree.groups
     positions = [env.layer] if env.layer is not None else list(range(len(groups)))
-    digests = [group.index for group in env.manifest.groups]
     layers = []
     for position in positions:
         assert position is not None
-        tree: Tree = env.tree if env.layer is not None or len(groups) == 1 else LayerTree(
-            groups[: position + 1])
         layout = DeviceLayout(groups[position])
         started = time.monotonic()
-        image = cached_image(config.cache_dir, stack_key(digests[: position + 1]),
-                             lambda tree=tree, layout=layout: build_image(tree, layout))
+        image = _image(env, config, position, layout)
         log.info("group %d: EROFS image %s ready in %.0f ms (%d files on a %d MiB device)",
                  position, image.name[:12], (time.monotonic() - started) * 1000,
                  layout.files, layout.size >> 20)
         layers.append(KernelLayer(position, image, b"g%d" % position,
                                   DeviceReader(layout, reader, position)))
     return layers
+
+
+def _image(env: Environment, config: MountConfig, position: int, layout: DeviceLayout) -> Path:
+    """The verified image of group `position`: the published one for the lowest group when
+    the manifest names it and the store has it, else derived here (kernel_image.py)."""
+    groups = env.tree.groups
+    ref = env.manifest.groups[position]
+    if position == 0 and ref.erofs is not None:
+        published = ref.erofs
+        try:
+            return cached_image(config.cache_dir, published,
+                                lambda: fetch_group_image(env.store, published))
+        except (StoreError, FormatError) as error:
+            log.warning("cannot use the published EROFS image of group %s (%s): deriving it",
+                        ref.name, error)
+    digests = [group.index for group in env.manifest.groups[: position + 1]]
+    tree = env.tree if env.layer is not None else LayerTree(groups[: position + 1])
+    assert isinstance(tree, LayerTree) or position == 0
+    return cached_image(config.cache_dir, stack_key(digests),
+                        lambda: build_image(tree, layout) if isinstance(tree, LayerTree)
+                        else group_image(groups[0]))
 
 
 class KernelMounts:

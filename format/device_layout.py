@@ -2,8 +2,10 @@
 
 The kernel path (DESIGN.md, "Data path of a read") mounts an EROFS metadata image whose
 regular files are chunk-based inodes addressing one extra device per group. That device is
-virtual: nothing stores it, the mount daemon serves it lazily (fuse/device_ops.py) by turning
-a device range back into file ranges and those into chunks. This module owns that mapping:
+virtual: nothing stores it, the mount daemon serves it lazily (weenvfs/core/device_reader.py)
+by turning a device range back into file ranges and those into chunks. This module owns that
+mapping, which is part of the format (SPEC.md section 15): a published EROFS image
+(erofs_group.py) addresses the device by it, so every node must compute the same one:
 
 - every regular file with data gets one contiguous, block-aligned extent, in inode order
   (the builder numbers inodes in walk order, which is also how it packs blobs, so a device
@@ -14,8 +16,7 @@ a device range back into file ranges and those into chunks. This module owns tha
   extents (a file's last block past its size) reads as zeros.
 
 The layout depends on the group's own index only (not on the groups below it), so it is the
-same for every stack the group sits in. Must not: fetch or read data (device_reader.py), or
-know about EROFS bytes (format/erofs.py) or pyfuse3.
+same for every stack the group sits in. Pure: no I/O (the codec's rule).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import bisect
 from array import array
 from typing import NamedTuple
 
-from weenvfs.format.constants import INODE
-from weenvfs.format.index import GroupIndex
+from .constants import INODE
+from .index import GroupIndex
 
 BLOCK_SIZE = 4096  # the device's block size: the EROFS image's (format/erofs.py)
 

@@ -1,0 +1,101 @@
+"""The kernel path's own rules: the published EROFS image of the lowest group, its checks,
+what it hides, the fallback when it cannot be used, and the path reported by `weenv stats`.
+
+Real parts: groups built by the real builder from layer tars, `weenv mount` daemons, EROFS
+and overlayfs mounts of this kernel (the test mounter cleans everything up).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from mounts import Mounter, run_weenv
+from support import layers
+from support.trees import dir, file  # noqa: A004
+
+from weenvfs.format.manifest import decode_manifest
+from weenvfs.store import open_store
+from weenvfs.store.repository import Repository
+from weenvfs.tools.builder import BuildOptions, build_group, open_source
+from weenvfs.tools.publish import compose_env
+
+pytestmark = pytest.mark.requires_fuse
+
+
+@pytest.fixture(autouse=True)
+def _kernel(require_or_skip: object) -> None:
+    require_or_skip(os.geteuid() == 0, "the kernel path needs root")  # type: ignore[operator]
+    require_or_skip("erofs" in Path("/proc/filesystems").read_text(),  # type: ignore[operator]
+                    "the kernel has no EROFS")
+
+
+def _publish(tmp_path: Path) -> tuple[Path, str]:
+    """A one-group environment whose layer holds a whiteout, an opaque marker and image
+    xattrs in overlayfs' namespace (none of which the lowest layer may show)."""
+    tar = layers.layer_file(
+        tmp_path / "layer.tar",
+        dir("etc"), file("etc/hostname", b"node\n"),
+        file("etc/steer", b"x", xattrs={"trusted.overlay.redirect": b"/elsewhere",
+                                         "user.kept": b"yes"}),
+        dir("opaque"), layers.opaque("opaque"), file("opaque/inside", b"in"),
+        layers.whiteout("gone"),
+    )
+    store_dir = tmp_path / "store"
+    repo = Repository(open_store(str(store_dir), create=True))
+    build_group(open_source(tar), repo, "base", "t", BuildOptions())
+    digest = compose_env(repo, "env", "t", ["base:t"])
+    return store_dir, digest
+
+
+def test_the_lowest_group_mounts_its_published_image(tmp_path: Path, mounter: Mounter) -> None:
+    store_dir, digest = _publish(tmp_path)
+    repo = Repository(open_store(str(store_dir)))
+    image = decode_manifest(repo.get_object("manifests", digest)).groups[0].erofs
+    assert image is not None and repo.has_object("erofs", image)
+    mount = mounter.mount("env:t", store_dir, extra=["--path", "kernel"])
+    doc = mount.stats()
+    assert doc["mount"]["path"] == "kernel" and doc["mount"]["fallback_reason"] is None
+    assert (mount.cache / "erofs" / f"{image}.img").exists()  # fetched, not derived
+    mp = mount.mountpoint
+    assert sorted(os.listdir(mp)) == ["etc", "opaque"]  # the whiteout shows nowhere
+    assert (mp / "opaque" / "inside").read_bytes() == b"in"
+    assert os.listxattr(mp / "etc" / "steer") == ["user.kept"]  # overlayfs' names dropped
+    assert os.listxattr(mp / "opaque") == []  # nothing below: no opaque marker either
+    run_weenv("verify", "env:t", "--store", str(store_dir))
+
+
+def test_a_corrupt_published_image_is_never_mounted(tmp_path: Path, mounter: Mounter) -> None:
+    store_dir, digest = _publish(tmp_path)
+    repo = Repository(open_store(str(store_dir)))
+    image = decode_manifest(repo.get_object("manifests", digest)).groups[0].erofs
+    assert image is not None
+    (store_dir / "erofs" / image).write_bytes(b"not an image")
+    done = run_weenv("verify", "env:t", "--store", str(store_dir), check=False)
+    assert done.returncode != 0 and "erofs/" in done.stdout + done.stderr
+    mount = mounter.mount("env:t", store_dir, extra=["--path", "kernel"])
+    mount.expect_log_lines("cannot use the published EROFS image")
+    assert mount.log_lines("cannot use the published EROFS image of group base")
+    assert not (mount.cache / "erofs" / f"{image}.img").exists()
+    assert (mount.mountpoint / "etc" / "hostname").read_bytes() == b"node\n"
+
+
+def test_a_damaged_cached_image_is_made_again(tmp_path: Path, mounter: Mounter) -> None:
+    store_dir, _ = _publish(tmp_path)
+    first = mounter.mount("env:t", store_dir, extra=["--path", "kernel"])
+    run_weenv("umount", str(first.mountpoint))
+    [cached] = (first.cache / "erofs").glob("*.img")
+    cached.write_bytes(cached.read_bytes()[:-4096] + bytes(4096))
+    again = mounter.mount("env:t", store_dir, cache=first.cache, extra=["--path", "kernel"])
+    again.expect_log_lines("does not match its digest")
+    assert again.log_lines("does not match its digest")
+    assert (again.mountpoint / "opaque" / "inside").read_bytes() == b"in"
+
+
+def test_path_fuse_is_reported(tmp_path: Path, mounter: Mounter) -> None:
+    store_dir, _ = _publish(tmp_path)
+    mount = mounter.mount("env:t", store_dir, extra=["--path", "fuse"])
+    doc = mount.stats()
+    assert doc["mount"]["path"] == "fuse"
+    assert "--path fuse" in doc["mount"]["fallback_reason"]
