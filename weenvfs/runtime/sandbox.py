@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from weenvfs.errors import UsageError, WeenvError
+from weenvfs.fuse import daemon
 
 from . import cgroups, disk, elastic, mounts, rootfs, safe_paths, seccomp
 from .cgroups import Limits, cgroup_pids, remove_cgroup
@@ -243,11 +244,13 @@ class Sandbox:
     def mount_problem(self) -> str | None:
         """Why a shared mount under the sandbox no longer serves it, or None. A FUSE mount
         whose daemon died answers with ENOTCONN (statfs always reaches the daemon, where a
-        stat may be answered from the kernel's attribute cache); one unmounted behind our
-        back is an empty folder."""
+        stat may be answered from the kernel's attribute cache); a kernel-path mount answers
+        from the kernel even then, so its data-device folder is asked too
+        (`daemon.check_answers`); one unmounted behind our back is an empty folder."""
         for path in self.lowers:
             try:
                 os.statvfs(path)
+                daemon.check_answers(path)
             except OSError as error:
                 return f"{path}: {error.strerror}"
             if not os.path.ismount(path):
