@@ -7,8 +7,8 @@
 // package). So this daemon composes the two parts that service.go composes, minus the CRI
 // keychain and resolver: the lazy filesystem (`fs`) and the overlay-based remote snapshotter
 // (`snapshot`), served over gRPC on a unix socket with containerd's snapshot service adapter.
-// Registries are reached as fs.NewFilesystem does by default: plain HTTP for loopback hosts,
-// no credentials (our registry runs on 127.0.0.1).
+// Registries: plain HTTP for loopback hosts, HTTPS otherwise, no credentials (our registry
+// runs on 127.0.0.1).
 //
 // It must not listen anywhere but its unix socket.
 package main
@@ -18,6 +18,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -26,9 +27,12 @@ import (
 	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
 	"github.com/containerd/containerd/contrib/snapshotservice"
 	"github.com/containerd/containerd/log"
+	"github.com/containerd/containerd/reference"
+	"github.com/containerd/containerd/remotes/docker"
 	stargzfs "github.com/containerd/stargz-snapshotter/fs"
 	"github.com/containerd/stargz-snapshotter/fs/config"
 	"github.com/containerd/stargz-snapshotter/fs/layer"
+	"github.com/containerd/stargz-snapshotter/fs/source"
 	"github.com/containerd/stargz-snapshotter/snapshot"
 	"github.com/sirupsen/logrus"
 	"google.golang.org/grpc"
@@ -65,6 +69,7 @@ func serve(address, root string, cfg config.Config) error {
 	}
 	// Root runs this daemon, so overlayfs's opaque-directory xattr is the trusted one.
 	fs, err := stargzfs.NewFilesystem(filepath.Join(root, "stargz"), cfg,
+		stargzfs.WithGetSources(source.FromDefaultLabels(registryHosts())),
 		stargzfs.WithOverlayOpaqueType(layer.OverlayOpaqueTrusted))
 	if err != nil {
 		return fmt.Errorf("filesystem: %w", err)
@@ -97,4 +102,16 @@ func serve(address, root string, cfg config.Config) error {
 	}()
 	log.G(ctx).Infof("serving on %s", address)
 	return server.Serve(listener)
+}
+
+// registryHosts: where the layers of a reference are fetched from. The library's fetcher
+// calls the host client's Transport itself, so it must be set (fs.NewFilesystem's default
+// leaves it nil and the daemon panics on the first lazy mount).
+func registryHosts() source.RegistryHosts {
+	client := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	hosts := docker.ConfigureDefaultRegistries(docker.WithPlainHTTP(docker.MatchLocalhost),
+		docker.WithClient(client))
+	return func(spec reference.Spec) ([]docker.RegistryHost, error) {
+		return hosts(spec.Hostname())
+	}
 }
