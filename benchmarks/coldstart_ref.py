@@ -17,6 +17,17 @@ runs, in turns (who goes first rotates), with the page cache dropped before each
 The weenv software itself (Python, trio, pyfuse3) is read once after each cache drop, before
 the clock starts: a node keeps it warm, as it keeps Docker's daemon; only the environment's
 data is cold. The store is a local folder (its blobs are cold too).
+The peers, in the same rounds, from the same tree as a one-layer image in Debian's
+docker-registry on 127.0.0.1 (docker_tree.py pushes it once; the registry folder is kept under
+the benchmark folder), each with everything local removed and the page cache dropped before
+the clock starts, each running `/usr/bin/python3 -c CODE` in a container with no network:
+- docker pull + run: our own dockerd (docker_tree.ColdDockerRun);
+- eStargz (containerd + stargz, lazy): the image converted once to eStargz (`ctr-remote image
+  optimize --no-optimize`; `--stargz-optimized` adds the variant with the workload recorded),
+  `ctr-remote image rpull` + `ctr run --snapshotter stargz` (stargz_peer.py);
+- containerd pull + run (overlayfs): the gzip image, `ctr image pull` + `ctr run`.
+A peer that cannot run here (`scripts/setup.sh --bench` installs them) is skipped with a
+one-line reason; --no-peers leaves them all out.
 
 Must not: assert anything about the numbers; it reports them (table on stdout, JSON file).
 """
@@ -24,6 +35,7 @@ Must not: assert anything about the numbers; it reports them (table on stdout, J
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import subprocess
@@ -53,6 +65,9 @@ from _mounting import (
     published,
     weenv,
 )
+from docker_peer import Dockerd, Registry, docker_unavailable
+from docker_tree import ColdDockerRun, push_tree
+from stargz_peer import ColdContainerdRun, ColdStargzRun, StargzPeer, stargz_unavailable
 
 from weenvfs.tools.sample import sample_tree
 
@@ -64,6 +79,9 @@ WORKLOADS = {
     "python": "import json, sqlite3, decimal, email.parser",  # --quick: a smaller tree
 }
 TAR_EXTRACT = ["tar", "-I", "zstd -T0", "-xf"]
+DOCKER = "docker pull + run"
+STARGZ_OPTIMIZED = "eStargz optimized (containerd + stargz, lazy)"
+PeerRun = ColdDockerRun | ColdStargzRun
 
 EXAMPLES = """\
 examples:
@@ -85,6 +103,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="sample tree (default reference, python with --quick)")
     parser.add_argument("--no-extract", action="store_true",
                         help="skip the .tar.zst extraction contender")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="leave out Docker, eStargz and containerd")
+    parser.add_argument("--stargz-optimized", action="store_true",
+                        help="add eStargz with the workload's accesses recorded at conversion")
     return parser.parse_args(argv)
 
 
@@ -155,6 +177,7 @@ class Rounds:
         self.mp = work / "mnt"
         self.samples: dict[str, list[float]] = {}
         self.fetched: list[dict[str, Any]] = []
+        self.peer_bytes: dict[str, list[int]] = {}
 
     def _time(self, name: str, seconds: float) -> None:
         self.samples.setdefault(name, []).append(seconds)
@@ -186,6 +209,11 @@ class Rounds:
         run_in(copy, self.code)
         self._time("local disk", time.perf_counter() - start)
 
+    def peer(self, name: str, run: PeerRun) -> None:
+        seconds, detail = run.run()  # makes the peer cold and drops the page cache itself
+        self._time(name, seconds)
+        self.peer_bytes.setdefault(name, []).append(detail["bytes_fetched"])
+
     def extract(self, tar_zst: Path) -> None:
         target = self.work / "extract"
         shutil.rmtree(target, ignore_errors=True)
@@ -196,6 +224,44 @@ class Rounds:
         run_in(target, self.code)
         self._time("extract .tar.zst", time.perf_counter() - start)
         shutil.rmtree(target, ignore_errors=True)
+
+
+def start_peers(stack: contextlib.ExitStack, profile: str, tree: Path, code: str,
+                work: Path, optimized: bool) -> tuple[dict[str, PeerRun], dict[str, str]]:
+    """The registry holding `tree` as image `ref-PROFILE` (pushed once), and each peer that
+    can run here, stopped when `stack` closes; (runs by contender, skip reasons by peer)."""
+    runs: dict[str, PeerRun] = {}
+    skipped: dict[str, str] = {}
+    docker_why, stargz_why = docker_unavailable(), stargz_unavailable()
+    for peer, why in (("docker", docker_why), ("estargz", stargz_why)):
+        if why:
+            skipped[peer] = why
+            print(f"{peer}: skipped: {why}", flush=True)
+    if docker_why and stargz_why:
+        return runs, skipped
+    folder = BENCH_DIR / "coldstart-ref-registry"
+    registry = Registry(folder / "registry").start()
+    stack.callback(registry.stop)
+    name = f"ref-{profile}"
+    key = {"tree": str(tree), "mtime_ns": tree.stat().st_mtime_ns, "v": 1}
+    push_tree(tree, key, registry, name, folder / "layers")
+    argv = ["/usr/bin/python3", "-c", code]
+    if not docker_why:
+        dockerd = Dockerd(work / "docker").start()
+        stack.callback(dockerd.stop)
+        runs[DOCKER] = ColdDockerRun(dockerd, registry, registry.host, name, argv)
+    if not stargz_why:
+        peer = StargzPeer(work / "stargz")
+        stack.callback(peer.stop)
+        peer.start()
+        lazy = ColdStargzRun(peer, registry, peer.convert(registry, name, key), argv)
+        runs[lazy.label] = lazy
+        if optimized:
+            runs[STARGZ_OPTIMIZED] = ColdStargzRun(
+                peer, registry, peer.convert(registry, name, key, optimize_argv=argv), argv)
+        plain = ColdContainerdRun(peer, registry, name, argv)
+        runs[plain.label] = plain
+    return runs, skipped
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,17 +283,25 @@ def main(argv: list[str] | None = None) -> int:
     steps = [rounds.weenv_cold, rounds.weenv_cached, lambda: rounds.local(copy)]
     if tar_zst is not None:
         steps.append(lambda: rounds.extract(tar_zst))
+    skipped = {"peers": "--no-peers"} if args.no_peers else {}
     try:
-        for r in range(repeats):
-            for step in steps[r % len(steps):] + steps[: r % len(steps)]:
-                step()
+        with contextlib.ExitStack() as stack:
+            if not args.no_peers:
+                runs, skipped = start_peers(stack, profile, tree, code, work,
+                                            args.stargz_optimized)
+                steps += [lambda n=n, r=r: rounds.peer(n, r) for n, r in runs.items()]
+            for r in range(repeats):
+                for step in steps[r % len(steps):] + steps[: r % len(steps)]:
+                    step()
     finally:
         mounts.close()
         shutil.rmtree(work, ignore_errors=True)
     results = summarize(rounds, pub, profile, code, tar_zst)
+    results["skipped"] = skipped
     report(results, repeats)
     params = {"quick": args.quick, "repeats": repeats, "profile": profile, "command": code,
-              "extract": tar_zst is not None}
+              "extract": tar_zst is not None, "peers": not args.no_peers,
+              "stargz_optimized": args.stargz_optimized}
     path = write_json(NAME, args.out, params, results)
     print(f"\nwrote {path}")
     return 0
@@ -254,6 +328,7 @@ def summarize(
         },
         "bytes_fetched": fetched,
         "bytes_decompressed": plain,
+        "peer_bytes_fetched": rounds.peer_bytes,
         "fetch": rounds.fetched[-1] if rounds.fetched else None,
         "fraction_fetched_of_image": fraction,
         "fraction_decompressed_of_image": ratio(max(plain), pub.image_bytes),
@@ -265,16 +340,19 @@ def summarize(
 
 def report(results: dict[str, Any], repeats: int) -> None:
     """The table of contenders and the bytes line."""
+    mb = 1e6
+    fetched = {name: max(b) / mb for name, b in results["peer_bytes_fetched"].items()}
+    fetched["weenv cold"] = max(results["bytes_fetched"]) / mb
     rows = [
-        [name, c["median_s"] * 1000, c["spread"], c["over_weenv_cold"]]
+        [name, c["median_s"] * 1000, c["spread"], c["over_weenv_cold"],
+         fetched.get(name, float("nan"))]
         for name, c in results["contenders"].items()
     ]
     print_table(
         f"cold time-to-ready: {results['command']} (median of {repeats}; ms)",
-        ["contender", "ms", "spread", "x weenv cold"],
+        ["contender", "ms", "spread", "x weenv cold", "fetched MB"],
         rows,
     )
-    mb = 1e6
     print(
         f"\nfetched {max(results['bytes_fetched']) / mb:.1f} MB compressed "
         f"({max(results['bytes_decompressed']) / mb:.1f} MB of file data) of a "

@@ -7,6 +7,9 @@ Two checks, each failing with one line per problem and a non-zero exit:
    list starting with `"X",`) and that resolves to a file of a Debian package comes from a
    package in that list, or from one the base system always has (priority required or
    important). A command found only because someone installed its package by hand fails.
+   A command that only benchmarks/ runs may instead come from a package in
+   scripts/bench-packages.txt (what `scripts/setup.sh --bench` adds: scripts/bench-peers.sh);
+   the tests must not need those, so CI never installs them.
 Standard library only: it runs before the venv exists.
 """
 
@@ -21,7 +24,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 LIST = REPO / "scripts" / "debian-packages.txt"
+BENCH_LIST = REPO / "scripts" / "bench-packages.txt"
 SCANNED = ("weenvfs", "format", "tools", "tests", "benchmarks")
+BENCH_ONLY = "benchmarks"
 SBIN = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Words that the scan finds in argv-shaped lists but that are not commands we run.
 NOT_COMMANDS = {"write"}  # a pytest parametrize list in tests/store/test_local.py
@@ -43,10 +48,10 @@ def read_list(path: Path = LIST) -> dict[str, list[str]]:
     return packages
 
 
-def commands_used(root: Path = REPO) -> set[str]:
-    """Command names the project's source runs (see the module docstring)."""
+def commands_used(root: Path = REPO, folders: tuple[str, ...] = SCANNED) -> set[str]:
+    """Command names the project's source in `folders` runs (see the module docstring)."""
     found: set[str] = set()
-    for folder in SCANNED:
+    for folder in folders:
         for path in (root / folder).rglob("*.py"):
             found.update(m.decode() for m in _COMMAND.findall(path.read_bytes()))
     return found
@@ -68,24 +73,32 @@ def _priority(package: str) -> str:
     return done.stdout.strip()
 
 
-def problems() -> list[str]:
-    """One line per missing command or unlisted package."""
+def problems(root: Path | None = None) -> list[str]:
+    """One line per missing command or unlisted package (in the source under `root`)."""
+    root = root or REPO
     listed = read_list()
+    bench = read_list(BENCH_LIST) if BENCH_LIST.exists() else {}
+    used = commands_used(root)
+    bench_only = used - commands_used(root, tuple(f for f in SCANNED if f != BENCH_ONLY))
     out = []
     for package, commands in listed.items():
         out += [f"missing command {c} (Debian package {package}): run scripts/setup.sh"
                 for c in commands if shutil.which(c, path=_search_path())
                 is None]
     provided = {c for commands in listed.values() for c in commands}
-    for command in sorted(commands_used() - provided - NOT_COMMANDS):
+    for command in sorted(used - provided - NOT_COMMANDS):
         path = shutil.which(command, path=_search_path())
         if path is None:
             continue  # not a command at all (an argv list of words), or not run here
         owner = _dpkg_owner(path)
         if owner is None or owner in listed or _priority(owner) in ("required", "important"):
             continue
+        if owner in bench and command in bench_only:
+            continue
         out.append(f"command {command} comes from Debian package {owner}, which "
-                   f"scripts/debian-packages.txt does not list")
+                   f"scripts/debian-packages.txt does not list"
+                   + (" (scripts/bench-packages.txt serves benchmarks/ only)"
+                      if owner in bench else ""))
     return out
 
 

@@ -14,6 +14,7 @@ mapfile -t DEBIAN_PACKAGES < <(sed -e 's/#.*//' scripts/debian-packages.txt | aw
 EXTRAS=test
 if [[ ${1:-} == --bench ]]; then
     EXTRAS=test,bench  # matplotlib, for the benchmarks' figures
+    bash scripts/bench-peers.sh  # containerd + the stargz snapshotter (scripts/bench-packages.txt)
 fi
 PYTHON=${PYTHON:-python3}
 VENV=.venv

@@ -66,3 +66,38 @@ def test_this_machine_passes_the_check() -> None:
                           check=False)
     assert done.returncode == 0, done.stderr
     assert "every command the project runs is installed and listed" in done.stdout
+
+
+def test_a_bench_package_serves_benchmarks_only(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """scripts/bench-packages.txt (what `setup.sh --bench` adds) covers a command only while
+    benchmarks/ alone runs it: a test that runs it would fail in CI, which installs only
+    scripts/debian-packages.txt."""
+    if shutil.which("dpkg-query") is None or shutil.which("dockerd") is None:
+        pytest.skip("needs dpkg and docker.io installed (scripts/setup.sh installs docker.io)")
+    lines = [line for line in check.LIST.read_text().splitlines()
+             if not line.startswith("docker.io")]
+    short = tmp_path / "list.txt"
+    short.write_text("\n".join(lines) + "\n")
+    bench = tmp_path / "bench.txt"
+    bench.write_text("docker.io  dockerd\n")
+    monkeypatch.setattr(check, "LIST", short)
+    monkeypatch.setattr(check.read_list, "__defaults__", (short,))
+    monkeypatch.setattr(check, "BENCH_LIST", bench)
+    root = tmp_path / "repo"
+    for folder in check.SCANNED:
+        (root / folder).mkdir(parents=True)
+    (root / "benchmarks" / "b.py").write_text('subprocess.run(["dockerd", "--bridge=none"])\n')
+    assert not [line for line in check.problems(root) if "dockerd" in line]
+    (root / "tests" / "t.py").write_text('shutil.which("dockerd")\n')
+    found = check.problems(root)
+    assert any("dockerd comes from Debian package docker.io" in line
+               and "bench-packages.txt serves benchmarks/ only" in line for line in found), found
+
+
+def test_setup_bench_runs_the_bench_peers_script() -> None:
+    setup = (REPO / "scripts" / "setup.sh").read_text()
+    assert "bash scripts/bench-peers.sh" in setup
+    peers = (REPO / "scripts" / "bench-peers.sh").read_text()
+    assert "scripts/bench-packages.txt" in peers
+    assert set(check.read_list(check.BENCH_LIST)).isdisjoint(check.read_list())
