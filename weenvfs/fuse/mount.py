@@ -4,11 +4,13 @@ Owns, in order:
 1. `load`: open the store, check it is reachable (fail fast, one line), resolve the
    environment, fetch its manifest and group indexes (nothing else) and compose the tree
    (core/environment.py);
-2. `serve`: build the chunk cache, fetcher, reader and `Operations`, mount read-only with
-   pyfuse3 and run its main loop under trio, together with read-ahead, hint replay
-   (core/prefetch.py: the hint `config.hint` names, then everything with `fetch_all`) and
-   signal handling; once the kernel has answered a `stat` of the mount point through this
-   very loop, call `ready()` (the daemon reports readiness through a pipe then);
+2. `serve`: build the chunk cache, fetcher and reader, then serve on one of two paths: the
+   kernel path where it can run (kernel_mount.py: EROFS images over lazily served data
+   devices, only data reads reach this process), else the tree over FUSE (`Operations`,
+   mounted read-only with pyfuse3); either way pyfuse3's main loop runs under trio together
+   with read-ahead, hint replay (core/prefetch.py: the hint `config.hint` names, then
+   everything with `fetch_all`) and signal handling, and `ready()` is called once the mount
+   answers (the daemon reports readiness through a pipe then);
 3. teardown: SIGTERM/SIGINT end the main loop (`pyfuse3.terminate`), then
    `pyfuse3.close(unmount=True)` unmounts (a no-op if `fusermount3 -u` already did), the
    fetcher is closed and the pid file removed. A mount that recorded a hint
