@@ -146,7 +146,8 @@ def published(name: str, tree: Path) -> Published:
     modification time and path are unchanged."""
     store_dir = BENCH_DIR / "stores" / name
     st = tree.stat()
-    key = {"tree": str(tree), "mtime_ns": st.st_mtime_ns, "v": 1}
+    # v2: manifests name the lowest group's published EROFS image (SPEC 15.9).
+    key = {"tree": str(tree), "mtime_ns": st.st_mtime_ns, "v": 2}
     if not _fresh(store_dir, key):
         _clear(store_dir)
         print(f"building {name} from {tree} (once; kept in {store_dir})", flush=True)

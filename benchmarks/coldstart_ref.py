@@ -8,6 +8,10 @@ runs, in turns (who goes first rotates), with the page cache dropped before each
 - weenv cold: an empty node cache; `weenv mount --hint none` (no prefetch hint: the budget is
   for lazy loading alone) + the command; time-to-ready = both, then `weenv stats` gives the
   bytes fetched. Budget: fetched / image size under 15%.
+- weenv cold, FUSE tree: the same with `--path fuse` (the whole tree over FUSE: the path
+  before metadata moved into the kernel, and the fallback where the kernel path cannot run).
+- weenv warm / weenv warm, FUSE tree / local disk, warm: the command again right after the
+  cold one, on the same mount (page cache and the kernel's caches filled).
 - weenv, chunks cached: the same with the node cache the cold run filled (a node that ran the
   environment before; page cache still dropped).
 - local disk: the command in a chroot of a copy of the same tree on local disk (no mount).
@@ -178,6 +182,7 @@ class Rounds:
         self.samples: dict[str, list[float]] = {}
         self.fetched: list[dict[str, Any]] = []
         self.peer_bytes: dict[str, list[int]] = {}
+        self.paths: set[str] = set()  # the data path `weenv stats` reported for weenv cold
 
     def _time(self, name: str, seconds: float) -> None:
         self.samples.setdefault(name, []).append(seconds)
@@ -186,20 +191,32 @@ class Rounds:
         shutil.rmtree(self.cache, ignore_errors=True)  # an empty node cache
         self.weenv_mount("weenv cold", record=True)
 
+    def weenv_cold_fuse(self) -> None:
+        shutil.rmtree(self.cache, ignore_errors=True)
+        self.weenv_mount("weenv cold, FUSE tree", path="fuse")
+
     def weenv_cached(self) -> None:
         if not self.cache.exists():
             self.weenv_cold()  # fill the node cache first (this round's order put it first)
         self.weenv_mount("weenv, chunks cached")
 
-    def weenv_mount(self, name: str, record: bool = False) -> None:
+    def weenv_mount(self, name: str, record: bool = False, path: str = "auto") -> None:
+        """Mount + the command (`name`), then the command again on the same mount: the warm
+        time (`name` with "cold" read as "warm": page cache and kernel caches filled)."""
         cold()
         start = time.perf_counter()
-        self.mounts.mount(self.pub, self.mp, self.cache, "--hint", "none")
+        self.mounts.mount(self.pub, self.mp, self.cache, "--hint", "none", "--path", path)
         try:
             run_in(self.mp, self.code)
             self._time(name, time.perf_counter() - start)
+            doc = json.loads(weenv("stats", "--json", str(self.mp)))
             if record:
-                self.fetched.append(json.loads(weenv("stats", "--json", str(self.mp)))["fetch"])
+                self.fetched.append(doc["fetch"])
+                self.paths.add(doc["mount"].get("path", "fuse"))
+            if "cold" in name:
+                start = time.perf_counter()
+                run_in(self.mp, self.code)
+                self._time(name.replace("cold", "warm"), time.perf_counter() - start)
         finally:
             self.mounts.unmount(self.mp)
 
@@ -208,6 +225,9 @@ class Rounds:
         start = time.perf_counter()
         run_in(copy, self.code)
         self._time("local disk", time.perf_counter() - start)
+        start = time.perf_counter()
+        run_in(copy, self.code)
+        self._time("local disk, warm", time.perf_counter() - start)
 
     def peer(self, name: str, run: PeerRun) -> None:
         seconds, detail = run.run()  # makes the peer cold and drops the page cache itself
@@ -280,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="coldstart-", dir=BENCH_DIR))
     mounts = Mounts(work)
     rounds = Rounds(pub, code, work, mounts)
-    steps = [rounds.weenv_cold, rounds.weenv_cached, lambda: rounds.local(copy)]
+    steps = [rounds.weenv_cold, rounds.weenv_cold_fuse, rounds.weenv_cached,
+             lambda: rounds.local(copy)]
     if tar_zst is not None:
         steps.append(lambda: rounds.extract(tar_zst))
     skipped = {"peers": "--no-peers"} if args.no_peers else {}
@@ -335,6 +356,7 @@ def summarize(
         "fraction_fetched_of_stored": ratio(max(fetched), pub.stored_bytes),
         "budget": {"max_fraction_fetched": BUDGET_FRACTION},
         "within_budget": fraction < BUDGET_FRACTION,
+        "weenv_data_path": sorted(rounds.paths),
     }
 
 
