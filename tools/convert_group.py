@@ -9,7 +9,9 @@ Owns: `StackedTree`, a `tree.GroupTree` that also sees the composed tree of the 
 - a hardlink may name a file of a lower layer. Groups cannot share an inode, so the file is
   copied up (as overlayfs does): every visible name of the lower inode is re-created in this
   group as one inode with the same attributes and data (read back from the store and
-  deduplicated against the lower group, so nothing is uploaded twice), then linked.
+  deduplicated against the lower group, so nothing is uploaded twice), then linked. The
+  copies stand for what lay below the layer, so a whiteout of the same layer hides them
+  wherever it sits in the tar (OCI applies a layer's markers before its entries).
 
 And `build_group_untagged`: layers -> tree -> chunks -> blobs and the index stored, nothing
 tagged (the conversion tags every group and the environment only once all are stored).
@@ -229,7 +231,7 @@ class StackedTree:
                 copy = self.lower.copy(name, low)
             else:
                 copy = Entry(name, Kind.HARDLINK, target=target)
-            made = self.tree.add(copy)
+            made = self.tree.add(copy, copied_up=True)
             if made is not None:
                 out.append((copy, made))
         self.copied_up += 1

@@ -86,9 +86,11 @@ class GroupTree:
         self._touched = set()
         self.layers += 1
 
-    def add(self, entry: Entry) -> Node | None:
+    def add(self, entry: Entry, *, copied_up: bool = False) -> Node | None:
         """Apply one entry; return the new Node of a regular file (whose data the caller
-        reads), else None."""
+        reads), else None. `copied_up` marks an entry that re-creates a lower group's entry
+        (convert_group.py): it stands for what lay below this layer, so this layer's markers
+        hide it as they would have hidden the original, wherever they sit in the tar."""
         if self.layers == 0:
             self.begin_layer()
         if entry.kind is Kind.OPAQUE:
@@ -106,7 +108,8 @@ class GroupTree:
             return None
         parent = self._parent(parent_path, entry.path)
         existing = parent.children.get(name)
-        self._touch(entry.path)
+        if not copied_up:
+            self._touch(entry.path)
         if entry.kind is Kind.HARDLINK:
             parent.children[name] = self._link_target(entry)
             return None
