@@ -22,10 +22,12 @@ Layer = tuple[int, int]  # (group position, inode number in that group's index)
 
 
 class Entry(NamedTuple):
-    """A composed entry: the layer whose attributes it shows, and for directories all layers.
+    """A composed entry: the record whose attributes it shows, and for directories all layers.
 
-    A directory shows the attributes of its topmost layer that is not *implied* (a directory a
-    layer tar only implied by a path below it), or of its lowest layer if all are implied.
+    A directory shows the attributes of the topmost directory at its path that is not
+    *implied* (a directory a layer tar only implied by a path below it or marked opaque), or
+    of its lowest layer if all are implied. That directory may lie below an opaque layer, so
+    outside `layers`: an opaque marker hides a lower directory's entries, not its attributes.
     """
 
     group: int
@@ -43,25 +45,46 @@ class ComposedTree:
     def __init__(self, groups: Sequence[GroupIndex]) -> None:
         self.groups = list(groups)
         top = len(self.groups) - 1
-        self.root = self._dir_entry([(g, ROOT_INODE) for g in range(top, -1, -1)])
+        self.root = self._dir_entry(iter([(g, ROOT_INODE) for g in range(top, -1, -1)]))
+        # Group -> {record: its paths in that group}, for hardlinked non-directories; built
+        # on first use per group (see link_count).
+        self._link_paths: dict[int, dict[int, list[bytes]]] = {}
+        self._link_counts: dict[Layer, int] = {}
 
-    def _dir_entry(self, candidates: list[Layer]) -> Entry:
-        """The directory made of candidate layers (topmost first), cut below the first opaque."""
+    def _dir_entry(self, chain: Iterator[Layer]) -> Entry:
+        """The directory whose same-path directories, topmost first, `chain` yields (it ends
+        at a whiteout or a non-directory): its layers are cut below the first opaque one, its
+        attributes come from the topmost one not implied, looked for past the cut too."""
         layers: list[Layer] = []
         shown: Layer | None = None
-        for g, ino in candidates:
-            layers.append((g, ino))
+        cut = False
+        for g, ino in chain:
             rec = self.groups[g].inode(ino)
             if shown is None and not rec.implied:
                 shown = (g, ino)
-            if rec.opaque:
+            if not cut:
+                layers.append((g, ino))
+                cut = rec.opaque
+            if cut and shown is not None:
                 break
         g, ino = shown or layers[-1]
         return Entry(g, ino, tuple(layers))
 
+    def _same_path(self, parent: Entry, name: bytes) -> Iterator[Layer]:
+        """The directories `name` of the layers of `parent`, topmost first, up to the first
+        whiteout or non-directory (which hide everything below them)."""
+        for g, dir_ino in parent.layers:
+            index = self.groups[g]
+            ino = index.lookup(dir_ino, name)
+            if ino is None:
+                continue
+            rec = index.inode(ino)
+            if rec.whiteout or not rec.is_dir:
+                return
+            yield g, ino
+
     def lookup(self, parent: Entry, name: bytes) -> Entry | None:
         """The entry `name` in composed directory `parent`, or None."""
-        dirs: list[Layer] = []
         for g, dir_ino in parent.layers:
             index = self.groups[g]
             ino = index.lookup(dir_ino, name)
@@ -69,17 +92,13 @@ class ComposedTree:
                 continue
             rec = index.inode(ino)
             if rec.whiteout:
-                break
+                return None
             if not rec.is_dir:
-                if not dirs:
-                    return Entry(g, ino, ())
-                break  # a lower non-directory is hidden by the directory above it
-            dirs.append((g, ino))
-            if rec.opaque:
-                break
-        if not dirs:
+                return Entry(g, ino, ())
+            break  # the topmost is a directory: compose it
+        else:
             return None
-        return self._dir_entry(dirs)
+        return self._dir_entry(self._same_path(parent, name))
 
     def names(self, parent: Entry) -> list[bytes]:
         """The visible names of composed directory `parent`, sorted by bytes."""

@@ -167,6 +167,10 @@ class Tree:
             size, blocks = DIR_SIZE, DIR_SIZE // 512
             if len(entry.layers) > 1:
                 nlink = 1  # merged directory: count unknown without a listing (see above)
+            elif entry.layers[0] != (entry.group, entry.inode):
+                # Attributes from a directory below an opaque cut; the count is the layer's.
+                g, ino = entry.layers[0]
+                nlink = self.groups[g].inode(ino).nlink
         elif rec.is_reg:
             size, blocks = rec.size, -(-self._stored_bytes(index, entry.inode, rec.size) // 512)
         elif rec.is_lnk:
