@@ -7,7 +7,8 @@ of composing grows with the directories visited, never with the size of the grou
 
 Rules (as the OCI image spec applies layers): an upper entry hides the same name below it; a
 whiteout hides the name below and is itself invisible; an opaque directory hides everything below
-it in lower groups; a non-directory hides a lower directory of the same name.
+it in lower groups; a non-directory hides a lower directory of the same name. A hardlinked
+file has as many links as it has visible names (`link_count`).
 """
 
 from __future__ import annotations
@@ -121,6 +122,48 @@ class ComposedTree:
             entry = self.lookup(parent, name)
             if entry is not None:
                 yield name, entry
+
+    def link_count(self, entry: Entry) -> int:
+        """The number of visible names of non-directory `entry`. Its index's nlink counts its
+        names in its own group, some of which an upper group may hide; those of the topmost
+        group are all visible. Otherwise counted once per record, on first use."""
+        g, ino = entry.group, entry.inode
+        nlink = self.groups[g].inode(ino).nlink
+        if nlink <= 1 or g == len(self.groups) - 1:
+            return nlink
+        count = self._link_counts.get((g, ino))
+        if count is None:
+            count = self._link_counts[(g, ino)] = max(len(self.visible_paths(entry)), 1)
+        return count
+
+    def visible_paths(self, entry: Entry) -> list[bytes]:
+        """Every path at which hardlinked non-directory `entry` (nlink > 1) is visible."""
+        paths = self._paths_in_group(entry.group).get(entry.inode, [])
+        found = (self.resolve(p) for p in paths)
+        return [p for p, e in zip(paths, found, strict=True) if e == (entry.group, entry.inode, ())]
+
+    def _paths_in_group(self, g: int) -> dict[int, list[bytes]]:
+        """{record: its paths in group `g`} of `g`'s hardlinked non-directories (one walk of
+        `g`'s directories, on first use; small: only hardlinked records are kept)."""
+        known = self._link_paths.get(g)
+        if known is not None:
+            return known
+        index, out = self.groups[g], {}
+        stack, seen = [(b"", ROOT_INODE)], {ROOT_INODE}
+        while stack:
+            path, dir_ino = stack.pop()
+            for name, ino in index.entries(dir_ino):
+                rec = index.inode(ino)
+                child = path + b"/" + name if path else name
+                if rec.is_dir:
+                    if ino in seen:
+                        raise FormatError(f"group {g} inode {ino}", "directory cycle")
+                    seen.add(ino)
+                    stack.append((child, ino))
+                elif rec.nlink > 1 and not rec.whiteout:
+                    out.setdefault(ino, []).append(child)
+        self._link_paths[g] = out
+        return out
 
     def resolve(self, path: bytes) -> Entry | None:
         """The entry at relative `path` (no symlinks followed), or None."""

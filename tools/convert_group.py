@@ -89,7 +89,6 @@ class LowerView:
     def __init__(self, groups: Sequence[GroupIndex], reader: ChunkReader | None) -> None:
         self.tree = ComposedTree(groups) if groups else None
         self.reader = reader
-        self._names: dict[tuple[int, int], list[bytes]] | None = None
 
     def lookup(self, path: bytes) -> LowerEntry | None:
         """The lower entry at `path` (no symlinks followed), or None."""
@@ -100,14 +99,10 @@ class LowerView:
         return stat.S_IFMT(self.tree.groups[entry.group].inode(entry.inode).mode)
 
     def names_of(self, entry: LowerEntry) -> list[bytes]:
-        """Every visible path of the lower inode of `entry` (built once, on first use)."""
+        """Every visible path of the lower hardlinked inode of `entry` (one walk of its
+        group's directories on first use, not of the whole composed tree)."""
         assert self.tree is not None
-        if self._names is None:
-            self._names = {}
-            for path, e in self.tree.walk():
-                if not e.is_dir and self.tree.groups[e.group].inode(e.inode).nlink > 1:
-                    self._names.setdefault((e.group, e.inode), []).append(path)
-        return self._names.get((entry.group, entry.inode), [])
+        return self.tree.visible_paths(entry)
 
     def copy(self, path: bytes, entry: LowerEntry) -> Entry:
         """An Entry re-creating the lower non-directory `entry` at `path`."""

@@ -200,6 +200,26 @@ def test_an_opaque_cut_keeps_the_attributes_of_the_directory_below() -> None:
     assert tree.names(d) == [b"y"]
 
 
+def test_link_count_is_the_number_of_visible_names() -> None:
+    lower = Node(stat.S_IFDIR | 0o755)
+    shared, other = Node(stat.S_IFREG | 0o644), Node(stat.S_IFREG | 0o644)
+    sub = lower.children[b"d"] = Node(stat.S_IFDIR | 0o755)
+    lower.children[b"a"] = lower.children[b"b"] = sub.children[b"c"] = shared
+    lower.children[b"o"] = sub.children[b"p"] = other
+    upper = Node(stat.S_IFDIR | 0o755)
+    upper.children[b"a"] = Node(stat.S_IFCHR, whiteout=True)  # hides one name of three
+    upper.children[b"d"] = Node(stat.S_IFREG | 0o644)  # a file over d hides d/c and d/p
+    top = Node(stat.S_IFDIR | 0o755)
+    top.children[b"t"] = top.children[b"u"] = Node(stat.S_IFREG | 0o644)
+    tree = ComposedTree([GroupIndex(encode_index(t, 4096)) for t in (lower, upper, top)])
+    b, o, t = (tree.resolve(n) for n in (b"b", b"o", b"t"))
+    assert b is not None and o is not None and t is not None
+    assert tree.groups[0].inode(b.inode).nlink == 3
+    assert (tree.link_count(b), tree.visible_paths(b)) == (1, [b"b"])
+    assert tree.link_count(o) == 1  # its only other name is under a hidden directory
+    assert tree.link_count(t) == 2  # the topmost group's names are all visible
+
+
 def test_layers_of_a_looked_up_directory() -> None:
     tree = compose({"a/x": "file", "b/y": "file"}, {"a/z": "file"})
     a = tree.lookup(tree.root, b"a")
