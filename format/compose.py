@@ -7,7 +7,8 @@ of composing grows with the directories visited, never with the size of the grou
 
 Rules (as the OCI image spec applies layers): an upper entry hides the same name below it; a
 whiteout hides the name below and is itself invisible; an opaque directory hides everything below
-it in lower groups; a non-directory hides a lower directory of the same name.
+it in lower groups; a non-directory hides a lower directory of the same name. A hardlinked
+file has as many links as it has visible names (`link_count`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ Layer = tuple[int, int]  # (group position, inode number in that group's index)
 
 
 class Entry(NamedTuple):
-    """A composed entry: the layer whose attributes it shows, and for directories all layers.
+    """A composed entry: the record whose attributes it shows, and for directories all layers.
 
-    A directory shows the attributes of its topmost layer that is not *implied* (a directory a
-    layer tar only implied by a path below it), or of its lowest layer if all are implied.
+    A directory shows the attributes of the topmost directory at its path that is not
+    *implied* (a directory a layer tar only implied by a path below it or marked opaque), or
+    of its lowest layer if all are implied. That directory may lie below an opaque layer, so
+    outside `layers`: an opaque marker hides a lower directory's entries, not its attributes.
     """
 
     group: int
@@ -43,25 +46,46 @@ class ComposedTree:
     def __init__(self, groups: Sequence[GroupIndex]) -> None:
         self.groups = list(groups)
         top = len(self.groups) - 1
-        self.root = self._dir_entry([(g, ROOT_INODE) for g in range(top, -1, -1)])
+        self.root = self._dir_entry(iter([(g, ROOT_INODE) for g in range(top, -1, -1)]))
+        # Group -> {record: its paths in that group}, for hardlinked non-directories; built
+        # on first use per group (see link_count).
+        self._link_paths: dict[int, dict[int, list[bytes]]] = {}
+        self._link_counts: dict[Layer, int] = {}
 
-    def _dir_entry(self, candidates: list[Layer]) -> Entry:
-        """The directory made of candidate layers (topmost first), cut below the first opaque."""
+    def _dir_entry(self, chain: Iterator[Layer]) -> Entry:
+        """The directory whose same-path directories, topmost first, `chain` yields (it ends
+        at a whiteout or a non-directory): its layers are cut below the first opaque one, its
+        attributes come from the topmost one not implied, looked for past the cut too."""
         layers: list[Layer] = []
         shown: Layer | None = None
-        for g, ino in candidates:
-            layers.append((g, ino))
+        cut = False
+        for g, ino in chain:
             rec = self.groups[g].inode(ino)
             if shown is None and not rec.implied:
                 shown = (g, ino)
-            if rec.opaque:
+            if not cut:
+                layers.append((g, ino))
+                cut = rec.opaque
+            if cut and shown is not None:
                 break
         g, ino = shown or layers[-1]
         return Entry(g, ino, tuple(layers))
 
+    def _same_path(self, parent: Entry, name: bytes) -> Iterator[Layer]:
+        """The directories `name` of the layers of `parent`, topmost first, up to the first
+        whiteout or non-directory (which hide everything below them)."""
+        for g, dir_ino in parent.layers:
+            index = self.groups[g]
+            ino = index.lookup(dir_ino, name)
+            if ino is None:
+                continue
+            rec = index.inode(ino)
+            if rec.whiteout or not rec.is_dir:
+                return
+            yield g, ino
+
     def lookup(self, parent: Entry, name: bytes) -> Entry | None:
         """The entry `name` in composed directory `parent`, or None."""
-        dirs: list[Layer] = []
         for g, dir_ino in parent.layers:
             index = self.groups[g]
             ino = index.lookup(dir_ino, name)
@@ -69,17 +93,13 @@ class ComposedTree:
                 continue
             rec = index.inode(ino)
             if rec.whiteout:
-                break
+                return None
             if not rec.is_dir:
-                if not dirs:
-                    return Entry(g, ino, ())
-                break  # a lower non-directory is hidden by the directory above it
-            dirs.append((g, ino))
-            if rec.opaque:
-                break
-        if not dirs:
+                return Entry(g, ino, ())
+            break  # the topmost is a directory: compose it
+        else:
             return None
-        return self._dir_entry(dirs)
+        return self._dir_entry(self._same_path(parent, name))
 
     def names(self, parent: Entry) -> list[bytes]:
         """The visible names of composed directory `parent`, sorted by bytes."""
@@ -102,6 +122,48 @@ class ComposedTree:
             entry = self.lookup(parent, name)
             if entry is not None:
                 yield name, entry
+
+    def link_count(self, entry: Entry) -> int:
+        """The number of visible names of non-directory `entry`. Its index's nlink counts its
+        names in its own group, some of which an upper group may hide; those of the topmost
+        group are all visible. Otherwise counted once per record, on first use."""
+        g, ino = entry.group, entry.inode
+        nlink = self.groups[g].inode(ino).nlink
+        if nlink <= 1 or g == len(self.groups) - 1:
+            return nlink
+        count = self._link_counts.get((g, ino))
+        if count is None:
+            count = self._link_counts[(g, ino)] = max(len(self.visible_paths(entry)), 1)
+        return count
+
+    def visible_paths(self, entry: Entry) -> list[bytes]:
+        """Every path at which hardlinked non-directory `entry` (nlink > 1) is visible."""
+        paths = self._paths_in_group(entry.group).get(entry.inode, [])
+        found = (self.resolve(p) for p in paths)
+        return [p for p, e in zip(paths, found, strict=True) if e == (entry.group, entry.inode, ())]
+
+    def _paths_in_group(self, g: int) -> dict[int, list[bytes]]:
+        """{record: its paths in group `g`} of `g`'s hardlinked non-directories (one walk of
+        `g`'s directories, on first use; small: only hardlinked records are kept)."""
+        known = self._link_paths.get(g)
+        if known is not None:
+            return known
+        index, out = self.groups[g], {}
+        stack, seen = [(b"", ROOT_INODE)], {ROOT_INODE}
+        while stack:
+            path, dir_ino = stack.pop()
+            for name, ino in index.entries(dir_ino):
+                rec = index.inode(ino)
+                child = path + b"/" + name if path else name
+                if rec.is_dir:
+                    if ino in seen:
+                        raise FormatError(f"group {g} inode {ino}", "directory cycle")
+                    seen.add(ino)
+                    stack.append((child, ino))
+                elif rec.nlink > 1 and not rec.whiteout:
+                    out.setdefault(ino, []).append(child)
+        self._link_paths[g] = out
+        return out
 
     def resolve(self, path: bytes) -> Entry | None:
         """The entry at relative `path` (no symlinks followed), or None."""

@@ -9,7 +9,9 @@ Owns: `StackedTree`, a `tree.GroupTree` that also sees the composed tree of the 
 - a hardlink may name a file of a lower layer. Groups cannot share an inode, so the file is
   copied up (as overlayfs does): every visible name of the lower inode is re-created in this
   group as one inode with the same attributes and data (read back from the store and
-  deduplicated against the lower group, so nothing is uploaded twice), then linked.
+  deduplicated against the lower group, so nothing is uploaded twice), then linked. The
+  copies stand for what lay below the layer, so a whiteout of the same layer hides them
+  wherever it sits in the tar (OCI applies a layer's markers before its entries).
 
 And `build_group_untagged`: layers -> tree -> chunks -> blobs and the index stored, nothing
 tagged (the conversion tags every group and the environment only once all are stored).
@@ -87,7 +89,6 @@ class LowerView:
     def __init__(self, groups: Sequence[GroupIndex], reader: ChunkReader | None) -> None:
         self.tree = ComposedTree(groups) if groups else None
         self.reader = reader
-        self._names: dict[tuple[int, int], list[bytes]] | None = None
 
     def lookup(self, path: bytes) -> LowerEntry | None:
         """The lower entry at `path` (no symlinks followed), or None."""
@@ -98,14 +99,10 @@ class LowerView:
         return stat.S_IFMT(self.tree.groups[entry.group].inode(entry.inode).mode)
 
     def names_of(self, entry: LowerEntry) -> list[bytes]:
-        """Every visible path of the lower inode of `entry` (built once, on first use)."""
+        """Every visible path of the lower hardlinked inode of `entry` (one walk of its
+        group's directories on first use, not of the whole composed tree)."""
         assert self.tree is not None
-        if self._names is None:
-            self._names = {}
-            for path, e in self.tree.walk():
-                if not e.is_dir and self.tree.groups[e.group].inode(e.inode).nlink > 1:
-                    self._names.setdefault((e.group, e.inode), []).append(path)
-        return self._names.get((entry.group, entry.inode), [])
+        return self.tree.visible_paths(entry)
 
     def copy(self, path: bytes, entry: LowerEntry) -> Entry:
         """An Entry re-creating the lower non-directory `entry` at `path`."""
@@ -229,7 +226,7 @@ class StackedTree:
                 copy = self.lower.copy(name, low)
             else:
                 copy = Entry(name, Kind.HARDLINK, target=target)
-            made = self.tree.add(copy)
+            made = self.tree.add(copy, copied_up=True)
             if made is not None:
                 out.append((copy, made))
         self.copied_up += 1

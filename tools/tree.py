@@ -15,9 +15,13 @@ applies layers:
 - a directory entry over an existing directory updates its metadata and keeps its children.
 
 Markers apply to earlier layers only (OCI applies a layer's markers before its entries), so
-they never hide an entry of their own layer, wherever they sit in the tar. A whiteout under a
-non-directory is a no-op; one whose parent is missing creates that parent (implied), since
-the marker must reach lower groups.
+they never hide an entry of their own layer, wherever they sit in the tar. The directories on
+a marker's path belong to its layer, as an entry's parents do (format/SPEC.md 7.1): a missing
+one is created (implied), and one that another marker of the layer removes comes back fresh,
+so `d/.wh..wh..opq` with `d/c/.wh.x` leaves an empty `d/c` in either order. A whiteout under a
+non-directory is a no-op. A directory that a marker of this layer removed and something of the
+layer re-creates is *fresh*: default attributes of its own (not implied, so lower groups'
+attributes never show through it) and opaque.
 Hardlinks are the same `Node` under several names; their target must already be in the tree.
 Directories implied by a path but never declared get 0755 root:root, mtime 0.
 
@@ -79,16 +83,20 @@ class GroupTree:
     def __init__(self) -> None:
         self.root = implied_dir()
         self._touched: set[bytes] = set()  # paths the current layer has put or updated
+        self._declared: set[bytes] = set()  # paths the current layer has an entry for
         self.layers = 0
 
     def begin_layer(self) -> None:
         """Start the next layer: its whiteouts and opaque markers hide what came before."""
         self._touched = set()
+        self._declared = set()
         self.layers += 1
 
-    def add(self, entry: Entry) -> Node | None:
+    def add(self, entry: Entry, *, copied_up: bool = False) -> Node | None:
         """Apply one entry; return the new Node of a regular file (whose data the caller
-        reads), else None."""
+        reads), else None. `copied_up` marks an entry that re-creates a lower group's entry
+        (convert_group.py): it stands for what lay below this layer, so this layer's markers
+        hide it as they would have hidden the original, wherever they sit in the tar."""
         if self.layers == 0:
             self.begin_layer()
         if entry.kind is Kind.OPAQUE:
@@ -99,6 +107,7 @@ class GroupTree:
                 raise refuse(entry.path, f"the root must be a directory, not a {entry.kind.value}")
             self._update_meta(self.root, entry)
             self._touched.add(b"")
+            self._declared.add(b"")
             return None
         parent_path, _, name = entry.path.rpartition(b"/")
         if entry.kind is Kind.WHITEOUT:
@@ -106,7 +115,9 @@ class GroupTree:
             return None
         parent = self._parent(parent_path, entry.path)
         existing = parent.children.get(name)
-        self._touch(entry.path)
+        if not copied_up:
+            self._touch(entry.path)
+            self._declared.add(entry.path)
         if entry.kind is Kind.HARDLINK:
             parent.children[name] = self._link_target(entry)
             return None
@@ -137,7 +148,8 @@ class GroupTree:
             child = node.children.get(part)
             if child is None or child.whiteout:
                 fresh = implied_dir()
-                fresh.opaque = child is not None  # re-creates a whited-out name
+                if child is not None:  # re-creates a whited-out name: see the module doc
+                    fresh.opaque, fresh.implied = True, False
                 node.children[part] = child = fresh
             elif stat.S_ISLNK(child.mode):
                 raise refuse(for_path, f"parent {show(done)!r} is a symlink (symlink traversal)")
@@ -176,12 +188,16 @@ class GroupTree:
                 raise refuse(path, f"parent {show(blocker[0])!r} is a symlink (symlink traversal)")
             return  # under a non-directory: nothing here or in lower groups to hide
         parent = self._parent(parent_path, path)
+        self._touch(parent_path)
         existing = parent.children.get(name)
         if existing is None or path not in self._touched:
             parent.children[name] = whiteout_node()
         elif existing.is_dir:
-            # This layer already listed the directory (merged into an earlier one): keep what
-            # the layer put there, drop the rest, and hide the name in lower groups.
+            # This layer already has the directory (listed, or on the path of one of its
+            # entries or markers): keep what the layer put there, drop the rest, and hide the
+            # name in lower groups. Unless the layer lists it, it comes back fresh.
+            if path not in self._declared:
+                self._refresh(existing, implied=False)
             self._prune(existing, path)
             existing.opaque = True
 
@@ -205,7 +221,9 @@ class GroupTree:
             parent = self._parent(parent_path, path)
             node = parent.children.get(name)
             if node is None or node.whiteout:
-                node = parent.children[name] = implied_dir()
+                fresh = implied_dir()
+                fresh.implied = node is None  # over a whiteout: fresh (see the module doc)
+                node = parent.children[name] = fresh
             elif not node.is_dir:
                 raise refuse(path, "opaque marker in something that is not a directory")
         else:
@@ -215,13 +233,25 @@ class GroupTree:
         self._touch(path)
 
     def _prune(self, node: Node, path: bytes) -> None:
-        """Drop everything under `node` that the current layer did not put there."""
+        """Drop everything under `node` that the current layer did not put there. A kept
+        directory the layer does not list was removed with the rest and re-created as a
+        parent: it gets the attributes of an implied directory (nothing lower shows there)."""
         for name in list(node.children):
             child_path = path + b"/" + name if path else name
+            child = node.children[name]
             if child_path not in self._touched:
                 del node.children[name]
-            elif node.children[name].is_dir:
-                self._prune(node.children[name], child_path)
+            elif child.is_dir:
+                if child_path not in self._declared:
+                    self._refresh(child, implied=True)
+                self._prune(child, child_path)
+
+    @staticmethod
+    def _refresh(node: Node, implied: bool) -> None:
+        """Give directory `node` the attributes of a directory no entry declared."""
+        fresh = implied_dir()
+        node.mode, node.uid, node.gid = fresh.mode, fresh.uid, fresh.gid
+        node.mtime_ns, node.xattrs, node.implied = fresh.mtime_ns, {}, implied
 
     def _new_node(self, entry: Entry) -> Node:
         node = Node(mode=_FILE_TYPES[entry.kind])

@@ -147,6 +147,23 @@ def test_hardlinks_share_an_inode_and_numbers_are_stable(tmp_path: Path) -> None
     assert names(again, "h") == names(tree, "h") == [b"a", b"b", b"other"]
 
 
+def test_nlink_counts_the_names_upper_groups_leave_visible(tmp_path: Path) -> None:
+    low = [file("h/a", b"shared"), hardlink("h/b", "h/a"), hardlink("h/c", "h/a"),
+           file("x", b"x"), hardlink("y", "x")]
+    tree = layered(tmp_path, low, [layers.whiteout("h/b"), file("y", b"new y")])
+    assert resolve(tree, "h/a").nlink == resolve(tree, "h/c").nlink == 2
+    assert resolve(tree, "x").nlink == 1 and resolve(tree, "y").nlink == 1
+
+
+def test_a_dir_only_marked_opaque_shows_the_lower_attributes(tmp_path: Path) -> None:
+    low = [dir("d", mode=0o750, uid=7, gid=8, mtime=5_000_000_000), file("d/x", b"x"),
+           dir("d/s")]
+    tree = layered(tmp_path, low, [layers.opaque("d")])
+    d = resolve(tree, "d")
+    assert (stat.S_IMODE(d.mode), d.uid, d.gid, d.mtime_ns) == (0o750, 7, 8, 5_000_000_000)
+    assert names(tree, "d") == [] and d.nlink == 2  # its own group's count: no lower s/
+
+
 def test_sparse_blocks_count_stored_data_only(tmp_path: Path) -> None:
     tree = tree_of(tmp_path, sparse("s", 4 * MIB, {0: b"head", 3 * MIB: b"x" * 100}))
     s = resolve(tree, "s")

@@ -1,7 +1,7 @@
 """Composition (SPEC.md 7): OCI union semantics over group indexes, with exact expectations.
 
 Each case declares groups lowest first as {path: kind} ('dir', 'file', 'wh' whiteout, 'opq'
-opaque dir, 'imp' implied dir) and the composed tree as {path: (group shown, type)}.
+opaque dir, 'imp' implied dir, 'impopq' both) and the composed tree as {path: (group shown, type)}.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from weenvfs.format.index_writer import Node, encode_index
 
 Group = dict[str, str]
 View = dict[str, tuple[int, str]]
+OPAQUE, IMPLIED = ("opq", "impopq"), ("imp", "impopq")
 
 
 def build(spec: Group, position: int) -> GroupIndex:
@@ -37,11 +38,10 @@ def build(spec: Group, position: int) -> GroupIndex:
             node = Node(stat.S_IFREG | 0o644, mtime_ns=position)
         else:
             node = nodes.get(path) or Node(stat.S_IFDIR | 0o755)
-            node.opaque, node.implied = kind == "opq", kind == "imp"
+            node.opaque, node.implied = kind in OPAQUE, kind in IMPLIED
             node.mtime_ns = position
         if path == "":
-            node.implied = kind == "imp"
-            node.opaque = kind == "opq"
+            node.implied, node.opaque = kind in IMPLIED, kind in OPAQUE
             continue
         nodes[path] = nodes[parent].children[path.rsplit("/", 1)[-1].encode()] = node
     return GroupIndex(encode_index(root, 4096))
@@ -138,6 +138,26 @@ CASES: dict[str, tuple[list[Group], View]] = {
             "d/z": (2, "file"),
         },
     ),
+    "implied and opaque: the lower directory's attributes, only its own entries": (
+        [{"d/x": "file"}, {"d": "impopq", "d/y": "file"}],
+        {"": (1, "dir"), "d": (0, "dir"), "d/y": (1, "file")},
+    ),
+    "implied and opaque twice: the first declared directory below both": (
+        [{"d/x": "file"}, {"d": "impopq", "d/z": "file"}, {"d": "impopq", "d/y": "file"}],
+        {"": (2, "dir"), "d": (0, "dir"), "d/y": (2, "file")},
+    ),
+    "implied and opaque over a whiteout: nothing below to show": (
+        [{"d/x": "file"}, {"d": "wh"}, {"d": "impopq", "d/y": "file"}],
+        {"": (2, "dir"), "d": (2, "dir"), "d/y": (2, "file")},
+    ),
+    "implied and opaque over a file: nothing below to show": (
+        [{"d": "file"}, {"d": "impopq", "d/y": "file"}],
+        {"": (1, "dir"), "d": (1, "dir"), "d/y": (1, "file")},
+    ),
+    "implied and opaque root: the lower root's attributes": (
+        [{"a": "file"}, {"": "impopq", "b": "file"}],
+        {"": (0, "dir"), "b": (1, "file")},
+    ),
     "all implied: the lowest layer": (
         [{"": "imp", "d": "imp", "d/x": "file"}, {"": "imp", "d": "imp", "d/y": "file"}],
         {"": (0, "dir"), "d": (0, "dir"), "d/x": (0, "file"), "d/y": (1, "file")},
@@ -171,6 +191,33 @@ def test_hardlinks_compose_per_name() -> None:
     upper.children[b"a"] = Node(stat.S_IFCHR, whiteout=True)
     tree = ComposedTree([GroupIndex(encode_index(t, 4096)) for t in (lower, upper)])
     assert [(p, e.group) for p, e in tree.walk()] == [(b"", 1), (b"b", 0)]
+
+
+def test_an_opaque_cut_keeps_the_attributes_of_the_directory_below() -> None:
+    tree = compose({"d/x": "file"}, {"d": "impopq", "d/y": "file"})
+    d = tree.resolve(b"d")
+    assert d is not None and (d.group, [g for g, _ in d.layers]) == (0, [1])
+    assert tree.names(d) == [b"y"]
+
+
+def test_link_count_is_the_number_of_visible_names() -> None:
+    lower = Node(stat.S_IFDIR | 0o755)
+    shared, other = Node(stat.S_IFREG | 0o644), Node(stat.S_IFREG | 0o644)
+    sub = lower.children[b"d"] = Node(stat.S_IFDIR | 0o755)
+    lower.children[b"a"] = lower.children[b"b"] = sub.children[b"c"] = shared
+    lower.children[b"o"] = sub.children[b"p"] = other
+    upper = Node(stat.S_IFDIR | 0o755)
+    upper.children[b"a"] = Node(stat.S_IFCHR, whiteout=True)  # hides one name of three
+    upper.children[b"d"] = Node(stat.S_IFREG | 0o644)  # a file over d hides d/c and d/p
+    top = Node(stat.S_IFDIR | 0o755)
+    top.children[b"t"] = top.children[b"u"] = Node(stat.S_IFREG | 0o644)
+    tree = ComposedTree([GroupIndex(encode_index(t, 4096)) for t in (lower, upper, top)])
+    b, o, t = (tree.resolve(n) for n in (b"b", b"o", b"t"))
+    assert b is not None and o is not None and t is not None
+    assert tree.groups[0].inode(b.inode).nlink == 3
+    assert (tree.link_count(b), tree.visible_paths(b)) == (1, [b"b"])
+    assert tree.link_count(o) == 1  # its only other name is under a hidden directory
+    assert tree.link_count(t) == 2  # the topmost group's names are all visible
 
 
 def test_layers_of_a_looked_up_directory() -> None:

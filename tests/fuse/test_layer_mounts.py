@@ -2,11 +2,13 @@
 overlayfs, the layer mounts must give exactly the merged mount's tree (and the OCI union):
 for hand-made layers covering every union rule, and for random stacks of three layers
 (seeded; files, directories, symlinks, hardlinks, whiteouts and opaque directories over
-each other, implied parents; 80 seeds passed when this was written, 12 run here)."""
+each other, implied parents, markers under markers of the same layer; 80 seeds passed when
+this was written, 12 run here, `WEENV_RANDOM_STACKS=N` runs N)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import random
@@ -139,7 +141,6 @@ class _Layer:
         self.hidden: set[str] = set()  # whited out here: nothing at or under them
         self.files: list[str] = []
         self.declared: set[str] = set()  # directories this layer declares
-        self.opaqued: set[str] = set()  # directories this layer makes opaque
 
     def _free(self, path: str, kind: str) -> bool:
         if path in self.kinds or any(path == h or path.startswith(h + "/") for h in self.hidden):
@@ -191,12 +192,9 @@ class _Layer:
                 self.members.append(hardlink(path, rng.choice(self.files)))
         elif op < 0.85 and self.below:
             path = rng.choice(sorted(self.below))
-            # Not below a directory this layer makes opaque: the marker's parent would be gone
-            # before the marker applies, and the oracle then drops the parent where Docker and
-            # containerd (and WeEnv's builder) create it.
-            inside = any(path.startswith(o + "/") for o in self.opaqued)
-            if self._free(path, "wh") and not inside \
-                    and not any(k.startswith(path + "/") for k in self.kinds):
+            # Below a directory this layer makes opaque too: the marker's directory belongs
+            # to the layer and stays, empty (format/SPEC.md 7.1).
+            if self._free(path, "wh") and not any(k.startswith(path + "/") for k in self.kinds):
                 parts = path.split("/")
                 for i in range(1, len(parts)):
                     self.kinds.setdefault("/".join(parts[:i]), "dir")
@@ -206,15 +204,16 @@ class _Layer:
             dirs = sorted(p for p, k in self.below.items() if k == "dir")
             if dirs:
                 path = rng.choice(dirs)
-                if self._free(path, "dir") and not any(h.startswith(path + "/")
-                                                       for h in self.hidden):
+                # A directory this layer only implies so far (a parent of its entries or
+                # markers) may still be declared and made opaque: what it holds stays.
+                implied_here = self.kinds.get(path) == "dir" and path not in self.declared
+                if implied_here or self._free(path, "dir"):
                     self._take(path, "dir")
                     self.declared.add(path)
-                    self.opaqued.add(path)
                     self.members += [dir(path, mode=0o711, **meta), layers.opaque(path)]
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(int(os.environ.get("WEENV_RANDOM_STACKS", "12"))))
 def test_random_stacks_equal_the_merged_mount(tmp_path: Path, mounter: Mounter,
                                               seed: int) -> None:
     rng = random.Random(seed)
@@ -229,9 +228,17 @@ def test_random_stacks_equal_the_merged_mount(tmp_path: Path, mounter: Mounter,
         oci_apply.apply_layer(applied, tars[-1].read_bytes())
     ref = publish(tmp_path / "store", tars)
     merged = mounter.mount(ref, tmp_path / "store").mountpoint
-    # nlink of a hardlink comes from its group's index, too high when an upper group hid one
-    # of its names (a known limit of both layouts, docs/design-notes.md): links not compared.
-    trees.assert_trees_equal(applied, merged, ignore=["root", "links"])
+    trees.assert_trees_equal(applied, merged, ignore=["root"])
     lowers = layer_mounts(mounter, ref, tmp_path / "store", len(tars))
     with overlay(tmp_path / "stack", lowers) as stack:
-        trees.assert_trees_equal(merged, stack)
+        assert trees.compare_snapshots(_lone_links(merged), _lone_links(stack)) == []
+
+
+def _lone_links(root: Path) -> dict[bytes, trees.Entry]:
+    """`root`'s snapshot, a file whose only visible name is its own counting as unlinked.
+    A layer mount cannot know the groups above it, so it reports its record's nlink even
+    where an upper group hid the other names (as overlayfs does for a lower file; SPEC.md
+    7.2): every other difference in hardlink sets still counts."""
+    shot = trees.snapshot(root)
+    return {rel: dataclasses.replace(e, links=None) if e.links == (rel,) else e
+            for rel, e in shot.items()}

@@ -7,6 +7,11 @@ the OCI image spec (layer.md, "Applying Changesets" and "Whiteouts"):
   LOWER layers only: all markers of a layer are applied before any of its entries, so an
   entry of the same layer survives whatever its position in the tar. Markers never appear
   in the result. Any name starting with `.wh.` is a marker, whatever its tar type.
+- A marker's directory belongs to its layer, as an entry's parents do (Docker's and
+  containerd's appliers create it before applying the marker): once every marker has
+  removed what it hides, the missing directories on each marker's path are created like
+  unlisted parents, unless a non-directory stands on the way (nothing to mark there). So
+  `d/.wh..wh..opq` with `d/c/.wh.x` leaves an empty, fresh `d/c`, in either tar order.
 - An entry over an existing path: two directories merge (the entry's attributes win); in
   every other case the old path (a whole subtree, if a directory) is removed and recreated.
 - Hardlinks (tar type '1') name a path already in the tree, from this or a lower layer.
@@ -153,6 +158,8 @@ class _Applier:
         markers = [(m, v) for m in members if (v := _marker(m)) is not None]
         for m, victim in markers:
             self._whiteout(m, victim)
+        for m, _ in markers:
+            self._marker_dir(m)
         for m in members:
             if _marker(m) is None:
                 self._entry(m)
@@ -208,6 +215,20 @@ class _Applier:
             rel = os.path.join(parent, name) if parent != b"." else name
             if os.path.lexists(self._abs(rel)):
                 self._remove(rel)
+
+    def _marker_dir(self, m: _Member) -> None:
+        """Create the missing directories on marker `m`'s path, like unlisted parents; none
+        when a non-directory is on the way (a symlink there is refused by `_dir`)."""
+        parent = _split(m.path)[0]
+        parts = [] if parent == b"." else parent.split(b"/")
+        for i in range(1, len(parts) + 1):
+            try:
+                st = os.lstat(self._abs(b"/".join(parts[:i])))
+            except FileNotFoundError:
+                break
+            if not stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+                return
+        self._dir(parent, create=True, member=m.path)
 
     def _entry(self, m: _Member) -> None:
         if m.path == b".":

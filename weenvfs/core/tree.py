@@ -17,8 +17,9 @@ Choices, written down:
   resolves. Regular files and other non-directories are derived from their number alone.
 - A directory merged from several groups reports nlink 1 ("unknown", as overlayfs does for
   merged directories): its exact count would need a listing on every getattr. A directory
-  from one group reports the index's exact count. A hardlinked file reports the nlink of its
-  group's index, which overstates it if an upper group hid one of its names (rare).
+  from one group reports the index's exact count. A hardlinked file reports its visible names
+  (`ComposedTree.link_count`: the index's nlink for the topmost group, else counted once per
+  record, on first use, after one walk of that group's directories).
 - st_blocks counts stored data in 512-byte units: holes (zero chunks) of a sparse file do not
   count. st_blksize is large so that readers ask for big reads.
 """
@@ -35,7 +36,7 @@ from typing import NamedTuple
 
 from weenvfs.format.compose import ComposedTree, Entry
 from weenvfs.format.errors import FormatError
-from weenvfs.format.index import GroupIndex
+from weenvfs.format.index import GroupIndex, Inode
 
 ROOT_INODE = 1
 GROUP_SHIFT = 32
@@ -167,15 +168,25 @@ class Tree:
             size, blocks = DIR_SIZE, DIR_SIZE // 512
             if len(entry.layers) > 1:
                 nlink = 1  # merged directory: count unknown without a listing (see above)
-        elif rec.is_reg:
-            size, blocks = rec.size, -(-self._stored_bytes(index, entry.inode, rec.size) // 512)
-        elif rec.is_lnk:
-            size, blocks = len(index.readlink(entry.inode)), 0
+            elif entry.layers[0] != (entry.group, entry.inode):
+                # Attributes from a directory below an opaque cut; the count is the layer's.
+                g, ino = entry.layers[0]
+                nlink = self.groups[g].inode(ino).nlink
         else:
-            size, blocks = 0, 0
+            if nlink > 1:
+                nlink = self.composed.link_count(entry)  # upper groups may hide some names
+            size, blocks = self._size(index, entry.inode, rec)
         return Attr(
             inode, rec.mode, nlink, rec.uid, rec.gid, rec.rdev, size, blocks, rec.mtime_ns
         )
+
+    def _size(self, index: GroupIndex, ino: int, rec: Inode) -> tuple[int, int]:
+        """(st_size, st_blocks) of non-directory record `ino`."""
+        if rec.is_reg:
+            return rec.size, -(-self._stored_bytes(index, ino, rec.size) // 512)
+        if rec.is_lnk:
+            return len(index.readlink(ino)), 0
+        return 0, 0
 
     @staticmethod
     def _stored_bytes(index: GroupIndex, ino: int, size: int) -> int:
