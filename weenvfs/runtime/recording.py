@@ -5,9 +5,10 @@ An environment's first run records what it reads and publishes it as the environ
 (tag `latest`) when it ends; later runs replay it (the mount of the top group does,
 lowers.py). Owns:
 - `decide`: record or not, from the caller's wish (None: only when the environment has no
-  hint yet; True: always, merged into the existing hint; False: never) and the store (a store
-  that cannot be written is said once per process at INFO, and the run goes on unrecorded;
-  a forced recording fails instead);
+  hint yet, unless $WEENV_RECORD_HINTS=off turns the default off on this node; True: always,
+  merged into the existing hint; False: never) and the store (a store that cannot be written
+  is said once per process at INFO, and the run goes on unrecorded; a forced recording fails
+  instead);
 - `recording_key`: the key of the private, merged mount a recording sandbox reads through
   (mounts.py). One per environment, store and chunk cache: sandboxes of that environment that
   start while it records join it, and the hint is published when the last of them ends;
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ from weenvfs.store.repository import Repository
 log = logging.getLogger(__name__)
 
 HINT_TAG = "latest"  # the tag a first run publishes and later runs replay (the default)
+SWITCH_ENV = "WEENV_RECORD_HINTS"  # "off": no recording unless asked for (node-wide)
 _READ_ONLY_SAID: set[str] = set()  # store URLs already reported read-only by this process
 
 
@@ -43,6 +46,8 @@ def decide(store: Store, digest: str, manifest: Any, wish: bool | None) -> bool:
     """Whether a sandbox of environment `digest` (its `Manifest`) records its hint (see the
     module doc)."""
     if wish is False:
+        return False
+    if wish is None and os.environ.get(SWITCH_ENV, "").lower() in ("off", "0", "no"):
         return False
     if wish is None and has_hint(Repository(store), digest, manifest, HINT_TAG):
         return False
