@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from rt_support import EnvRef, run_weenv
+from support.runtime_fixtures import GROUP
 
 from weenvfs.errors import RefNotFound
 from weenvfs.fuse.commands import read_stats
@@ -149,3 +151,25 @@ def test_no_record_hint_flag(env_ref: EnvRef) -> None:
                      "--no-record-hint", env_ref.ref, "/bin/sh", "-c", READ)
     assert b"prefetch hint" not in done.stderr
     assert _hint_tag(env_ref) is None
+
+
+def test_compose_with_a_hint_command_publishes_the_hint(
+    minbase_store: Path, tmp_path: Path, test_digests: set[str]
+) -> None:
+    cache = tmp_path / "cache"
+    name = f"hinted-{tmp_path.name}:t"
+    done = subprocess.run(
+        [sys.executable, "-m", "weenvfs", "compose", name, "--group", GROUP,
+         "--store", str(minbase_store), "--hint-command", READ, "--hint-cache", str(cache)],
+        capture_output=True, timeout=300, check=False)
+    digest = done.stdout.decode().strip()
+    if len(digest) == 64:
+        with open_store(str(minbase_store)) as store:
+            test_digests.update({digest, recording_key(digest, store.url, cache)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().splitlines() == [digest]  # stdout stays the digest
+    lines = [ln for ln in done.stderr.decode().splitlines() if "prefetch hint" in ln]
+    assert len(lines) == 1, done.stderr
+    with open_store(str(minbase_store)) as store:
+        hint = Repository(store).get_tag("hints", digest, "latest")
+    assert hint in lines[0] or digest[:12] in lines[0]

@@ -28,12 +28,12 @@ import hashlib
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from weenvfs.core.hints import has_hint
 from weenvfs.errors import StoreError, UsageError
-from weenvfs.store.base import Store
-from weenvfs.store.repository import Repository
+
+if TYPE_CHECKING:
+    from weenvfs.store.base import Store
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,11 @@ def decide(store: Store, digest: str, manifest: Any, wish: bool | None) -> bool:
         return False
     if wish is None and os.environ.get(SWITCH_ENV, "").lower() in ("off", "0", "no"):
         return False
+    # Imported here: lowers.py imports this module, and `weenv run` parses its arguments
+    # without the store and the core (tests/test_cli_dispatch.py).
+    from weenvfs.core.hints import has_hint
+    from weenvfs.store.repository import Repository
+
     if wish is None and has_hint(Repository(store), digest, manifest, HINT_TAG):
         return False
     try:
