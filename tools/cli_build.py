@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from typing import Any
 
 from weenvfs.cli import add_command
@@ -28,6 +29,7 @@ from weenvfs.units import format_size, size_arg
 
 from .builder import BuildOptions, BuildResult, build_group, open_source
 from .chunker import DEFAULT_MAX_BLOB_SIZE, ChunkOptions
+from .hint_command import add_hint_command_argument, check_hint_command, record_hint
 from .layout import load_layout_order
 from .progress import Progress
 from .publish import compose_env
@@ -213,6 +215,7 @@ def _register_compose(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         help="label; repeatable",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_hint_command_argument(p)
 
 
 def _build_options(args: argparse.Namespace) -> BuildOptions:
@@ -284,6 +287,7 @@ def _cmd_compose(args: argparse.Namespace) -> int:
     )
     if not config.cwd.startswith("/"):
         raise UsageError(f"--cwd must be an absolute path, got {config.cwd!r}")
+    check_hint_command(args)
     provenance: dict[str, Any] = {"composed_by": "weenv compose", "groups": list(args.groups)}
     store = open_store(args.store)
     try:
@@ -294,4 +298,7 @@ def _cmd_compose(args: argparse.Namespace) -> int:
         print(json.dumps({"env": f"{name}:{tag}", "manifest": digest}, sort_keys=True))
     else:
         print(digest)
+    if args.hint_command is not None:
+        sys.stdout.flush()  # the digest first: the sandbox's output follows on stderr
+        record_hint(args.store, digest, args.hint_command, args.hint_cache)
     return 0

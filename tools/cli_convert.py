@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 from weenvfs.cli import add_command
@@ -25,6 +26,7 @@ from weenvfs.units import format_size
 
 from .cli_build import add_chunk_arguments, chunk_options
 from .convert import ConvertOptions, ConvertResult, GroupSpec, convert_image
+from .hint_command import add_hint_command_argument, check_hint_command, record_hint
 from .image_source import SourceOptions, open_image_source
 from .layout import load_layout_order
 from .oci_docs import Platform, short_digest
@@ -111,6 +113,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_hint_command_argument(p)
 
 
 def _group_spec(text: str) -> GroupSpec:
@@ -146,6 +149,7 @@ def _options(args: argparse.Namespace) -> ConvertOptions:
 
 def _cmd_convert(args: argparse.Namespace) -> int:
     name, tag = parse_name_tag(args.env, "environment")
+    check_hint_command(args)
     options = _options(args)
     source_options = SourceOptions(
         creds=parse_creds(args.creds) if args.creds else None,
@@ -171,6 +175,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         print(json.dumps(result.as_dict(), indent=2, sort_keys=True))
     else:
         print(summary(result))
+    if args.hint_command is not None:
+        sys.stdout.flush()
+        record_hint(args.store, result.manifest_digest, args.hint_command, args.hint_cache)
     return 0
 
 

@@ -141,7 +141,8 @@ def test_sequential_reads_queue_the_next_chunks_once(env: Environment, tmp_path:
 
     async def body(fetcher: Fetcher) -> None:
         spy = SpyFetcher(fetcher)
-        reader = Reader(env.tree, spy, readahead=2, advise_ahead=3)  # type: ignore[arg-type]
+        reader = Reader(env.tree, spy, readahead=2, advise_ahead=3,  # type: ignore[arg-type]
+                        first_ahead=0)  # the first touch queues nothing (tested below)
         inode = inode_of(env.tree, "big")
         await reader.read(inode, 5 * CHUNK, 100)  # a random read: no read-ahead
         assert spy.scheduled == []
@@ -155,6 +156,55 @@ def test_sequential_reads_queue_the_next_chunks_once(env: Environment, tmp_path:
         assert advised == digests[3:7]
 
     run_with_fetcher(env, tmp_path / "cache", body)
+
+
+def test_the_first_read_of_a_file_queues_the_rest_of_it(
+    env: Environment, tmp_path: Path
+) -> None:
+    """Demand overlap without a hint: touching a multi-chunk file queues its other chunks
+    (after the read first), bounded by `first_ahead`, once; single-chunk files queue nothing."""
+    index, ino = env.tree.file(inode_of(env.tree, "big"))
+    digests = [index.chunk(n).digest for n in index.file_chunks(ino)]
+    assert len(digests) == 11
+
+    async def body(fetcher: Fetcher) -> None:
+        spy = SpyFetcher(fetcher)
+        reader = Reader(env.tree, spy, readahead=2, advise_ahead=3,  # type: ignore[arg-type]
+                        first_ahead=4 * CHUNK)
+        big = inode_of(env.tree, "big")
+        await reader.read(big, 0, 100)
+        assert [[loc.digest for loc in batch] for batch in spy.scheduled] == [digests[1:5]]
+        await reader.read(big, 6 * CHUNK, 100)  # the file is known now: no second burst
+        assert len(spy.scheduled) == 1
+        exact = inode_of(env.tree, "exact")  # 3 chunks, first touched in the middle
+        exact_index, exact_ino = env.tree.file(exact)
+        exact_digests = [exact_index.chunk(n).digest for n in exact_index.file_chunks(exact_ino)]
+        await reader.read(exact, CHUNK + 5, 10)
+        assert [loc.digest for loc in spy.scheduled[1]] == [exact_digests[2], exact_digests[0]]
+        await reader.read(inode_of(env.tree, "small/03"), 0, 10)  # one (batch) chunk
+        await reader.read(inode_of(env.tree, "one"), 0, 1)
+        assert len(spy.scheduled) == 2
+
+    run_with_fetcher(env, tmp_path / "cache", body)
+
+
+def test_the_rest_of_a_file_is_fetched_in_the_background(
+    env: Environment, tmp_path: Path
+) -> None:
+    """The queued chunks really reach the cache without being read (the real fetcher)."""
+    index, ino = env.tree.file(inode_of(env.tree, "big"))
+    locs = [index.chunk(n) for n in index.file_chunks(ino)]
+    cache_dir = tmp_path / "cache"
+
+    async def body(fetcher: Fetcher) -> None:
+        reader = Reader(env.tree, fetcher, first_ahead=4 * CHUNK)
+        await reader.read(inode_of(env.tree, "big"), 0, 100)
+        with trio.fail_after(30):
+            while not all(fetcher.cache.contains(loc.digest) for loc in locs[1:5]):
+                await trio.sleep(0.01)
+        assert not fetcher.cache.contains(locs[5].digest)
+
+    run_with_fetcher(env, cache_dir, body)
 
 
 def test_reading_a_directory_or_symlink_fails(env: Environment, tmp_path: Path) -> None:

@@ -15,10 +15,14 @@ tests/support/runtime_fixtures.py, shared with tests/security).
 
 Every test here needs root, runc, catatonit and FUSE: without them it skips with the reason
 (or fails, with WEENVFS_TEST_STRICT=1 / WEENVFS_TEST_FUSE=1).
+
+The tests here mount their environments' shared group mounts as a run with a hint does:
+$WEENV_RECORD_HINTS=off turns the first-run recording off (test_hints_default.py turns it on).
 """
 
 from __future__ import annotations
 
+import pytest
 from support.runtime_fixtures import (  # noqa: F401  (pytest finds fixtures by name here)
     GROUP,
     _runtime_requirements,
@@ -28,3 +32,8 @@ from support.runtime_fixtures import (  # noqa: F401  (pytest finds fixtures by 
     node_clean,
     test_digests,
 )
+
+
+@pytest.fixture(autouse=True)
+def _no_default_hint_recording(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WEENV_RECORD_HINTS", "off")

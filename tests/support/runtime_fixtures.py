@@ -20,6 +20,7 @@ from support.runtime import (
 )
 from weenvfs.format.manifest import RuntimeConfig
 from weenvfs.runtime.lowers import DEFAULT_LOWER, plan_lowers
+from weenvfs.runtime.recording import recording_key
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools.publish import compose_env
@@ -72,9 +73,11 @@ def make_env(minbase_store: Path, tmp_path: Path, test_digests: set[str]) -> Cal
             indexes = [g.index for g in repo.resolve_env(digest)[1].groups]
             keys = tuple(m.key for m in plan_lowers(digest, indexes, DEFAULT_LOWER, store.url,
                                                      tmp_path / "cache"))
+            # The mount a first run records the environment's hint through (recording.py).
+            recorder = recording_key(digest, store.url, tmp_path / "cache")
         finally:
             store.close()
-        test_digests.update({digest, *keys})
+        test_digests.update({digest, *keys, recorder})
         return EnvRef(f"{name}:{tag}", minbase_store, digest, tmp_path / "cache", keys)
 
     return make

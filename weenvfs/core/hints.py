@@ -260,6 +260,19 @@ def _earlier(
     return None if found is None else found.hint
 
 
+def has_hint(repo: Repository, manifest_digest: str, manifest: Manifest,
+             tag: str = DEFAULT_TAG) -> bool:
+    """Whether the environment has a hint a mount would try: tag `tag`, or the manifest's
+    own `hints` field (whether it is usable is `find_hint`'s business)."""
+    if manifest.hints is not None:
+        return True
+    try:
+        repo.get_tag("hints", manifest_digest, tag)
+    except RefNotFound:
+        return False
+    return True
+
+
 # -- for a mounted environment --------------------------------------------------------------
 
 

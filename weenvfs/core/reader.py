@@ -8,6 +8,13 @@ never waits behind them; the fetcher drops read-ahead when too much is queued or
 is not running), and the cached files of the chunks up to `advise_ahead` are read into memory
 by the kernel in the background (`Fetcher.advise`: local disk only, so it may go further).
 
+Demand overlap: the first read of a multi-chunk file also queues the rest of that file, up to
+`first_ahead` bytes (the chunks after the read, then those before it), so a cold reader that
+goes on through the file (a loader mapping a library, an interpreter reading a module) finds
+its next chunks in flight instead of waiting for the store once per chunk. It is a prefetch
+like read-ahead: bounded per file, dropped by the fetcher under load, fetched only while no
+demand read waits, and cancelled with the fetcher's `serve()` at unmount.
+
 Must not: fetch, verify or cache chunks itself (core/fetcher.py and core/cache.py do), or
 import pyfuse3. Errors of the fetcher (`ChunkUnavailable`, `ChunkCorrupt`) pass through.
 """
@@ -33,6 +40,9 @@ DEFAULT_READAHEAD = 2  # chunks queued ahead of a sequential reader (fetched fro
 # Chunks whose cached files the kernel reads ahead of a sequential reader. The local disk's
 # own read-ahead (8 MiB here) does not cross chunk files; this does (benchmarks/read.py).
 DEFAULT_ADVISE_AHEAD = 8
+# Bytes of a file queued when a read first touches it (a whole file up to this size). Four
+# 1 MiB chunks: most libraries and modules fit, and a huge file costs at most this much.
+DEFAULT_FIRST_AHEAD = 4 << 20
 _TRACKED = 4096  # files whose read position is remembered for sequential detection
 
 Piece = tuple[ChunkLoc, int, int]  # bytes [start, end) of one chunk's plaintext
@@ -47,11 +57,13 @@ class Reader:
         fetcher: Fetcher,
         readahead: int = DEFAULT_READAHEAD,
         advise_ahead: int = DEFAULT_ADVISE_AHEAD,
+        first_ahead: int = DEFAULT_FIRST_AHEAD,
     ) -> None:
         self.tree = tree
         self.fetcher = fetcher
         self.readahead = readahead
         self.advise_ahead = advise_ahead
+        self.first_ahead = first_ahead
         # Set by a mount that records a prefetch hint (core/hints.py): sees every chunk read.
         self.recorder: HintRecorder | None = None
         # inode -> (end of the last read, highest chunk position queued for read-ahead,
@@ -80,12 +92,37 @@ class Reader:
 
     def _note_read(self, inode: int, start: int, end: int) -> None:
         """Remember where a read ended; queue the next chunks if it continued the last one."""
-        last_end, queued, advised = self._positions.pop(inode, (-1, -1, -1))
+        known = self._positions.pop(inode, None)
+        if known is None:
+            last_end, advised = -1, -1
+            queued = self._queue_first(inode, start, end) if self.first_ahead > 0 else -1
+        else:
+            last_end, queued, advised = known
         if start == last_end:
             queued, advised = self._queue_after(inode, end, queued, advised)
         self._positions[inode] = (end, queued, advised)
         if len(self._positions) > _TRACKED:
             self._positions.popitem(last=False)
+
+    def _queue_first(self, inode: int, start: int, end: int) -> int:
+        """The first read of `inode` covered [start, end): queue the file's other chunks, those
+        after the read first, up to `first_ahead` bytes; return the highest position queued
+        after the read (-1: none), where sequential read-ahead goes on from."""
+        index, ino = self.tree.file(inode)
+        chunks = index.file_chunks(ino)
+        if len(chunks) <= 1:
+            return -1
+        first = start // index.chunk_size
+        last = min((max(end, start + 1) - 1) // index.chunk_size, len(chunks) - 1)
+        budget = max(self.first_ahead // index.chunk_size, 1)
+        after = list(range(last + 1, min(last + 1 + budget, len(chunks))))
+        before = list(range(max(first - (budget - len(after)), 0), first))
+        if not after and not before:
+            return -1
+        locs = [chunk_loc(index, chunks[k]) for k in after + before]
+        if not self.fetcher.schedule_prefetch(locs) or not after:
+            return -1
+        return after[-1]
 
     def _queue_after(self, inode: int, end: int, queued: int, advised: int) -> tuple[int, int]:
         """Queue up to `readahead` chunks after the one holding byte `end - 1`, and advise

@@ -93,6 +93,13 @@ def _add_sandbox_options(p: argparse.ArgumentParser, *, store_required: bool) ->
                    help="let the node's provisioner size memory and CPU from use (starts it "
                    "if needed); --memory/--cpus are then the first limits (default: from "
                    "earlier sandboxes of the environment)")
+    p.add_argument("--no-record-hint", dest="record_hint", action="store_false", default=None,
+                   help="do not record this run as the environment's prefetch hint (by "
+                   "default the first run of an environment with no hint records what it "
+                   "reads and publishes it when it ends, if the store is writable)")
+    p.add_argument("--record-hint", dest="record_hint", action="store_true",
+                   help="record this run and merge it into the environment's hint even if it "
+                   "has one (the store must be writable)")
     p.add_argument("--security-opt", action="append", default=[], metavar="seccomp=PROFILE",
                    help="seccomp=unconfined: no syscall filter; seccomp=PATH.json: this "
                    "profile (Docker's or OCI's format) instead of the default, which refuses "
@@ -303,7 +310,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .sandbox import Sandbox
 
     command = split_command(args, "ref", store=True)
-    source = resolve_source(args.ref, args.store, args.cache)
+    source = resolve_source(args.ref, args.store, args.cache, args.record_hint)
     if not command:
         command = list(source.command)
     if not command:
@@ -317,9 +324,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
         finally:
             with _signals_ignored():
                 box.destroy()
+            _say_hint(box)
             if args.keep:
                 print(f"weenv: upper layer kept in {box.upper_root / 'upper'}",
                       file=sys.stderr)
+
+
+def _say_hint(box: Sandbox) -> None:
+    """One stderr line when the sandbox's end published the hint it recorded."""
+    from .recording import outcome_line
+
+    if box.hint_outcome is None:
+        return
+    line = outcome_line(box.state["env"]["ref"], box.hint_outcome)
+    if line is not None:
+        print(line, file=sys.stderr)
 
 
 def _run_attached(box: Sandbox, command: list[str], env: dict[str, str], cwd: str | None,
@@ -345,7 +364,7 @@ def _cmd_create(args: argparse.Namespace) -> int:
     from .environment import resolve_source
     from .sandbox import Sandbox
 
-    source = resolve_source(args.ref, args.store, args.cache)
+    source = resolve_source(args.ref, args.store, args.cache, args.record_hint)
     with _signals_interrupt(), _provisioner_notice(args.elastic):
         box = Sandbox.create(source, _options(args, name=args.name), owner_pid=None)
     print(box.id)
@@ -378,6 +397,7 @@ def _cmd_rm(args: argparse.Namespace) -> int:
     for box in boxes:
         with _signals_ignored():
             box.destroy(keep_upper=args.keep or None)
+        _say_hint(box)
         if args.keep:
             print(f"{box.id}: upper layer kept in {box.upper_root / 'upper'}")
     return 0

@@ -42,7 +42,7 @@ from weenvfs.fuse.commands import default_cache_dir
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
-from . import rootfs, safe_paths
+from . import recording, rootfs, safe_paths
 from .cgroups import DEFAULT_PIDS, Limits
 from .launcher import check_args, parse_exec_failure
 from .lowers import DEFAULT_LOWER
@@ -74,16 +74,21 @@ class ExecResult:
         return self.exit_code == 0
 
 
-def resolve_source(ref: str, store: str | Path, cache: str | Path | None) -> EnvSource:
-    """Resolve `ref` (NAME[:TAG] or a manifest digest) in `store` to what a sandbox needs."""
+def resolve_source(ref: str, store: str | Path, cache: str | Path | None,
+                   record_hint: bool | None = None) -> EnvSource:
+    """Resolve `ref` (NAME[:TAG] or a manifest digest) in `store` to what a sandbox needs.
+    `record_hint`: None records the environment's hint when it has none yet and the store
+    is writable, True always (merged into the existing one), False never (recording.py)."""
     with open_store(str(store)) as opened:
         opened.check()  # fail fast, before anything is mounted
         digest, manifest = Repository(opened).resolve_env(ref)
         url = opened.url
+        record = recording.decide(opened, digest, manifest, record_hint)
     cache_dir = Path(cache).absolute() if cache is not None else default_cache_dir()
     config = manifest.config
     return EnvSource(ref, digest, url, cache_dir, tuple(config.env), config.cwd, config.user,
-                     (*config.entrypoint, *config.cmd), tuple(g.index for g in manifest.groups))
+                     (*config.entrypoint, *config.cmd), tuple(g.index for g in manifest.groups),
+                     record)
 
 
 # Environments still open when the interpreter exits normally are closed then; after a crash
@@ -121,6 +126,7 @@ class Environment:
         env: dict[str, str] | None = None, user: str | None = None, cwd: str | None = None,
         elastic: bool = False, lower: str = DEFAULT_LOWER,
         seccomp: str | dict[str, Any] | None = None, disk: int | None = None,
+        record_hint: bool | None = None,
     ) -> Environment:
         """Start a sandbox of `ref` from `store` (a URL or directory); `cache` is the node's
         chunk cache (default as `weenv mount`). `memory` is in bytes; `pids` defaults to
@@ -132,8 +138,12 @@ class Environment:
         is "layers" (a shared mount per group, default) or "merged" (runtime/lowers.py).
         `seccomp` is the syscall filter: None (Docker's default profile, runtime/seccomp.py),
         "unconfined", the path of a profile's JSON file, or a profile as a dict. `disk`
-        bounds the writable layer in bytes (ENOSPC past it; runtime/disk.py)."""
-        source = resolve_source(ref, store, cache)
+        bounds the writable layer in bytes (ENOSPC past it; runtime/disk.py).
+        `record_hint`: by default (None) the first run of an environment with no prefetch hint
+        records what it reads and publishes it as the hint (tag latest) at `close`, when the
+        store is writable; False opts out, True records even when a hint exists
+        (runtime/recording.py). `hint_outcome` then says what was published."""
+        source = resolve_source(ref, store, cache, record_hint)
         limits = Limits(cpus, memory, DEFAULT_PIDS if pids is None else pids, elastic)
         options = SandboxOptions(limits=limits, tmpfs_upper=tmpfs_upper, network=network,
                                  keep_warm=keep_warm, env=dict(env or {}), user=user, cwd=cwd,
@@ -213,14 +223,24 @@ class Environment:
         with self._lock:
             return self.sandbox.reset()
 
+    @property
+    def hint_outcome(self) -> dict[str, Any] | None:
+        """After `close`: what its recording published (hint digest, chunks), else None."""
+        return self.sandbox.hint_outcome
+
     def close(self) -> None:
-        """Remove the sandbox (idempotent)."""
+        """Remove the sandbox (idempotent); publishes the hint it recorded, if it did."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             _OPEN.discard(self)
             self.sandbox.destroy()
+        outcome = self.sandbox.hint_outcome
+        if outcome is not None:
+            line = recording.outcome_line(self.sandbox.state["env"]["ref"], outcome)
+            if line is not None:
+                log.info("%s", line.removeprefix("weenv: "))
 
     def __enter__(self) -> Environment:
         return self

@@ -14,6 +14,10 @@ Two ways, chosen per sandbox (`--lower`, `SandboxOptions.lower`):
 
 A stack deeper than MAX_LAYERS is mounted merged: overlayfs takes its options in one page.
 
+A sandbox that records its environment's hint (recording.py) reads through neither: it takes
+the environment's recording mount, merged and private to that environment, which publishes the
+hint when its last holder releases it.
+
 Must not: serve mounts (fuse/), keep reference counts (mounts.py) or mount the overlay
 (sandbox.py, rootfs.py).
 """
@@ -26,10 +30,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from weenvfs.errors import UsageError
 
 from . import mounts
+from .recording import recording_key
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +52,20 @@ class LowerMount:
 
     key: str
     layer: int | None  # the group it serves as an overlay layer; None: the merged environment
+    record: bool = False  # records what is read and publishes it as the hint (recording.py)
 
 
 def plan_lowers(
-    digest: str, groups: Sequence[str], mode: str, store_url: str, cache_dir: Path
+    digest: str, groups: Sequence[str], mode: str, store_url: str, cache_dir: Path,
+    *, record: bool = False,
 ) -> list[LowerMount]:
     """The mounts for environment `digest` whose groups have index digests `groups` (lowest
     first), served from `store_url` through `cache_dir`; topmost first, as overlayfs'
-    `lowerdir` lists them."""
+    `lowerdir` lists them. With `record`, the environment's recording mount alone."""
     if mode not in LOWER_MODES:
         raise UsageError(f"--lower must be one of {', '.join(LOWER_MODES)}, not {mode!r}")
+    if record:
+        return [LowerMount(recording_key(digest, store_url, cache_dir), None, record=True)]
     if mode == "merged" or not groups:
         return [LowerMount(digest, None)]
     if len(groups) > MAX_LAYERS:
@@ -80,7 +90,8 @@ def acquire_lowers(
     error, the mounts already taken are released and the first error is raised."""
     def take(mount: LowerMount) -> Path:
         return mounts.acquire(mount.key, holder, store_url=store_url, cache_dir=cache_dir,
-                              is_live=is_live, env=env, layer=mount.layer)
+                              is_live=is_live, env=env, layer=mount.layer,
+                              record=mount.record)
 
     with ThreadPoolExecutor(max_workers=len(planned), thread_name_prefix="lower") as pool:
         futures = [pool.submit(take, mount) for mount in planned]
@@ -92,7 +103,14 @@ def acquire_lowers(
     return [f.result() for f in futures]
 
 
-def release_lowers(keys: Sequence[str], holder: str, keep_warm: float = 0.0) -> None:
-    """Drop `holder` from every mount of `keys` (see `mounts.release`)."""
+def release_lowers(
+    keys: Sequence[str], holder: str, keep_warm: float = 0.0
+) -> list[dict[str, Any]]:
+    """Drop `holder` from every mount of `keys` (see `mounts.release`); what the recording
+    mounts this ended published (their result documents)."""
+    outcomes = []
     for key in keys:
-        mounts.release(key, holder, keep_warm)
+        outcome = mounts.release(key, holder, keep_warm)
+        if outcome is not None:
+            outcomes.append(outcome)
+    return outcomes

@@ -11,12 +11,15 @@ Owns the folder `/run/weenv/envs/<key>/`:
     holders/<id>    one empty file per sandbox that uses the mount: the reference count
     mount.json      store URL, cache folder, log file, and `warm_until` / `timer_pid` while
                     the mount is kept warm with no holder
+    hint.json       a recording mount's outcome (what its daemon published on unmount)
 
 The count is the set of holder files, not a number, so a crashed process can never leave it
 wrong: a holder whose sandbox folder is gone is stale, and `prune_holders` (run by every
 acquire and by `weenv sandbox gc`) drops it. When the last holder releases, the mount is
 unmounted at once, or kept warm for `keep_warm` seconds: a detached `weenv sandbox gc
---mounts-only --after SECS` timer unmounts it then unless a sandbox took it again.
+--mounts-only --after SECS` timer unmounts it then unless a sandbox took it again. A recording
+mount (`record`, runtime/recording.py) is never kept warm: its daemon publishes the recorded
+hint when it is unmounted, and `release` returns what it published.
 
 Must not: serve the mount (fuse/), or create sandboxes (sandbox.py).
 """
@@ -46,6 +49,8 @@ log = logging.getLogger(__name__)
 
 ENVS_ROOT = Path("/run/weenv/envs")
 KEY_LEN = 64
+RESULT_FILE = "hint.json"
+RECORD_TAG = "latest"  # the hint tag a recording mount publishes (recording.HINT_TAG)
 
 
 @dataclass(frozen=True)
@@ -145,17 +150,20 @@ def _alive_mount(mp: Path) -> bool:
 def acquire(
     key: str, holder: str, *, store_url: str, cache_dir: Path,
     is_live: Callable[[str], bool], env: str | None = None, layer: int | None = None,
+    record: bool = False,
 ) -> Path:
     """Register `holder` as a user of mount `key`, mounting it if needed; return the mount
     point. `is_live(holder_id)` tells stale holders (crashed sandboxes) apart. The mount is
-    of environment `env` (default: `key`, a manifest digest), or of its group `layer`."""
+    of environment `env` (default: `key`, a manifest digest), or of its group `layer`; with
+    `record` it records what is read and publishes it as the hint when unmounted."""
     with locked(key) as folder:
         prune_holders(folder, is_live)
         mp = folder / "root"
         info = _read_info(folder)
         if not _alive_mount(mp):
             mp.mkdir(exist_ok=True)
-            info = _mount(env or key, mp, store_url, cache_dir, layer)
+            info = _mount(env or key, mp, store_url, cache_dir, layer,
+                          folder / RESULT_FILE if record else None)
         _stop_timer(info)
         info.pop("warm_until", None)
         _write_info(folder, info)
@@ -165,42 +173,49 @@ def acquire(
 
 
 def _mount(
-    env: str, mp: Path, store_url: str, cache_dir: Path, layer: int | None
+    env: str, mp: Path, store_url: str, cache_dir: Path, layer: int | None,
+    record_result: Path | None = None,
 ) -> dict[str, Any]:
     cache_dir = cache_dir.absolute()
     cache_dir.mkdir(parents=True, exist_ok=True)
-    what = f"env-{env[:12]}" + ("" if layer is None else f"-layer{layer}")
+    what = f"env-{env[:12]}" + ("" if layer is None else f"-layer{layer}") + (
+        "-record" if record_result is not None else "")
     log_file = cache_dir / "logs" / f"{what}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
+    # A recording mount has no hint to replay (that is why it records).
+    recording = {} if record_result is None else {
+        "hint": "none", "record_tag": RECORD_TAG, "record_result": record_result}
     args = mount_args(env, mp, store_url, cache_dir, log_file=log_file, allow_other=True,
-                      layer=layer)
+                      layer=layer, **recording)
     started = time.monotonic()
     pid = daemon.spawn(args, log_file)
     log.info("mounted %s at %s in %.0f ms (daemon %d)", what, mp,
              (time.monotonic() - started) * 1000, pid)
     return {"store": store_url, "cache": str(cache_dir), "log_file": str(log_file), "pid": pid,
-            "env": env, "layer": layer}
+            "env": env, "layer": layer, "record": record_result is not None}
 
 
-def release(key: str, holder: str, keep_warm: float = 0.0) -> None:
+def release(key: str, holder: str, keep_warm: float = 0.0) -> dict[str, Any] | None:
     """Drop `holder`; unmount when no holder is left, now or after `keep_warm` seconds. A
     release by a process that does not hold the mount changes nothing (a sandbox whose build
-    stopped before taking it must not unmount what others keep warm)."""
+    stopped before taking it must not unmount what others keep warm). Returns what a
+    recording mount published when this release unmounted it (its hint.json), else None."""
     with locked(key) as folder:
         try:
             (folder / "holders" / holder).unlink()
         except FileNotFoundError:
-            return
+            return None
         if _holders(folder):
-            return
-        if keep_warm > 0 and daemon.is_mounted(folder / "root"):
+            return None
+        recording = bool(_read_info(folder).get("record"))
+        if keep_warm > 0 and not recording and daemon.is_mounted(folder / "root"):
             info = _read_info(folder)
             _stop_timer(info)
             info["warm_until"] = time.time() + keep_warm
             info["timer_pid"] = _start_timer(keep_warm)
             _write_info(folder, info)
-            return
-        _teardown(folder)
+            return None
+        return _teardown(folder)
 
 
 def prune_holders(folder: Path, is_live: Callable[[str], bool]) -> list[str]:
@@ -226,8 +241,9 @@ def expire(key: str, is_live: Callable[[str], bool], now: float | None = None) -
         return True
 
 
-def _teardown(folder: Path) -> None:
-    """Unmount (lazily if an overlay still pins it) and remove the folder but its lock."""
+def _teardown(folder: Path) -> dict[str, Any] | None:
+    """Unmount (lazily if an overlay still pins it) and remove the folder but its lock;
+    return a recording mount's outcome (written by its daemon once unmounted)."""
     mp = folder / "root"
     info = _read_info(folder)
     _stop_timer(info)
@@ -240,6 +256,7 @@ def _teardown(folder: Path) -> None:
             _wait_daemon(info)
         log.info("unmounted environment %s", folder.name[:12])
     daemon.release_kernel_leftovers(mp)
+    outcome = _read_outcome(folder) if info.get("record") else None
     # Everything goes, the lock file last while still held (see `locked`).
     for child in folder.iterdir():
         if child.name == "lock":
@@ -255,6 +272,16 @@ def _teardown(folder: Path) -> None:
     (folder / "lock").unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         folder.rmdir()
+    return outcome
+
+
+def _read_outcome(folder: Path) -> dict[str, Any] | None:
+    try:
+        outcome = json.loads((folder / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        log.warning("the recording mount %s reported no hint; see its log", folder.name[:12])
+        return None
+    return outcome if isinstance(outcome, dict) else None
 
 
 def _force_unmount(mp: Path) -> None:

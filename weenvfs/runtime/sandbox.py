@@ -104,6 +104,7 @@ class EnvSource:
     user: str = ""
     command: tuple[str, ...] = ()  # entrypoint + cmd
     groups: tuple[str, ...] = ()  # the groups' index digests, lowest first
+    record_hint: bool = False  # read through a recording mount, publish its hint (recording.py)
 
 
 def process_start(pid: int) -> int | None:
@@ -171,6 +172,8 @@ class Sandbox:
     def __init__(self, state: dict[str, Any], launcher: Launcher | None = None) -> None:
         self.state = state
         self.launcher = launcher or default_launcher()
+        # What the recording mount published when `destroy` ended it (recording.py), if any.
+        self.hint_outcome: dict[str, Any] | None = None
 
     # -- facts ----------------------------------------------------------------------------
 
@@ -334,7 +337,7 @@ class Sandbox:
             self.state["elastic"] = elastic.attach(self.id, source.digest, options.limits)
             self.save()
         planned = plan_lowers(source.digest, source.groups, options.lower, source.store_url,
-                              source.cache_dir)
+                              source.cache_dir, record=source.record_hint)
         self.state["mounts"] = [mount.key for mount in planned]  # before: a crash may follow
         self.save()
         lowers = acquire_lowers(planned, self.id, env=source.digest, store_url=source.store_url,
@@ -479,7 +482,9 @@ class Sandbox:
                     (self.upper_root / KEPT_MARKER).write_text(json.dumps(self.state))
             else:
                 shutil.rmtree(self.upper_root, ignore_errors=True)
-            release_lowers(self._mount_keys(), self.id, float(self.state.get("keep_warm", 0.0)))
+            outcomes = release_lowers(self._mount_keys(), self.id,
+                                      float(self.state.get("keep_warm", 0.0)))
+            self.hint_outcome = outcomes[0] if outcomes else None
             (self.dir / "state.json").unlink(missing_ok=True)
         if rootfs.is_mount_point(self.rootfs):  # never delete through a live overlay
             raise WeenvError(f"{self.rootfs} is still mounted; run `weenv sandbox gc` later")

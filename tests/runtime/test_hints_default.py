@@ -1,0 +1,175 @@
+"""Hints by default (runtime/recording.py): an environment's first run records what it reads
+through a recording mount and publishes the hint when it ends; the next run replays it; the
+opt-out records nothing; a read-only store is said once and the run goes on.
+
+Real mounts, sandboxes and a local store throughout (the runtime conftest's fixtures)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rt_support import EnvRef, run_weenv
+from support.runtime_fixtures import GROUP
+
+from weenvfs.errors import RefNotFound
+from weenvfs.fuse.commands import read_stats
+from weenvfs.runtime import mounts
+from weenvfs.runtime.environment import Environment
+from weenvfs.runtime.lowers import DEFAULT_LOWER, plan_lowers
+from weenvfs.runtime.recording import SWITCH_ENV, recording_key
+from weenvfs.store import open_store
+from weenvfs.store.repository import Repository
+
+READ = "cat /usr/bin/dpkg /usr/bin/apt-get > /dev/null 2>&1; cat /etc/os-release > /dev/null"
+
+
+@pytest.fixture(autouse=True)
+def _default_recording(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SWITCH_ENV, raising=False)  # the conftest turns it off for the others
+
+
+def _hint_tag(env: EnvRef) -> str | None:
+    with open_store(str(env.store)) as store:
+        try:
+            return Repository(store).get_tag("hints", env.digest, "latest")
+        except RefNotFound:
+            return None
+
+
+def _store_url(env: EnvRef) -> str:
+    with open_store(str(env.store)) as store:
+        return store.url
+
+
+def _wait_replayed(mountpoint: Path) -> dict[str, object]:
+    """The stats of a mount once its hint replay has ended (a safety bound, not a timing)."""
+    deadline = time.monotonic() + 60
+    while True:
+        doc = read_stats(mountpoint)
+        if doc["hints"]["state"] not in ("starting", "looking up", "replaying"):
+            return doc
+        assert time.monotonic() < deadline, doc["hints"]
+        time.sleep(0.05)
+
+
+def test_first_run_publishes_a_hint_and_the_next_run_replays_it(
+    env_ref: EnvRef, tmp_path: Path, test_digests: set[str]
+) -> None:
+    recorder = mounts.mountpoint(recording_key(env_ref.digest, _store_url(env_ref),
+                                               env_ref.cache))
+    with Environment.open(env_ref.ref, store=env_ref.store, cache=env_ref.cache) as env:
+        assert env.sandbox.lowers == [recorder]  # the private recording mount, merged
+        assert env.exec(["/bin/sh", "-c", READ]).ok
+    outcome = env.hint_outcome
+    assert outcome is not None and outcome["hint"] and outcome["recorded"] > 0
+    assert _hint_tag(env_ref) == outcome["hint"]
+    assert not recorder.parent.exists()  # unmounted (that is when it published), gone
+
+    # A cold node (an empty chunk cache of its own): the top group's shared mount replays it.
+    cold = tmp_path / "cold-cache"
+    with open_store(str(env_ref.store)) as store:
+        repo = Repository(store)
+        indexes = [g.index for g in repo.resolve_env(env_ref.digest)[1].groups]
+        keys = [m.key for m in plan_lowers(env_ref.digest, indexes, DEFAULT_LOWER, store.url,
+                                           cold)]
+    test_digests.update(keys)
+    with Environment.open(env_ref.ref, store=env_ref.store, cache=cold) as env:
+        assert env.sandbox.lowers == [mounts.mountpoint(keys[0])]
+        doc = _wait_replayed(mounts.mountpoint(keys[0]))
+        assert doc["hints"]["hint"] == outcome["hint"] and doc["hints"]["chunks_done"] > 0
+        assert env.exec(["/bin/sh", "-c", READ]).ok
+        doc = read_stats(mounts.mountpoint(keys[0]))
+        assert doc["fetch"]["prefetch"]["hint_hits"] > 0
+    assert env.hint_outcome is None  # it had a hint: nothing recorded
+    assert _hint_tag(env_ref) == outcome["hint"]
+
+
+def test_opting_out_records_nothing(env_ref: EnvRef) -> None:
+    with Environment.open(env_ref.ref, store=env_ref.store, cache=env_ref.cache,
+                          record_hint=False) as env:
+        assert env.sandbox.lowers == [env_ref.mountpoint()]  # the shared group mount
+        assert env.exec(["/bin/sh", "-c", READ]).ok
+    assert env.hint_outcome is None
+    assert _hint_tag(env_ref) is None
+
+
+@contextlib.contextmanager
+def _read_only_view(folder: Path, at: Path) -> Iterator[Path]:
+    """`folder` bind-mounted read-only at `at` (even root cannot write through it)."""
+    at.mkdir()
+    subprocess.run(["mount", "--bind", str(folder), str(at)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(at)], check=True)
+        yield at
+    finally:
+        subprocess.run(["umount", str(at)], check=True)
+
+
+def test_a_read_only_store_is_said_once_and_the_run_goes_on(
+    env_ref: EnvRef, tmp_path: Path, test_digests: set[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="weenvfs.runtime.recording")
+    with _read_only_view(env_ref.store, tmp_path / "ro-store") as ro:
+        with open_store(str(ro)) as store:
+            repo = Repository(store)
+            indexes = [g.index for g in repo.resolve_env(env_ref.digest)[1].groups]
+            test_digests.update(m.key for m in plan_lowers(
+                env_ref.digest, indexes, DEFAULT_LOWER, store.url, env_ref.cache))
+        for _ in range(2):
+            with Environment.open(env_ref.ref, store=ro, cache=env_ref.cache) as env:
+                assert env.exec(["/bin/sh", "-c", READ]).ok
+            assert env.hint_outcome is None
+    said = [r for r in caplog.records if "cannot be written" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.INFO
+    assert _hint_tag(env_ref) is None
+
+
+def test_weenv_run_says_in_one_line_that_it_published_a_hint(
+    env_ref: EnvRef, test_digests: set[str]
+) -> None:
+    done = run_weenv("run", "--store", str(env_ref.store), "--cache", str(env_ref.cache),
+                     env_ref.ref, "/bin/sh", "-c", READ)
+    lines = [ln for ln in done.stderr.decode().splitlines() if "prefetch hint" in ln]
+    assert len(lines) == 1 and env_ref.ref in lines[0], done.stderr
+    assert _hint_tag(env_ref) is not None
+    # The second run has a hint: it records nothing and says nothing about hints.
+    again = run_weenv("run", "--store", str(env_ref.store), "--cache", str(env_ref.cache),
+                      env_ref.ref, "true")
+    assert b"prefetch hint" not in again.stderr
+
+
+def test_no_record_hint_flag(env_ref: EnvRef) -> None:
+    done = run_weenv("run", "--store", str(env_ref.store), "--cache", str(env_ref.cache),
+                     "--no-record-hint", env_ref.ref, "/bin/sh", "-c", READ)
+    assert b"prefetch hint" not in done.stderr
+    assert _hint_tag(env_ref) is None
+
+
+def test_compose_with_a_hint_command_publishes_the_hint(
+    minbase_store: Path, tmp_path: Path, test_digests: set[str]
+) -> None:
+    cache = tmp_path / "cache"
+    name = f"hinted-{tmp_path.name}:t"
+    done = subprocess.run(
+        [sys.executable, "-m", "weenvfs", "compose", name, "--group", GROUP,
+         "--store", str(minbase_store), "--hint-command", READ, "--hint-cache", str(cache)],
+        capture_output=True, timeout=300, check=False)
+    digest = done.stdout.decode().strip()
+    if len(digest) == 64:
+        with open_store(str(minbase_store)) as store:
+            test_digests.update({digest, recording_key(digest, store.url, cache)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().splitlines() == [digest]  # stdout stays the digest
+    lines = [ln for ln in done.stderr.decode().splitlines() if "prefetch hint" in ln]
+    assert len(lines) == 1, done.stderr
+    with open_store(str(minbase_store)) as store:
+        hint = Repository(store).get_tag("hints", digest, "latest")
+    assert hint in lines[0] or digest[:12] in lines[0]
