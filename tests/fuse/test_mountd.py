@@ -231,7 +231,7 @@ def test_check_stop_and_idle_exit(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert done.returncode == 1 and done.stderr.count("\n") == 1
     assert "no mount server answers" in done.stderr
     assert "no mount server was running" in run_weenv("mountd", "--stop").stdout
-    run_weenv("mountd", "--detach", "--idle", "1")
+    run_weenv("mountd", "--detach", "--idle", "5")
     pid = server_pid(sock)
     assert pid is not None
     try:
@@ -239,7 +239,7 @@ def test_check_stop_and_idle_exit(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         second = subprocess.run([sys.executable, "-m", "weenvfs", "mountd"], timeout=60,
                                 capture_output=True, text=True, check=False)
         assert second.returncode == 0
-        daemon.wait_exit(pid, 30)  # idle for a second: gone
+        daemon.wait_exit(pid, 60)  # idle for five seconds: gone
         assert not sock.exists()
     finally:
         if daemon.process_alive(pid) and mountd._is_server(pid):

@@ -174,9 +174,7 @@ def spawn(args: Sequence[str], log_file: Path, timeout: float = SPAWN_TIMEOUT,
     try:
         try:
             with open(log_file, "ab") as log:
-                served = use_server and mountd.launch(list(args), write_end, log.fileno(),
-                                                      start=True)
-                if not served:
+                if not (use_server and mountd.launch(list(args), write_end, log.fileno())):
                     _exec_detached(args, write_end, log)
             os.close(write_end)
             write_end = -1
