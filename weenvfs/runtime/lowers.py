@@ -92,7 +92,7 @@ def acquire_lowers(
     return [f.result() for f in futures]
 
 
-def release_lowers(keys: Sequence[str], holder: str, keep_warm: float = 0.0) -> None:
+def release_lowers(keys: Sequence[str], holder: str, keep_warm: float | None = None) -> None:
     """Drop `holder` from every mount of `keys` (see `mounts.release`)."""
     for key in keys:
         mounts.release(key, holder, keep_warm)
