@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 ENVS_ROOT = Path("/run/weenv/envs")
 KEY_LEN = 64
+ROOT_ENV = "WEENV_ENVS_ROOT"  # another folder than ENVS_ROOT (tests, several node roots)
 KEEP_WARM_ENV, WARM_MAX_ENV, WARM_MEMORY_ENV = (
     "WEENV_KEEP_WARM", "WEENV_WARM_MAX", "WEENV_WARM_MEMORY")
 
@@ -116,11 +117,16 @@ class MountInfo:
                 "idle_since": self.idle_since, "pid": self.pid}
 
 
+def envs_root() -> Path:
+    """The folder of the node's shared mounts: $WEENV_ENVS_ROOT, else ENVS_ROOT."""
+    return Path(os.environ.get(ROOT_ENV) or ENVS_ROOT)
+
+
 def env_dir(key: str) -> Path:
     """The folder of mount `key`."""
     if len(key) != KEY_LEN or not all(c in "0123456789abcdef" for c in key):
         raise UsageError(f"not a mount key (64 hex digits): {key!r}")
-    return ENVS_ROOT / key
+    return envs_root() / key
 
 
 def mountpoint(key: str) -> Path:
@@ -436,7 +442,7 @@ def _stop_timer(info: dict[str, Any]) -> None:
 def list_mounts() -> list[MountInfo]:
     """Every shared mount folder on this node."""
     try:
-        folders = sorted(p for p in ENVS_ROOT.iterdir() if len(p.name) == KEY_LEN)
+        folders = sorted(p for p in envs_root().iterdir() if len(p.name) == KEY_LEN)
     except FileNotFoundError:
         return []
     out = []
