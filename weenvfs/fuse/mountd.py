@@ -10,16 +10,21 @@ Owns:
   For each request it forks; the child starts a new session and forks again (the daemon is
   re-parented to init, as with `setsid --fork`), takes the client's environment, umask, log
   file and readiness pipe (passed over the socket), and runs `weenv mount --foreground ...`
-  in-process. It exits after `idle` seconds without requests (0: never).
+  in-process. It exits after `idle` seconds without requests once no daemon it forked runs
+  (0: never). A detached server first leaves its starter's cgroups (`leave_caller_cgroups`),
+  and every HOUSEKEEPING_EVERY seconds it forks `weenv mounts evict --expired` (the idle
+  bounds of the node's shared mounts, runtime/mounts.py).
 - `launch`: the client side used by `daemon.spawn`: True if the server forked the daemon,
-  False when no server answers, or it declines (its code is older than the installed
-  package, or it runs in another mount or network namespace than the client: a mount made
-  there would be invisible here); the caller then starts the daemon the slow way.
+  False when no server answers (after `start_server` tried to start one, when `may_start`:
+  root or the user's own socket, from the node's own namespaces), or it declines (its code
+  is older than the installed package, or it runs in another mount or network namespace
+  than the client: a mount made there would be invisible here); the caller then starts the
+  daemon the slow way.
 - `stop`: end the server of `socket_path()` (by the pid it recorded).
 
 The server stays single-threaded (fork and threads do not mix) and never serves a FUSE
 request itself. $WEENV_MOUNTD_SOCKET moves the socket (tests, several servers on one node);
-WEENV_MOUNTD=off makes `launch` never use a server.
+WEENV_MOUNTD=off makes `launch` neither use nor start a server.
 
 Must not: mount anything itself, or wait for the daemon it forked (the readiness pipe tells
 the client, exactly as for a daemon started with `setsid`).
@@ -157,7 +162,12 @@ def _ask(request: bytes, ready_fd: int, log_fd: int) -> bytes | None:
 
 def may_start() -> bool:
     """Whether this process may start the node's server: root, or a user whose own folder
-    holds the socket (never a server in someone else's folder)."""
+    holds the socket (never a server in someone else's folder); and not from a private mount
+    or network namespace (a server there would decline every client of the node's own)."""
+    with contextlib.suppress(OSError):
+        for kind in ("mnt", "net"):
+            if os.readlink(f"/proc/self/ns/{kind}") != os.readlink(f"/proc/1/ns/{kind}"):
+                return False
     if os.geteuid() == 0:
         return True
     folder = socket_path().parent
