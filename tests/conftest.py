@@ -8,8 +8,11 @@ Owns:
 - FUSE: the `requires_fuse` marker and fixture skip when /dev/fuse or fusermount3 is unusable,
   and fail instead when WEENVFS_TEST_FUSE=1;
 - isolation from the node: $WEENV_MOUNTD_SOCKET points into a folder of this session, so a
-  mount server running on the machine (`weenv mountd`) never serves the tests' mounts; tests
-  of the server start their own (tests/fuse/test_mountd.py).
+  mount server running on the machine (`weenv mountd`) never serves the tests' mounts; the
+  server the first mount of the session starts there (mounts start one when none answers) is
+  stopped by pid when the session ends; tests of the server start their own
+  (tests/fuse/test_mountd.py). $WEENV_KEEP_WARM is 0 unless set: a shared mount is unmounted
+  when its last sandbox goes, as tests of sandboxes expect (tests of warm mounts opt in).
 It must not start servers or build fixtures of any area; those live in tests/<area>/conftest.py.
 """
 
@@ -21,8 +24,10 @@ import logging
 import os
 import re
 import shutil
+import signal
 import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -36,6 +41,39 @@ WATCHED_LOGGER = "weenvfs"
 
 os.environ["WEENV_MOUNTD_SOCKET"] = os.path.join(
     tempfile.mkdtemp(prefix="weenv-tests-mountd-"), "mountd.sock")
+os.environ.setdefault("WEENV_KEEP_WARM", "0")
+_SESSION_SOCKET = os.environ["WEENV_MOUNTD_SOCKET"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_mount_server() -> Iterator[None]:
+    """At the end of the session, stop the mount server its mounts started (by its pid)."""
+    yield
+    try:
+        with open(_SESSION_SOCKET + ".pid") as f:
+            pid = int(f.read())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"mountd" not in f.read().split(b"\0"):
+                return
+    except (OSError, ValueError):
+        return
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+        deadline = time.monotonic() + 30
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not _running(pid):
+            return
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, which init may reap late, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
 
 
 def _env_flag(name: str) -> bool:

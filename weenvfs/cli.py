@@ -53,6 +53,7 @@ COMMANDS: dict[str, str | None] = {
     "dev": "weenvfs.store.commands",
     "run": "weenvfs.runtime.commands",
     "sandbox": "weenvfs.runtime.commands",
+    "mounts": "weenvfs.runtime.cli_mounts",
     "provision": "weenvfs.provision.commands",
     "demo": "weenvfs.demo",
 }

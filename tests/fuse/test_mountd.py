@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -231,7 +232,7 @@ def test_check_stop_and_idle_exit(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert done.returncode == 1 and done.stderr.count("\n") == 1
     assert "no mount server answers" in done.stderr
     assert "no mount server was running" in run_weenv("mountd", "--stop").stdout
-    run_weenv("mountd", "--detach", "--idle", "1")
+    run_weenv("mountd", "--detach", "--idle", "5")
     pid = server_pid(sock)
     assert pid is not None
     try:
@@ -239,7 +240,7 @@ def test_check_stop_and_idle_exit(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         second = subprocess.run([sys.executable, "-m", "weenvfs", "mountd"], timeout=60,
                                 capture_output=True, text=True, check=False)
         assert second.returncode == 0
-        daemon.wait_exit(pid, 30)  # idle for a second: gone
+        daemon.wait_exit(pid, 60)  # idle for five seconds: gone
         assert not sock.exists()
     finally:
         if daemon.process_alive(pid) and mountd._is_server(pid):
@@ -280,3 +281,137 @@ def test_a_new_server_starts_while_an_old_ones_mounts_live(
         second = spawned(ref, tmp_path / "store")
         assert (second / "f").read_text() == "still here"
     assert launches == [True, True]
+
+
+# -- the node service: started by the first mount -------------------------------------------
+
+
+def _test_cgroup(tmp_path: Path) -> Path | None:
+    """A new cgroup of this test (cgroup v1 memory hierarchy, else cgroup2), or None."""
+    for root in (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")):
+        if (root / "cgroup.procs").exists() and os.access(root, os.W_OK):
+            folder = root / f"weenv-test-mountd-{os.getpid()}-{tmp_path.name}"
+            try:
+                folder.mkdir()
+            except OSError:
+                continue
+            return folder
+    return None
+
+
+def _cgroup_of(pid: int, root: Path) -> str:
+    """The path of `pid` in the hierarchy mounted at `root`."""
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    wanted = "memory" if root.name == "memory" else ""
+    for line in lines:
+        _, controllers, where = line.split(":", 2)
+        if wanted in controllers.split(",") or (not wanted and not controllers):
+            return where
+    raise AssertionError(f"no {root} line in /proc/{pid}/cgroup")
+
+
+def test_a_mount_starts_the_node_service_outside_the_callers_cgroup(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        require_or_skip: Callable[[object, str], None]) -> None:
+    """No server answers: the first mount starts one (which leaves the caller's cgroup
+    before it serves) and forks from it; the second mount forks from the same server."""
+    require_or_skip(os.geteuid() == 0, "moving processes between cgroups needs root")
+    group = _test_cgroup(tmp_path)
+    require_or_skip(group is not None, "no writable cgroup hierarchy")
+    assert group is not None
+    sock = tmp_path / "auto" / "mountd.sock"
+    monkeypatch.setenv(mountd.SOCKET_ENV, str(sock))
+    monkeypatch.delenv(mountd.SWITCH_ENV, raising=False)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_text("auto")
+    ref = publish(tmp_path / "store", [src])
+    mps = [tmp_path / "mnt0", tmp_path / "mnt1"]
+    code = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from weenvfs.fuse import daemon, mountd\n"
+        "from weenvfs.fuse.commands import mount_args\n"
+        f"Path({str(group / 'cgroup.procs')!r}).write_text(str(os.getpid()))\n"
+        "answers = []\n"
+        "real = mountd.launch\n"
+        "mountd.launch = lambda *a: answers.append(real(*a)) or answers[-1]\n"
+        f"for n, mp in enumerate(({str(mps[0])!r}, {str(mps[1])!r})):\n"
+        "    Path(mp).mkdir()\n"
+        f"    log = Path({str(tmp_path)!r}) / f'm{{n}}.log'\n"
+        f"    args = mount_args({ref!r}, Path(mp), {str(tmp_path / 'store')!r}, "
+        f"Path({str(tmp_path / 'cache')!r}), log_file=log)\n"
+        "    daemon.spawn(args, log)\n"
+        "    print(Path(mp, 'f').read_text())\n"
+        "print(answers)\n"
+    )
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=180, check=False)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["auto", "auto", "[True,", "True]"]
+        pid = server_pid(sock)
+        assert pid is not None and mountd._is_server(pid)
+        mountd.check_running()
+        # The server and the daemons it forked live outside the caller's cgroup.
+        inside = "/" + group.name
+        assert _cgroup_of(pid, group.parent) != inside
+        for mp in mps:
+            record = daemon.read_pid_file(mp)
+            assert record is not None and _cgroup_of(record["pid"], group.parent) != inside
+            assert _parent(record["pid"]) != pid  # re-parented, as a setsid daemon
+    finally:
+        for mp in mps:
+            if daemon.is_mounted(mp):
+                try:
+                    daemon.unmount(mp)
+                except WeenvError:
+                    force_unmount(mp)
+        pid = mountd.stop()
+        assert pid is None or not daemon.process_alive(pid)
+        group.rmdir()
+
+
+def test_opting_out_starts_no_server(tmp_path: Path, launches: list[bool],
+                                     spawned: Callable[..., Path],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    sock = tmp_path / "off" / "mountd.sock"
+    monkeypatch.setenv(mountd.SOCKET_ENV, str(sock))
+    monkeypatch.setenv(mountd.SWITCH_ENV, "off")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_text("slow way")
+    ref = publish(tmp_path / "store", [src])
+    mp = spawned(ref, tmp_path / "store")
+    assert launches == [False]
+    assert (mp / "f").read_text() == "slow way"
+    assert not sock.exists() and server_pid(sock) is None
+
+
+def test_an_idle_server_stays_while_its_daemons_live(
+        tmp_path: Path, launches: list[bool], spawned: Callable[..., Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--idle` counts only once no mount daemon the server forked runs."""
+    sock = tmp_path / "idle" / "mountd.sock"
+    monkeypatch.setenv(mountd.SOCKET_ENV, str(sock))
+    monkeypatch.delenv(mountd.SWITCH_ENV, raising=False)
+    run_weenv("mountd", "--detach", "--idle", "1")
+    pid = server_pid(sock)
+    assert pid is not None
+    try:
+        src = tmp_path / "src"
+        src.mkdir()
+        (src / "f").write_text("x")
+        ref = publish(tmp_path / "store", [src])
+        mp = spawned(ref, tmp_path / "store")
+        assert launches == [True]
+        # Well past its idle second, it still runs: its daemon does.
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert daemon.process_alive(pid)
+        daemon.unmount(mp)
+        daemon.wait_exit(pid, 60)  # no daemon left, and idle: it exits by itself
+    finally:
+        if daemon.process_alive(pid) and mountd._is_server(pid):
+            os.kill(pid, signal.SIGKILL)

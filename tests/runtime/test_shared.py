@@ -162,7 +162,11 @@ def test_async_environments_run_concurrently(make_env: object) -> None:
         assert task == f"task {n}\n".encode() and missing == 1 and hostname.startswith(b"weenv-")
 
 
-def test_keep_warm_keeps_the_mount_until_it_expires(env_ref: EnvRef) -> None:
+def test_keep_warm_keeps_the_mount_until_it_expires(env_ref: EnvRef,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without a node service a release starts the keep-warm timer (with one, the service
+    # expires warm mounts itself).
+    monkeypatch.setenv("WEENV_MOUNTD", "off")
     mp = env_ref.mountpoint()
     with Environment.open(
         env_ref.ref, store=env_ref.store, cache=env_ref.cache, keep_warm=600
@@ -183,7 +187,11 @@ def test_keep_warm_keeps_the_mount_until_it_expires(env_ref: EnvRef) -> None:
         mounts.expire(env_ref.keys[0], sandbox.exists, now=float("inf"))
 
 
-def test_expired_keep_warm_is_unmounted_by_gc(env_ref: EnvRef) -> None:
+def test_expired_keep_warm_is_unmounted_by_gc(env_ref: EnvRef,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without a node service a release starts the keep-warm timer (with one, the service
+    # expires warm mounts itself).
+    monkeypatch.setenv("WEENV_MOUNTD", "off")
     mp = env_ref.mountpoint()
     with Environment.open(env_ref.ref, store=env_ref.store, cache=env_ref.cache, keep_warm=600):
         pass
@@ -205,7 +213,11 @@ def _gone(pid: int, seconds: float = 30.0) -> bool:
     return True
 
 
-def test_keep_warm_timer_unmounts_by_itself(env_ref: EnvRef) -> None:
+def test_keep_warm_timer_unmounts_by_itself(env_ref: EnvRef,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without a node service a release starts the keep-warm timer (with one, the service
+    # expires warm mounts itself).
+    monkeypatch.setenv("WEENV_MOUNTD", "off")
     mp = env_ref.mountpoint()
     try:
         with Environment.open(env_ref.ref, store=env_ref.store, cache=env_ref.cache, keep_warm=2):

@@ -167,9 +167,10 @@ def _register_mountd(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
             "Run the node's mount server in this process (for a supervisor such as systemd),\n"
             "or in the background with --detach. While it runs, `weenv mount`, `weenv run`\n"
             "and the Python API start each mount daemon by forking the server's warm\n"
-            "interpreter (tenths of a second less per mount); without it they start a new\n"
-            "interpreter, as before. Socket: $WEENV_MOUNTD_SOCKET, else /run/weenv/mountd.sock\n"
-            "for root. WEENV_MOUNTD=off makes clients ignore a running server."
+            "interpreter (tenths of a second less per mount). They start one (--detach --idle\n"
+            "600) when none answers. Socket: $WEENV_MOUNTD_SOCKET, else /run/weenv/mountd.sock\n"
+            "for root. WEENV_MOUNTD=off makes clients neither use nor start a server. The\n"
+            "server also evicts idle shared mounts past their bounds (`weenv mounts`)."
         ),
         examples=[
             "weenv mountd                    # foreground, until SIGTERM",
@@ -185,7 +186,10 @@ def _register_mountd(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     what.add_argument("--check", action="store_true", help="only check that a server answers")
     what.add_argument("--stop", action="store_true", help="stop the running server")
     p.add_argument("--idle", type=float, default=0.0, metavar="SECS",
-                   help="exit after SECS without a request (default 0: never)")
+                   help="exit after SECS without a request once no mount daemon it started "
+                   "runs (default 0: never)")
+    p.add_argument("--leave-cgroups", action="store_true",
+                   help="move to the root cgroups first (as --detach and auto-start do)")
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
 
@@ -372,7 +376,7 @@ def _cmd_mountd(args: argparse.Namespace) -> int:
         log_file = mountd.socket_path().with_suffix(".log")
         log_file.parent.mkdir(parents=True, exist_ok=True)
         argv = [*(["--log-file", args.log_file] if args.log_file else []), "mountd",
-                "--idle", repr(args.idle)]
+                "--idle", repr(args.idle), "--leave-cgroups"]
         pid = daemon.spawn(argv, log_file, use_server=False)
         print(f"mount server {pid} listens on {mountd.socket_path()} (log {log_file})")
         return 0
@@ -382,7 +386,8 @@ def _cmd_mountd(args: argparse.Namespace) -> int:
     try:
         from weenvfs import cli
 
-        return mountd.serve(args.idle, cli.main, ready=pipe.ready)
+        return mountd.serve(args.idle, cli.main, ready=pipe.ready,
+                            leave_cgroups=args.leave_cgroups)
     except Exception as error:
         pipe.failed(str(error) or type(error).__name__)
         raise

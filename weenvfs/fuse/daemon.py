@@ -159,8 +159,10 @@ def spawn(args: Sequence[str], log_file: Path, timeout: float = SPAWN_TIMEOUT,
           use_server: bool = True) -> int:
     """Start `python -m weenvfs <args> --ready-fd N` as a daemon; return its pid once ready.
 
-    A running mount server (mountd.py) forks the daemon from its warm interpreter when it
-    can; otherwise `setsid --fork` starts a new interpreter. Either way the daemon is not a
+    The node's mount server (mountd.py) forks the daemon from its warm interpreter when it
+    can; when none answers, it is started first (`mountd.start_server`: root, or the user's
+    own socket; WEENV_MOUNTD=off opts out); otherwise, or with `use_server` False (how the
+    server itself starts), `setsid --fork` starts a new interpreter. Either way the daemon is not a
     child of this process (see the module docstring): nothing to reap, ever. Raises
     WeenvError with the daemon's own error line, or naming the log file (a daemon that does
     not answer within `timeout` seconds is stopped first).

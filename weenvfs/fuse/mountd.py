@@ -10,16 +10,21 @@ Owns:
   For each request it forks; the child starts a new session and forks again (the daemon is
   re-parented to init, as with `setsid --fork`), takes the client's environment, umask, log
   file and readiness pipe (passed over the socket), and runs `weenv mount --foreground ...`
-  in-process. It exits after `idle` seconds without requests (0: never).
+  in-process. It exits after `idle` seconds without requests once no daemon it forked runs
+  (0: never). A detached server first leaves its starter's cgroups (`leave_caller_cgroups`),
+  and every HOUSEKEEPING_EVERY seconds it forks `weenv mounts evict --expired` (the idle
+  bounds of the node's shared mounts, runtime/mounts.py).
 - `launch`: the client side used by `daemon.spawn`: True if the server forked the daemon,
-  False when no server answers, or it declines (its code is older than the installed
-  package, or it runs in another mount or network namespace than the client: a mount made
-  there would be invisible here); the caller then starts the daemon the slow way.
+  False when no server answers (after `start_server` tried to start one, when `may_start`:
+  root or the user's own socket, from the node's own namespaces), or it declines (its code
+  is older than the installed package, or it runs in another mount or network namespace
+  than the client: a mount made there would be invisible here); the caller then starts the
+  daemon the slow way.
 - `stop`: end the server of `socket_path()` (by the pid it recorded).
 
 The server stays single-threaded (fork and threads do not mix) and never serves a FUSE
 request itself. $WEENV_MOUNTD_SOCKET moves the socket (tests, several servers on one node);
-WEENV_MOUNTD=off makes `launch` never use a server.
+WEENV_MOUNTD=off makes `launch` neither use nor start a server.
 
 Must not: mount anything itself, or wait for the daemon it forked (the readiness pipe tells
 the client, exactly as for a daemon started with `setsid`).
@@ -53,6 +58,12 @@ SOCKET_ENV = "WEENV_MOUNTD_SOCKET"
 SWITCH_ENV = "WEENV_MOUNTD"  # "off": never use a server
 CONNECT_TIMEOUT = 5.0  # seconds for a server to accept and answer one request
 MAX_REQUEST = 1 << 20
+AUTO_IDLE = 600.0  # seconds an auto-started server lingers with no request and no daemon
+HOUSEKEEPING_EVERY = 60.0  # seconds between two runs of HOUSEKEEPING while the server runs
+# What the server runs (in a forked child) every HOUSEKEEPING_EVERY seconds: evict the warm
+# shared mounts past their idle timeout or over the node's bounds (runtime/mounts.py). The
+# CLI runs it, so this package never imports the runtime.
+HOUSEKEEPING = ("mounts", "evict", "--expired", "--quiet")
 # Imported before the first fork: what `weenv mount --foreground` needs for any store.
 PRELOAD = ("weenvfs.fuse.commands", "weenvfs.fuse.mount", "weenvfs.core.hints",
            "weenvfs.store.s3", "weenvfs.store.http", "weenvfs.store.local")
@@ -101,18 +112,39 @@ def _namespaces() -> dict[str, str]:
 # -- client ---------------------------------------------------------------------------------
 
 
-def launch(args: list[str], ready_fd: int, log_fd: int) -> bool:
+def launch(args: list[str], ready_fd: int, log_fd: int, start: bool = True) -> bool:
     """Ask the server to start `python -m weenvfs ARGS --ready-fd N` as a daemon whose
-    readiness pipe is `ready_fd` and whose stdout/stderr is `log_fd`; True if it did."""
-    if os.environ.get(SWITCH_ENV, "").lower() in ("off", "0", "no"):
-        return False
-    path = socket_path()
-    if not path.exists():
+    readiness pipe is `ready_fd` and whose stdout/stderr is `log_fd`; True if it did. With
+    `start`, a server is started first when none answers and this process may (`may_start`)."""
+    if not enabled():
         return False
     request = json.dumps({
         "argv": list(args), "env": dict(os.environ), "umask": _umask(),
         "fingerprint": fingerprint(), "namespaces": _namespaces(),
     }).encode() + b"\n"
+    answer = _ask(request, ready_fd, log_fd)
+    if answer is None and start and may_start() and start_server():
+        answer = _ask(request, ready_fd, log_fd)
+    if answer is None:
+        return False
+    if answer != b"ok":
+        log.debug("mount server declined: %s", answer.decode(errors="replace"))
+        return False
+    return True
+
+
+def enabled() -> bool:
+    """Whether mounts go through a server (WEENV_MOUNTD is not `off`)."""
+    return os.environ.get(SWITCH_ENV, "").lower() not in ("off", "0", "no")
+
+
+def _ask(request: bytes, ready_fd: int, log_fd: int) -> bytes | None:
+    """The server's answer to `request`; None when no server listens. Once the request is
+    out, the server may have forked the daemon: a lost answer then counts as `ok` (starting
+    a second daemon could race it for the mount point; the readiness pipe tells either way)."""
+    path = socket_path()
+    if not path.exists():
+        return None
     sent = False
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn, \
@@ -122,15 +154,49 @@ def launch(args: list[str], ready_fd: int, log_fd: int) -> bool:
             conn.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                       array.array("i", [ready_fd, log_fd]))])
             sent = True
-            answer = _read_line(conn)
+            return _read_line(conn)
     except OSError as error:
         log.debug("mount server at %s did not answer: %s", path, error)
-        # Once the request is out, the server may have forked the daemon: starting a second
-        # one could race it for the mount point. The readiness pipe tells either way.
-        return sent
-    if answer != b"ok":
-        log.debug("mount server declined: %s", answer.decode(errors="replace"))
+        return b"ok" if sent else None
+
+
+def may_start() -> bool:
+    """Whether this process may start the node's server: root, or a user whose own folder
+    holds the socket (never a server in someone else's folder); and not from a private mount
+    or network namespace (a server there would decline every client of the node's own)."""
+    with contextlib.suppress(OSError):
+        for kind in ("mnt", "net"):
+            if os.readlink(f"/proc/self/ns/{kind}") != os.readlink(f"/proc/1/ns/{kind}"):
+                return False
+    if os.geteuid() == 0:
+        return True
+    folder = socket_path().parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder.stat().st_uid == os.geteuid()
+    except OSError:
         return False
+
+
+def start_server(idle: float = AUTO_IDLE) -> bool:
+    """Start `weenv mountd --idle IDLE --leave-cgroups` in the background unless a server
+    answers already (one starter at a time: a lock next to the socket); True once one
+    answers. A failure is logged and answered False: the caller mounts the slow way."""
+    path = socket_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(_sibling(path, ".start"), "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed
+        with contextlib.suppress(WeenvError):
+            check_running()
+            return True
+        log_file = _sibling(path, ".log")
+        argv = ["--log-file", str(log_file), "mountd", "--idle", repr(idle), "--leave-cgroups"]
+        try:
+            pid = daemon.spawn(argv, log_file, use_server=False)
+        except WeenvError as error:
+            log.warning("could not start the node's mount server: %s", error)
+            return False
+    log.info("started the node's mount server %d on %s", pid, path)
     return True
 
 
@@ -184,11 +250,15 @@ class _Stop(Exception):
 
 
 def serve(idle: float, run: Callable[[list[str]], int],
-          ready: Callable[[], None] | None = None) -> int:
-    """Run the server until SIGTERM, or `idle` seconds without a request (0: forever).
-    A forked daemon calls `run(ARGV)` (the CLI's `main`: fuse may not import the CLI) and
-    exits with what it returns. Returns 0; 0 at once too when another server holds the
-    socket already. `ready()` is called once the socket accepts requests."""
+          ready: Callable[[], None] | None = None, leave_cgroups: bool = False) -> int:
+    """Run the server until SIGTERM, or until it has had no request for `idle` seconds and
+    no mount daemon it forked still runs (0: forever). A forked daemon calls `run(ARGV)`
+    (the CLI's `main`: fuse may not import the CLI) and exits with what it returns; so does
+    the housekeeping child (HOUSEKEEPING). Returns 0; 0 at once too when another server
+    holds the socket already. `ready()` is called once the socket accepts requests. With
+    `leave_cgroups` the server first moves to the root cgroup of every hierarchy
+    (`leave_cgroups`), so neither it nor its daemons live in the cgroup of whoever started
+    it."""
     import importlib
 
     for name in PRELOAD:
@@ -196,6 +266,8 @@ def serve(idle: float, run: Callable[[list[str]], int],
     from weenvfs.store import s3
 
     s3.warm_up()
+    if leave_cgroups:
+        leave_caller_cgroups()
     path = socket_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = open(_sibling(path, ".lock"), "a+b")  # noqa: SIM115 - held for the server's life
@@ -205,7 +277,6 @@ def serve(idle: float, run: Callable[[list[str]], int],
         log.info("a mount server already listens on %s", path)
         lock.close()
         return 0
-    code_print, namespaces = fingerprint(), _namespaces()
     path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_mask = os.umask(0o177)  # the socket is created 0600: our uid only
@@ -227,21 +298,7 @@ def serve(idle: float, run: Callable[[list[str]], int],
     if ready is not None:
         ready()
     try:
-        last = time.monotonic()
-        while True:
-            wait = None if idle <= 0 else max(0.0, last + idle - time.monotonic())
-            readable, _, _ = select.select([listener], [], [], wait)
-            if not readable:
-                log.info("mount server idle for %g s: exiting", idle)
-                break
-            conn, _ = listener.accept()
-            last = time.monotonic()
-            with conn:
-                # What a forked daemon must not keep: above all the lock (flock belongs to
-                # the open file, so a daemon holding it would lock out the next server).
-                held = (conn, listener, lock)
-                if not _handle(conn, held, code_print, namespaces, run):
-                    break
+        _loop(listener, lock, idle, run)
     except _Stop:
         log.info("mount server stopping")
     finally:
@@ -256,9 +313,89 @@ def serve(idle: float, run: Callable[[list[str]], int],
     return 0
 
 
+def _loop(listener: socket.socket, lock: Any, idle: float,
+          run: Callable[[list[str]], int]) -> None:
+    """Accept requests until idle (see `serve`) or stale; housekeeping between them."""
+    code_print, namespaces = fingerprint(), _namespaces()
+    daemons: dict[int, str] = {}  # pid -> start time, of every daemon forked and alive
+    last = time.monotonic()
+    chores = last + HOUSEKEEPING_EVERY
+    while True:
+        now = time.monotonic()
+        if now >= chores:
+            _fork_task(list(HOUSEKEEPING), (listener, lock), run)
+            chores = now + HOUSEKEEPING_EVERY
+        waits = [chores - now]
+        if idle > 0:
+            waits.append(last + idle - now)
+        readable, _, _ = select.select([listener], [], [], max(0.0, min(waits)))
+        if not readable:
+            if idle > 0 and time.monotonic() >= last + idle:
+                daemons = {p: t for p, t in daemons.items() if _start_time(p) == t}
+                if not daemons:
+                    log.info("mount server idle for %g s with no daemon left: exiting", idle)
+                    return
+            continue
+        conn, _ = listener.accept()
+        last = time.monotonic()
+        with conn:
+            # What a forked daemon must not keep: above all the lock (flock belongs to the
+            # open file, so a daemon holding it would lock out the next server).
+            if not _handle(conn, (conn, listener, lock), code_print, namespaces, run,
+                           daemons):
+                return
+
+
+def _start_time(pid: int) -> str:
+    """Field 22 of /proc/PID/stat (tells a reused pid apart); '' when it is gone."""
+    if not daemon.process_alive(pid):
+        return ""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def leave_caller_cgroups() -> None:
+    """Move this process to the root cgroup of each cgroup v1 hierarchy and of cgroup2
+    (those it can write), so the node's server and its mount daemons outlive, and are not
+    limited or killed with, the sandbox, job or session that happened to start it first."""
+    mounts: dict[frozenset[str], Path] = {}
+    unified: Path | None = None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            fields = line.split()
+            tail = fields[fields.index("-") + 1:]
+            if tail[0] == "cgroup2":
+                unified = unified or Path(fields[4])
+            elif tail[0] == "cgroup":
+                names = frozenset(o for o in tail[2].split(",") if o not in ("rw", "ro"))
+                mounts.setdefault(names, Path(fields[4]))
+    moved, failed = [], []
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, where = line.split(":", 2)
+        if where == "/":
+            continue
+        root = unified if not controllers else next(
+            (m for names, m in mounts.items() if set(controllers.split(",")) <= names), None)
+        if root is None:
+            continue
+        try:
+            (root / "cgroup.procs").write_text(f"{os.getpid()}\n")
+            moved.append(controllers or "cgroup2")
+        except OSError as error:
+            failed.append(f"{controllers or 'cgroup2'} ({error.strerror})")
+    if moved:
+        log.info("mount server left its starter's cgroups: %s", ", ".join(moved))
+    if failed:
+        log.info("mount server stays in its starter's cgroup of %s", ", ".join(failed))
+
+
 def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
-            namespaces: dict[str, str], run: Callable[[list[str]], int]) -> bool:
-    """Serve one request; False when this server must exit (its code is stale)."""
+            namespaces: dict[str, str], run: Callable[[list[str]], int],
+            daemons: dict[int, str]) -> bool:
+    """Serve one request (the daemon it forks is added to `daemons`); False when this
+    server must exit (its code is stale)."""
     conn.settimeout(CONNECT_TIMEOUT)
     fds: list[int] = []
     try:
@@ -280,7 +417,9 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
         if len(fds) != 2:
             _answer(conn, "refused: a request passes exactly two file descriptors")
             return True
-        _fork_daemon(request, fds, held, run)
+        pid = _fork_daemon(request, fds, held, run)
+        if pid:
+            daemons[pid] = _start_time(pid)
         _answer(conn, "ok")
     except (OSError, ValueError, KeyError, TypeError) as error:
         log.warning("bad mount request: %s", error)
@@ -316,25 +455,54 @@ def _answer(conn: socket.socket, text: str) -> None:
 
 
 def _fork_daemon(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
-                 run: Callable[[list[str]], int]) -> None:
-    """Fork; the child forks the daemon and exits at once (reaped here), so the daemon is
-    nobody's child, in a session of its own."""
+                 run: Callable[[list[str]], int]) -> int:
+    """Fork the daemon of `request`, nobody's child (see `_detached`); its pid, or 0."""
     argv = [str(a) for a in request["argv"]]
     env = {str(k): str(v) for k, v in request["env"].items()}
     umask = int(request["umask"])
+    return _detached(held, lambda: _become_daemon(argv, env, umask, run, ready_fd=fds[0],
+                                                  log_fd=fds[1]))
+
+
+def _fork_task(argv: list[str], held: tuple[Any, ...], run: Callable[[list[str]], int]) -> None:
+    """Run `weenv ARGV` in a detached child of the server (its housekeeping)."""
+
+    def task() -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_DFL)
+        os._exit(run(argv))
+
+    try:
+        _detached(held, task)
+    except OSError as error:
+        log.warning("mount server housekeeping did not start: %s", error)
+
+
+def _detached(held: tuple[Any, ...], body: Callable[[], None]) -> int:
+    """Fork; the child starts a session, forks `body` and exits at once (reaped here), so
+    the grandchild is nobody's child. Returns the grandchild's pid (0 if unknown)."""
+    read_end, write_end = os.pipe()
     pid = os.fork()
     if pid:
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            told = pipe.read()
         os.waitpid(pid, 0)
-        return
+        return int(told) if told.strip().isdigit() else 0
     try:
+        os.close(read_end)
         os.setsid()
-        if os.fork():
+        grandchild = os.fork()
+        if grandchild:
+            os.write(write_end, str(grandchild).encode())
             os._exit(0)
+        os.close(write_end)
         for thing in held:  # the server's socket, connection and lock
             thing.close()
-        _become_daemon(argv, env, umask, run, ready_fd=fds[0], log_fd=fds[1])
+        body()
     except BaseException:  # noqa: BLE001 - a forked child must never return into the loop
-        os._exit(70)
+        pass
+    os._exit(70)
 
 
 def _become_daemon(argv: list[str], env: dict[str, str], umask: int,

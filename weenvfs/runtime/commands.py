@@ -83,8 +83,9 @@ def _add_sandbox_options(p: argparse.ArgumentParser, *, store_required: bool) ->
                    "ENOSPC): an ext4 image of its own, or with --tmpfs-upper the tmpfs size")
     p.add_argument("--network", choices=("none", "host"), default="none",
                    help="none: loopback only (default); host: the node's network")
-    p.add_argument("--keep-warm", type=non_negative, default=0.0, metavar="SECS",
-                   help="keep the environment mounted SECS after its last sandbox ends")
+    p.add_argument("--keep-warm", type=non_negative, default=None, metavar="SECS",
+                   help="keep the environment mounted SECS after its last sandbox ends "
+                   "(default: $WEENV_KEEP_WARM, else 600; 0: unmount at once)")
     p.add_argument("--lower", choices=LOWER_MODES, default=DEFAULT_LOWER,
                    help="layers: a shared mount per group, stacked by overlayfs (environments "
                    "with common groups share their page cache; default); merged: one mount "

@@ -122,7 +122,7 @@ class Environment:
     def open(
         cls, ref: str, *, store: str | Path, cache: str | Path | None = None,
         cpus: float | None = None, memory: int | None = None, pids: int | None = None,
-        tmpfs_upper: bool = False, network: str = "none", keep_warm: float = 0.0,
+        tmpfs_upper: bool = False, network: str = "none", keep_warm: float | None = None,
         env: dict[str, str] | None = None, user: str | None = None, cwd: str | None = None,
         elastic: bool = False, lower: str = DEFAULT_LOWER,
         seccomp: str | dict[str, Any] | None = None, disk: int | None = None,
@@ -131,8 +131,9 @@ class Environment:
         """Start a sandbox of `ref` from `store` (a URL or directory); `cache` is the node's
         chunk cache (default as `weenv mount`). `memory` is in bytes; `pids` defaults to
         cgroups.DEFAULT_PIDS. The environment's mounts stay `keep_warm` seconds after the
-        last sandbox of it closes. With `elastic` the node's provisioner sizes memory and
-        CPU from what the sandbox uses (starting its sidecar if none runs): `cpus` and
+        last sandbox of it closes (None: the node's policy, runtime/mounts.py; 0: none).
+        With `elastic` the node's provisioner sizes memory and CPU from what the sandbox
+        uses (starting its sidecar if none runs): `cpus` and
         `memory` are then the first limits (default: from earlier sandboxes of the
         environment on this node), and closing records the run for the next ones. `lower`
         is "layers" (a shared mount per group, default) or "merged" (runtime/lowers.py).

@@ -10,8 +10,8 @@ Owns the rules for what is an orphan, and their removal:
   runc containers and cgroups under `/weenv/` with no sandbox folder (a crash between
   steps of create or destroy);
 - upper dirs with no sandbox that were not kept on purpose, and trash left by a reset;
-- shared mounts (mounts.py): holders whose sandbox is gone are dropped, and a mount with no holder
-  that is not kept warm is unmounted.
+- shared mounts (mounts.py): holders whose sandbox is gone are dropped, a mount with no holder
+  that is not kept warm is unmounted, and idle mounts over the node's bounds are evicted.
 A sandbox still being created or reset by a live owner is never touched.
 
 Must not: remove a sandbox whose owner runs, or an upper kept with `--keep`.
@@ -151,6 +151,11 @@ def _env_mounts(report: GcReport) -> None:
                 report.mounts.append(mount.key)
         except (OSError, WeenvError) as error:
             report.errors.append(f"mount {mount.key[:12]}: {error}")
+    try:
+        report.mounts.extend(k for k in mounts.evict_idle(is_live=sandbox.exists)
+                             if k not in report.mounts)
+    except (OSError, WeenvError) as error:
+        report.errors.append(f"evicting idle mounts: {error}")
 
 
 def collect_after(seconds: float) -> GcReport:

@@ -104,10 +104,11 @@ def acquire_lowers(
 
 
 def release_lowers(
-    keys: Sequence[str], holder: str, keep_warm: float = 0.0
+    keys: Sequence[str], holder: str, keep_warm: float | None = None
 ) -> list[dict[str, Any]]:
-    """Drop `holder` from every mount of `keys` (see `mounts.release`); what the recording
-    mounts this ended published (their result documents)."""
+    """Drop `holder` from every mount of `keys` (see `mounts.release`: `keep_warm` None is
+    the node's policy); what the recording mounts this ended published (their result
+    documents)."""
     outcomes = []
     for key in keys:
         outcome = mounts.release(key, holder, keep_warm)

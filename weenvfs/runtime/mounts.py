@@ -9,17 +9,26 @@ Owns the folder `/run/weenv/envs/<key>/`:
                     started by fuse/daemon.py; it is not our child, so whichever process
                     unmounts only waits for its pid)
     holders/<id>    one empty file per sandbox that uses the mount: the reference count
-    mount.json      store URL, cache folder, log file, and `warm_until` / `timer_pid` while
-                    the mount is kept warm with no holder
+    mount.json      store URL, cache folder, log file, daemon pid, and `idle_since` /
+                    `warm_until` (/ `timer_pid`) while the mount is kept warm with no holder
     hint.json       a recording mount's outcome (what its daemon published on unmount)
 
 The count is the set of holder files, not a number, so a crashed process can never leave it
 wrong: a holder whose sandbox folder is gone is stale, and `prune_holders` (run by every
-acquire and by `weenv sandbox gc`) drops it. When the last holder releases, the mount is
-unmounted at once, or kept warm for `keep_warm` seconds: a detached `weenv sandbox gc
---mounts-only --after SECS` timer unmounts it then unless a sandbox took it again. A recording
-mount (`record`, runtime/recording.py) is never kept warm: its daemon publishes the recorded
-hint when it is unmounted, and `release` returns what it published.
+acquire and by `weenv sandbox gc`) drops it.
+
+Mounts outlive the sandboxes that made them: when the last holder releases, the mount stays
+mounted, idle, for `keep_warm` seconds (default `WarmPolicy`: $WEENV_KEEP_WARM, 600; 0
+unmounts at once), so the next sandbox of the same environment or group stack finds it
+mounted (a warm start is overlay + sandbox only). Idle mounts are bounded: at most
+$WEENV_WARM_MAX of them (16) and $WEENV_WARM_MEMORY bytes of their daemons' memory (PSS,
+1 GiB); `evict_idle` unmounts the least recently used idle mounts over a bound and those past
+their `warm_until`, never one with a holder. It runs after every release that leaves a mount
+idle, from the node's mount server every minute (fuse/mountd.py HOUSEKEEPING: `weenv mounts
+evict --expired`) and from `weenv sandbox gc`. Only when no mount server answers does a
+release start a detached `weenv sandbox gc --mounts-only --after SECS` timer instead. A
+recording mount (`record`, runtime/recording.py) is never kept warm: its daemon publishes the
+recorded hint when it is unmounted, and `release` returns what it published.
 
 Must not: serve the mount (fuse/), or create sandboxes (sandbox.py).
 """
@@ -42,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from weenvfs.errors import UsageError, WeenvError
-from weenvfs.fuse import daemon
+from weenvfs.fuse import daemon, mountd
 from weenvfs.fuse.commands import mount_args
 
 log = logging.getLogger(__name__)
@@ -51,6 +60,40 @@ ENVS_ROOT = Path("/run/weenv/envs")
 KEY_LEN = 64
 RESULT_FILE = "hint.json"
 RECORD_TAG = "latest"  # the hint tag a recording mount publishes (recording.HINT_TAG)
+
+ROOT_ENV = "WEENV_ENVS_ROOT"  # another folder than ENVS_ROOT (tests, several node roots)
+KEEP_WARM_ENV, WARM_MAX_ENV, WARM_MEMORY_ENV = (
+    "WEENV_KEEP_WARM", "WEENV_WARM_MAX", "WEENV_WARM_MEMORY")
+
+
+@dataclass(frozen=True)
+class WarmPolicy:
+    """How long and how many released mounts stay mounted on this node."""
+
+    seconds: float = 600.0  # idle timeout of a released mount (0: unmount at once)
+    max_idle: int = 16  # idle mounts kept at most (least recently used evicted first)
+    max_memory: int = 1 << 30  # bytes (PSS) of the idle mounts' daemons (0: no bound)
+
+    @classmethod
+    def from_env(cls) -> WarmPolicy:
+        """The node's policy: $WEENV_KEEP_WARM, $WEENV_WARM_MAX, $WEENV_WARM_MEMORY."""
+        default = cls()
+        return cls(_env_number(KEEP_WARM_ENV, default.seconds, float),
+                   int(_env_number(WARM_MAX_ENV, default.max_idle, int)),
+                   int(_env_number(WARM_MEMORY_ENV, default.max_memory, int)))
+
+
+def _env_number(name: str, default: float, kind: type[float] | type[int]) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise UsageError(f"${name} must be a non-negative number, not {raw!r}") from None
+    if value < 0:
+        raise UsageError(f"${name} must be a non-negative number, not {raw!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -64,19 +107,32 @@ class MountInfo:
     warm_until: float | None
     env: str | None = None  # the manifest digest it was mounted from
     layer: int | None = None  # the group it serves as an overlay layer (None: merged)
+    idle_since: float | None = None  # when its last holder released it (None: held)
+    pid: int | None = None  # its daemon
+
+    @property
+    def idle(self) -> bool:
+        """Mounted and held by no sandbox (what eviction may unmount)."""
+        return self.mounted and not self.holders
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict (`weenv sandbox ls --json`)."""
+        """A JSON-able dict (`weenv sandbox ls --json`, `weenv mounts --json`)."""
         return {"key": self.key, "mountpoint": str(self.mountpoint),
                 "mounted": self.mounted, "holders": list(self.holders),
-                "warm_until": self.warm_until, "env": self.env, "layer": self.layer}
+                "warm_until": self.warm_until, "env": self.env, "layer": self.layer,
+                "idle_since": self.idle_since, "pid": self.pid}
+
+
+def envs_root() -> Path:
+    """The folder of the node's shared mounts: $WEENV_ENVS_ROOT, else ENVS_ROOT."""
+    return Path(os.environ.get(ROOT_ENV) or ENVS_ROOT)
 
 
 def env_dir(key: str) -> Path:
     """The folder of mount `key`."""
     if len(key) != KEY_LEN or not all(c in "0123456789abcdef" for c in key):
         raise UsageError(f"not a mount key (64 hex digits): {key!r}")
-    return ENVS_ROOT / key
+    return envs_root() / key
 
 
 def mountpoint(key: str) -> Path:
@@ -166,6 +222,7 @@ def acquire(
                           folder / RESULT_FILE if record else None)
         _stop_timer(info)
         info.pop("warm_until", None)
+        info.pop("idle_since", None)
         _write_info(folder, info)
         (folder / "holders").mkdir(exist_ok=True)
         (folder / "holders" / holder).touch()
@@ -195,11 +252,15 @@ def _mount(
             "env": env, "layer": layer, "record": record_result is not None}
 
 
-def release(key: str, holder: str, keep_warm: float = 0.0) -> dict[str, Any] | None:
-    """Drop `holder`; unmount when no holder is left, now or after `keep_warm` seconds. A
-    release by a process that does not hold the mount changes nothing (a sandbox whose build
-    stopped before taking it must not unmount what others keep warm). Returns what a
-    recording mount published when this release unmounted it (its hint.json), else None."""
+def release(key: str, holder: str, keep_warm: float | None = None) -> dict[str, Any] | None:
+    """Drop `holder`; when no holder is left, keep the mount warm for `keep_warm` seconds
+    (None: the node's `WarmPolicy`; 0: unmount now), then evict what is over the node's
+    bounds (`evict_idle`). A release by a process that does not hold the mount changes
+    nothing (a sandbox whose build stopped before taking it must not unmount what others
+    keep warm). Returns what a recording mount published when this release unmounted it
+    (its hint.json; a recording mount is never kept warm), else None."""
+    policy = WarmPolicy.from_env()
+    seconds = policy.seconds if keep_warm is None else keep_warm
     with locked(key) as folder:
         try:
             (folder / "holders" / holder).unlink()
@@ -208,14 +269,98 @@ def release(key: str, holder: str, keep_warm: float = 0.0) -> dict[str, Any] | N
         if _holders(folder):
             return None
         recording = bool(_read_info(folder).get("record"))
-        if keep_warm > 0 and not recording and daemon.is_mounted(folder / "root"):
-            info = _read_info(folder)
-            _stop_timer(info)
-            info["warm_until"] = time.time() + keep_warm
-            info["timer_pid"] = _start_timer(keep_warm)
-            _write_info(folder, info)
-            return None
-        return _teardown(folder)
+        if (seconds <= 0 or policy.max_idle <= 0 or recording
+                or not daemon.is_mounted(folder / "root")):
+            return _teardown(folder)
+        info = _read_info(folder)
+        _stop_timer(info)
+        now = time.time()
+        info["idle_since"], info["warm_until"] = now, now + seconds
+        if not _node_service_answers():
+            info["timer_pid"] = _start_timer(seconds)
+        _write_info(folder, info)
+    evict_idle(policy)
+    return None
+
+
+def _node_service_answers() -> bool:
+    """Whether the node's mount server runs (its housekeeping then expires warm mounts)."""
+    if not mountd.enabled():
+        return False
+    try:
+        mountd.check_running()
+    except WeenvError:
+        return False
+    return True
+
+
+def evict_idle(policy: WarmPolicy | None = None, now: float | None = None,
+               is_live: Callable[[str], bool] | None = None) -> list[str]:
+    """Unmount the idle mounts past their `warm_until`, then the least recently used idle
+    ones while more than `policy.max_idle` are idle or their daemons use more than
+    `policy.max_memory`; never one with a holder (stale holders are dropped first when
+    `is_live` is given). Returns the keys unmounted."""
+    policy = policy or WarmPolicy.from_env()
+    now = time.time() if now is None else now
+    if is_live is not None:
+        for mount in list_mounts():
+            if mount.holders:
+                with locked(mount.key) as folder:
+                    prune_holders(folder, is_live)
+    idle = [m for m in list_mounts() if m.idle]
+    evicted = [m.key for m in idle if _evict(m.key, lambda info: _expired(info, now))]
+    left = sorted((m for m in idle if m.key not in evicted),
+                  key=lambda m: m.idle_since or 0.0)  # least recently used first
+    memory = {m.key: _daemon_memory(m.pid) for m in left} if policy.max_memory else {}
+    while left and (len(left) > policy.max_idle
+                    or (policy.max_memory and sum(memory.values()) > policy.max_memory)):
+        victim = left.pop(0)
+        memory.pop(victim.key, None)
+        if _evict(victim.key, lambda info: True):
+            evicted.append(victim.key)
+            log.info("evicted idle mount %s (least recently used over the node's bounds)",
+                     victim.key[:12])
+    return evicted
+
+
+def evict(key: str, force: bool = False) -> bool:
+    """Unmount mount `key` if it has no holder (with `force`, even if it has: their
+    sandboxes lose their lower); whether it was unmounted. Raises UsageError with holders."""
+    with locked(key) as folder:
+        holders = _holders(folder)
+        if holders and not force:
+            raise UsageError(f"mount {key[:12]} has {len(holders)} holder(s) "
+                             f"({', '.join(holders)}); --force unmounts it anyway")
+        mounted = daemon.is_mounted(folder / "root")
+        _teardown(folder)
+        return mounted
+
+
+def _expired(info: dict[str, Any], now: float) -> bool:
+    warm_until = info.get("warm_until")
+    return not isinstance(warm_until, int | float) or warm_until <= now
+
+
+def _evict(key: str, due: Callable[[dict[str, Any]], bool]) -> bool:
+    """Tear mount `key` down if, under its lock, it has no holder and `due(mount.json)`."""
+    with locked(key) as folder:
+        if _holders(folder) or not due(_read_info(folder)):
+            return False
+        _teardown(folder)
+        return True
+
+
+def _daemon_memory(pid: int | None) -> int:
+    """Bytes of memory (PSS: shared pages split among their users) of daemon `pid`."""
+    if pid is None:
+        return 0
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def prune_holders(folder: Path, is_live: Callable[[str], bool]) -> list[str]:
@@ -326,16 +471,21 @@ def _stop_timer(info: dict[str, Any]) -> None:
 def list_mounts() -> list[MountInfo]:
     """Every shared mount folder on this node."""
     try:
-        folders = sorted(p for p in ENVS_ROOT.iterdir() if len(p.name) == KEY_LEN)
+        folders = sorted(p for p in envs_root().iterdir() if len(p.name) == KEY_LEN)
     except FileNotFoundError:
         return []
     out = []
     for folder in folders:
         info = _read_info(folder)
-        warm, env, layer = info.get("warm_until"), info.get("env"), info.get("layer")
+        env, layer, pid = info.get("env"), info.get("layer"), info.get("pid")
         out.append(MountInfo(folder.name, folder / "root", daemon.is_mounted(folder / "root"),
-                           tuple(_holders(folder)),
-                           float(warm) if isinstance(warm, int | float) else None,
-                           env if isinstance(env, str) else None,
-                           layer if isinstance(layer, int) else None))
+                             tuple(_holders(folder)), _number(info.get("warm_until")),
+                             env if isinstance(env, str) else None,
+                             layer if isinstance(layer, int) else None,
+                             _number(info.get("idle_since")),
+                             pid if isinstance(pid, int) else None))
     return out
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) else None

@@ -81,7 +81,7 @@ class SandboxOptions:
     tmpfs_size: int | None = None
     network: str = "none"
     keep_upper: bool = False
-    keep_warm: float = 0.0
+    keep_warm: float | None = None  # None: the node's policy (mounts.WarmPolicy)
     env: dict[str, str] = field(default_factory=dict)
     user: str | None = None
     cwd: str | None = None
@@ -482,8 +482,9 @@ class Sandbox:
                     (self.upper_root / KEPT_MARKER).write_text(json.dumps(self.state))
             else:
                 shutil.rmtree(self.upper_root, ignore_errors=True)
+            warm = self.state.get("keep_warm")
             outcomes = release_lowers(self._mount_keys(), self.id,
-                                      float(self.state.get("keep_warm", 0.0)))
+                                      None if warm is None else float(warm))
             self.hint_outcome = outcomes[0] if outcomes else None
             (self.dir / "state.json").unlink(missing_ok=True)
         if rootfs.is_mount_point(self.rootfs):  # never delete through a live overlay

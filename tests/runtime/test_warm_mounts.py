@@ -1,0 +1,110 @@
+"""Warm shared mounts: a released mount stays mounted (idle) for the next sandbox, idle mounts
+are bounded (least recently used evicted first, never one with a holder), and `weenv mounts`
+lists and evicts them.
+
+Each test keeps its shared mounts in a folder of its own ($WEENV_ENVS_ROOT), so the bounds it
+sets never evict the idle mounts of other jobs on the node, and removes them at the end.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from rt_support import EnvRef, run_weenv
+
+from weenvfs.fuse import daemon
+from weenvfs.runtime import mounts
+from weenvfs.runtime.environment import Environment
+
+
+@pytest.fixture
+def warm_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private folder of shared mounts kept warm 600 s; every mount in it is evicted after
+    the test (held ones too)."""
+    root = tmp_path / "envs"
+    monkeypatch.setenv(mounts.ROOT_ENV, str(root))
+    monkeypatch.setenv(mounts.KEEP_WARM_ENV, "600")
+    try:
+        yield root
+    finally:
+        for mount in mounts.list_mounts():
+            mounts.evict(mount.key, force=True)
+
+
+def _use(env: EnvRef) -> Path:
+    """Run one sandbox of `env` (merged: one mount, keyed by its digest); its mount point."""
+    with Environment.open(env.ref, store=env.store, cache=env.cache, lower="merged") as box:
+        assert box.exec(["true"]).ok
+        return box.sandbox.lowers[0]
+
+
+def test_a_released_mount_stays_warm_and_serves_the_next_sandbox(
+        warm_root: Path, make_env: Callable[..., EnvRef]) -> None:
+    env = make_env()
+    mp = _use(env)
+    assert mp == mounts.mountpoint(env.digest) and daemon.is_mounted(mp)
+    [info] = mounts.list_mounts()
+    assert info.idle and info.idle_since is not None and info.warm_until is not None
+    assert info.warm_until - info.idle_since == pytest.approx(600)
+    pid = info.pid
+    assert pid is not None and daemon.process_alive(pid)
+    assert _use(env) == mp  # the same mount, the same daemon: nothing was mounted again
+    [again] = mounts.list_mounts()
+    assert again.pid == pid and again.idle
+
+
+def test_idle_mounts_over_the_bound_are_evicted_least_recently_used_first(
+        warm_root: Path, make_env: Callable[..., EnvRef],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(mounts.WARM_MAX_ENV, "2")
+    first, second, third = make_env(), make_env(), make_env()
+    _use(first)
+    _use(second)
+    _use(first)  # now second is the least recently used
+    with Environment.open(third.ref, store=third.store, cache=third.cache, lower="merged"):
+        # Held mounts do not count: two idle ones are within the bound.
+        assert {m.key for m in mounts.list_mounts() if m.idle} == {first.digest, second.digest}
+    idle = {m.key for m in mounts.list_mounts() if m.idle}
+    assert idle == {first.digest, third.digest}
+    assert not daemon.is_mounted(mounts.mountpoint(second.digest))
+
+
+def test_an_expired_mount_is_evicted_and_a_held_one_never(
+        warm_root: Path, make_env: Callable[..., EnvRef]) -> None:
+    idle_env, held_env = make_env(), make_env()
+    _use(idle_env)
+    with Environment.open(held_env.ref, store=held_env.store, cache=held_env.cache,
+                          lower="merged") as box:
+        evicted = mounts.evict_idle(mounts.WarmPolicy(seconds=600, max_idle=0, max_memory=1),
+                                    now=float("inf"))
+        assert evicted == [idle_env.digest]
+        assert box.exec(["true"]).ok
+        assert daemon.is_mounted(mounts.mountpoint(held_env.digest))
+
+
+def test_weenv_mounts_lists_and_evicts(warm_root: Path, make_env: Callable[..., EnvRef]) -> None:
+    one, two = make_env(), make_env()
+    _use(one)
+    _use(two)
+    rows = json.loads(run_weenv("mounts", "--json").stdout)
+    assert {r["key"] for r in rows} == {one.digest, two.digest}
+    for row in rows:
+        assert row["env"] == row["key"] and row["layer"] is None and row["holders"] == []
+        assert row["data_path"] in ("kernel", "fuse") and row["pid"] > 0
+        assert row["warm_until"] > row["idle_since"]
+    table = run_weenv("mounts").stdout.decode()
+    assert one.digest[:12] in table and "ago" in table
+    # A holder (here one whose sandbox is gone) makes evict refuse, unless --force.
+    (mounts.env_dir(one.digest) / "holders" / "weenv-gone").touch()
+    refused = run_weenv("mounts", "evict", one.digest[:16], check=False)
+    assert refused.returncode != 0 and b"holder" in refused.stderr
+    assert refused.stderr.decode().count("\n") == 1
+    assert daemon.is_mounted(mounts.mountpoint(one.digest))
+    done = run_weenv("mounts", "evict", "--idle").stdout.decode()
+    assert done.split() == ["evicted", two.digest]
+    run_weenv("mounts", "evict", one.digest, "--force")
+    assert mounts.list_mounts() == []
+    assert not daemon.is_mounted(mounts.mountpoint(one.digest))
