@@ -35,6 +35,13 @@ from weenvfs.tools.builder import build_group, open_source
 PROBE = "/usr/local/bin/probe"
 
 
+@pytest.fixture(autouse=True)
+def _no_default_hint_recording(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sandboxes here stand on their environments' shared group mounts (the escape attempts
+    and the broken-mount tests name those mounts), not on a first run's recording mount."""
+    monkeypatch.setenv("WEENV_RECORD_HINTS", "off")
+
+
 @pytest.fixture(scope="session")
 def probe(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     """The bytes of the static probe binary."""
