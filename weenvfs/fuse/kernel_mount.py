@@ -107,11 +107,6 @@ def _filesystems() -> set[str]:
     return {line.split()[-1] for line in text.splitlines() if line.split()}
 
 
-def private_dir(mountpoint: Path) -> Path:
-    """The run folder of the kernel mount at `mountpoint`: its device folder and layers."""
-    return daemon.run_dir().parent / "kernel" / daemon.pid_file(mountpoint).stem
-
-
 def prepare_layers(env: Environment, config: MountConfig, reader: Reader) -> list[KernelLayer]:
     """Every layer of this mount, lowest first, with its image fetched, built or verified."""
     groups = env.tree.groups
@@ -157,7 +152,7 @@ class KernelMounts:
     def __init__(self, config: MountConfig, layers: list[KernelLayer]) -> None:
         self.config = config
         self.layers = layers
-        self.base = private_dir(config.mountpoint)
+        self.base = daemon.kernel_dir(config.mountpoint)
         self.device_dir = self.base / "devices"
         self.mounted: list[Path] = []  # in mount order; undone in reverse
 
