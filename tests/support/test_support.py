@@ -219,6 +219,10 @@ def test_whiteouts_and_opaque_directories(tmp_path: Path) -> None:
         file("etc/other", b"o"),
         dir("bin"),
         file("bin/tool", b"v2", mode=0o755),
+        # A marker's missing parent belongs to its layer, fresh (SPEC.md 7.1, as Docker's and
+        # containerd's appliers create it): the whiteout of a name that never existed leaves
+        # its folder.
+        dir("never", mode=0o755, mtime=0),
     )
     # etc and bin are not listed by the top layer: they keep the base layer's mtime.
     trees.assert_trees_equal(expected, applied, ignore={"root"})
