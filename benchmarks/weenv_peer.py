@@ -278,8 +278,10 @@ class WeenvPeer:
         shutil.rmtree(self.cache, ignore_errors=True)
 
     def start(self, image: str) -> Environment:
+        # No first-run recording: the hints of this peer are the ones `prepare` sets (none,
+        # or recorded beforehand), and a recording run would stand on a private mount.
         return Environment.open(env_ref(image), store=self.url, cache=self.cache,
-                                lower=self.lower)
+                                lower=self.lower, record_hint=False)
 
     def exec(self, env: Environment, argv: Sequence[str]) -> None:
         result = env.exec(list(argv), timeout=900)
