@@ -31,7 +31,6 @@ from weenvfs.format.constants import MAX_IMAGE_SIZE
 from weenvfs.format.device_layout import DeviceLayout
 from weenvfs.format.digest import digest_hex
 from weenvfs.format.erofs_group import DirectoryView, GroupImage, group_image
-from weenvfs.format.errors import FormatError
 from weenvfs.store.base import Store
 from weenvfs.store.repository import Repository
 
@@ -100,30 +99,22 @@ def fetch_group_image(store: Store, digest: str) -> bytes:
     return decompress_object(data, f"erofs/{digest[:12]}", MAX_IMAGE_SIZE)
 
 
-def cached_image(cache_dir: Path, key: str, build: Callable[[], bytes],
-                 digest: str | None = None) -> Path:
+def cached_image(cache_dir: Path, key: str, build: Callable[[], bytes]) -> Path:
     """The verified copy of image `key` in `cache_dir`, made by `build` if it is missing or
-    does not match its digest: `digest` when the image's digest is known (a published one;
-    `build` must return exactly those bytes), else the one recorded next to it. Safe
-    against concurrent builders: each writes a temporary file and renames it."""
+    does not match the BLAKE3 recorded next to it. Safe against concurrent builders: each
+    writes a temporary file and renames it, the image before its digest."""
     folder = cache_dir / IMAGE_DIR
     path = folder / f"{key}.img"
     digest_path = folder / f"{key}.img.b3"
     with contextlib.suppress(OSError):
-        want = digest or digest_path.read_text().strip()
+        want = digest_path.read_text().strip()
         if digest_hex(path.read_bytes()) == want:
             return path
         log.warning("EROFS image %s does not match its digest: making it again", path)
     data = build()
     folder.mkdir(parents=True, exist_ok=True)
-    if digest is None:
-        _write_atomically(path, data)
-        _write_atomically(digest_path, (digest_hex(data) + "\n").encode())
-    elif digest_hex(data) != digest:
-        raise FormatError(f"EROFS image {key[:12]}", "the bytes do not match digest "
-                         f"{digest[:12]}")
-    else:
-        _write_atomically(path, data)
+    _write_atomically(path, data)
+    _write_atomically(digest_path, (digest_hex(data) + "\n").encode())
     return path
 
 
