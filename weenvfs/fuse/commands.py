@@ -260,6 +260,8 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         path=config.path, verbose=args.verbose, nonempty=args.nonempty,
     )
     pid = daemon.spawn(child, log_file)
+    # Mounted: a Ctrl-C from now on would report "interrupted" over a mount that stays.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     log.info("mounted %s at %s (daemon %d, log %s)", args.ref, config.mountpoint, pid, log_file)
     return 0
 
@@ -311,8 +313,11 @@ def mount_args(
 def _mount_foreground(args: argparse.Namespace) -> int:
     import trio
 
-    from .mount import load, serve
+    from .mount import STOP_SIGNALS, load, serve
 
+    # SIGTERM/SIGINT wait until the main loop can tear down what is already mounted (a
+    # signal that killed the daemon mid-mount left the mount behind); mount.py unblocks them.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     pipe = daemon.ReadyPipe(args.ready_fd)
     if args.ready_fd is not None:
         _log_to_file_only()

@@ -53,6 +53,7 @@ from .ops import Operations
 log = logging.getLogger(__name__)
 
 FSNAME = "weenv"
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}  # end the main loop; blocked until it runs
 # The kernel's read-ahead for the mount. Its default, 128 KiB, turns a sequential read of one
 # 1 MiB chunk into 8 requests through this process; a chunk per request reads 2-3 times faster
 # (benchmarks/read.py), and the kernel still starts small for readers that do not stream.
@@ -217,7 +218,9 @@ async def _run_loop(
 
 
 async def _stop_on_signals(stop: Callable[[], Awaitable[None]]) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        # Blocked while the mount was being set up (commands.py): delivered now, if any came.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         async for signum in signals:
             log.info("received %s, unmounting", signal.Signals(signum).name)
             await stop()
