@@ -1,13 +1,15 @@
-"""Where builds stage their blob files, and finding the stagings of builds that died.
+"""Where builds and conversions stage their blob files, and finding the stagings of ones that
+died.
 
-Owns: `staging_dir`, a context manager that creates `weenv-build-<pid>-<random>` in the
-staging folder (`tmp_dir`, default the system's temp folder), holds an exclusive flock on the
-directory while the build runs and removes it however the build ends (short of SIGKILL); and
-`stale_stagings` / `remove_stale`, which find and remove the folders of builds that can no
-longer clean up after themselves. A staging folder is stale when its owner pid is not alive
-*and* its lock is free (the lock also covers builds in another pid namespace that share the
-folder), or, for the older `weenv-build-XXXXXXXX` folders without a pid, when it is older than
-the grace period. `build_group` sweeps at every build and `weenv gc` lists and removes them.
+Owns: `staging_dir`, a context manager that creates `weenv-build-<pid>-<random>` (or
+`weenv-convert-...`) in the staging folder (`tmp_dir`, default the system's temp folder),
+holds an exclusive flock on the directory while the build runs and removes it however the
+build ends (short of SIGKILL); and `stale_stagings` / `remove_stale`, which find and remove the
+folders of builds that can no longer clean up after themselves. A staging folder is stale when
+its owner pid is not alive *and* its lock is free (the lock also covers builds in another pid
+namespace that share the folder), or, for the older folders without a pid, when it is older
+than the grace period. Every build and conversion sweeps its staging folder, and `weenv gc` lists
+and removes them in the system's temp folder.
 
 Must not: touch anything in the folder whose name does not match, or follow symlinks.
 """
@@ -30,10 +32,11 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-PREFIX = "weenv-build-"
-_CURRENT = re.compile(r"weenv-build-(\d+)-[A-Za-z0-9_]+")
+PREFIX = "weenv-"
+KINDS = ("build", "convert")
+_CURRENT = re.compile(r"weenv-(?:build|convert)-(\d+)-[A-Za-z0-9_]+")
 # The names tempfile.mkdtemp gave stagings before: no pid, no lock.
-_LEGACY = re.compile(r"weenv-build-[A-Za-z0-9_]{8}")
+_LEGACY = re.compile(r"weenv-(?:build|convert)-[A-Za-z0-9_]{8}")
 LEGACY_GRACE = 3600.0
 
 
@@ -50,9 +53,10 @@ def staging_parent(tmp_dir: Path | str | None) -> Path:
 
 
 @contextmanager
-def staging_dir(tmp_dir: Path | str | None) -> Iterator[Path]:
-    """A fresh, locked staging folder, removed on exit."""
-    workdir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=tmp_dir))
+def staging_dir(tmp_dir: Path | str | None, kind: str = "build") -> Iterator[Path]:
+    """A fresh, locked staging folder of a `kind` (one of KINDS), removed on exit."""
+    assert kind in KINDS, kind
+    workdir = Path(tempfile.mkdtemp(prefix=f"weenv-{kind}-{os.getpid()}-", dir=tmp_dir))
     fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         # Until the lock is taken, our pid (alive) in the name keeps sweepers away.

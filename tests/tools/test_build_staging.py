@@ -136,3 +136,28 @@ def test_gc_dry_run_lists_stale_temp_objects(tmp_path):
     done = weenv(tmpdir, "gc", "--store", str(root), "--delete")
     assert done.returncode == 0, done.stderr
     assert not old.exists() and young.exists()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_dead_conversions_staging_is_removed_by_the_next_conversion_and_gc(tmp_path):
+    import oci_images as O
+    from support import layers as L
+
+    tmpdir, store = tmp_path / "tmp", tmp_path / "store"
+    tmpdir.mkdir()
+    LocalStore(store, create=True).close()
+    dead = tmpdir / f"weenv-convert-{_dead_pid()}-abc"
+    dead.mkdir()
+    (dead / "blob").write_bytes(b"x" * 5000)
+    dry = weenv(tmpdir, "gc", "--store", str(store))
+    assert str(dead) in dry.stdout and dead.exists()
+    image = O.write_layout(tmp_path / "layout", [L.layer(L.file("a", b"a"))])
+    proc = weenv(tmpdir, "convert", f"oci:{image.layout}:latest", "e", "--store", str(store))
+    assert proc.returncode == 0, proc.stderr
+    assert not dead.exists()
+    assert not [p for p in tmpdir.iterdir() if p.name.startswith("weenv-convert-")]
