@@ -5,8 +5,9 @@ file, or '-' for a tar on stdin). It seeds dedup from the group's previous versi
 being replaced and the newest other tags of the name, dedup_sources.py) and from any
 `dedup_with` references, applies one or more layer sources in
 order into one tree (OCI semantics, see tree.py), chunks the data as it streams past,
-encodes the index, and publishes in the spec's order. Temporary blob files live in a work
-directory that is removed however the build ends; nothing is tagged unless all of it is
+encodes the index, and publishes in the spec's order. Temporary blob files live in a locked
+staging folder (staging.py) that is removed however the build ends; one left by a killed
+build is removed by the next build (and by `weenv gc`). Nothing is tagged unless all of it is
 stored.
 
 Must not: parse arguments or print (cli_build.py), or know the store's key layout.
@@ -16,8 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from .progress import Progress
 from .publish import publish_group
 from .source_dir import DirSource
 from .source_tar import TarSource
+from .staging import remove_stale, staging_dir
 from .tree import GroupTree, TreeCounts
 
 log = logging.getLogger(__name__)
@@ -108,8 +108,12 @@ def _dedup_table(
             try:
                 index = repo.get_index(digest)
             except ObjectMissing:
-                log.warning("not deduplicating against %s:%s: index %s is missing",
-                            name, version_tag, short(digest))
+                log.warning(
+                    "not deduplicating against %s:%s: index %s is missing",
+                    name,
+                    version_tag,
+                    short(digest),
+                )
                 continue
             if version_tag == tag:
                 previous = digest
@@ -142,8 +146,9 @@ def build_group(
     progress = progress or Progress.quiet()
     layers = list(sources) if isinstance(sources, Sequence) else [sources]
     table, previous, dedup_sources = _dedup_table(repo, name, tag, options)
-    workdir = Path(tempfile.mkdtemp(prefix="weenv-build-", dir=options.tmp_dir))
-    try:
+    for stale in remove_stale(options.tmp_dir):
+        log.info("removed %s, the staging of a build that died (%d bytes)", stale.path, stale.size)
+    with staging_dir(options.tmp_dir) as workdir:
         chunker = Chunker(options.chunk, workdir, table, progress.update, options.layout)
         try:
             tree = _read_layers(layers, chunker, progress)
@@ -152,8 +157,6 @@ def build_group(
             chunker.close()
         index_object = encode_index_object(tree.root, options.chunk.chunk_size)
         published = publish_group(repo, name, tag, blobs, index_object, progress)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
     return BuildResult(
         name,
         tag,

@@ -312,8 +312,9 @@ def _register_gc(subparsers: Subparsers) -> None:
         description=(
             "Mark everything reachable from every tag (environments, groups, hints), then list\n"
             "blobs/, indexes/, manifests/ and hints/ and report the unreferenced objects; with\n"
-            "--delete, remove them (and stale temp files). Reachable objects are never deleted,\n"
-            "and if any reachable manifest, index or hint cannot be read, nothing is.\n"
+            "--delete, remove them (and stale temp files and the staging folders of dead builds).\n"
+            "Reachable objects are never deleted, and if any reachable manifest, index or hint\n"
+            "cannot be read, nothing is.\n"
             "\n"
             "Race safety: a publish writes blobs before indexes, manifests and tags, so an\n"
             "object younger than --grace (default 1h) is kept even when unreferenced, and young\n"
@@ -328,7 +329,9 @@ def _register_gc(subparsers: Subparsers) -> None:
         func=_with_repo(_cmd_gc),
     )
     _store_arg(p)
-    p.add_argument("--delete", action="store_true", help="delete (default: dry run)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--delete", action="store_true", help="delete (default: dry run)")
+    mode.add_argument("--dry-run", action="store_true", help="report only (the default)")
     p.add_argument(
         "--grace",
         type=parse_duration,
@@ -364,6 +367,13 @@ def _gc_lines(report: gc_mod.GcReport, url: str, delete: bool) -> Iterator[str]:
     verb = "deleted" if delete else "would delete"
     for key, size in report.unreferenced:
         yield f"{verb:<12} {key} ({format_size(size)})"
+    for path, size in report.stale_temp:
+        yield f"{verb:<12} {path}: a stale temp file ({format_size(size)})"
+    for staging in report.stale_staging:
+        yield (
+            f"{verb:<12} {staging.path}: the staging of a build that died "
+            f"({format_size(staging.size)})"
+        )
     if report.young:
         yield f"kept         {len(report.young)} unreferenced objects younger than the grace period"
     if report.ageless:

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import io
 import logging
-import shutil
 import stat
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +41,7 @@ from .layout import LayoutOrder
 from .progress import Progress
 from .publish import store_group
 from .reader import ChunkReader
+from .staging import remove_stale, staging_dir
 from .tree import GroupTree, TreeCounts
 
 log = logging.getLogger(__name__)
@@ -270,8 +269,8 @@ def build_group_untagged(
     """Apply the layers (each a function feeding a StackedTree and a Chunker) into one
     group, store its blobs and its index, and return what was stored."""
     tree = StackedTree(lower)
-    workdir = Path(tempfile.mkdtemp(prefix="weenv-convert-", dir=tmp_dir))
-    try:
+    remove_stale(tmp_dir)
+    with staging_dir(tmp_dir, "convert") as workdir:
         chunker = Chunker(chunk, workdir, table, order=layout)  # layout: hinted data first
         try:
             for read_layer in read_layers:
@@ -288,8 +287,6 @@ def build_group_untagged(
             stored.bytes_uploaded,
         )
         index = GroupIndex.from_object(index_object)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
     log.info("stored group index %s (%d new blobs)", short(digest), len(blobs))
     return StoredGroup(
         digest,

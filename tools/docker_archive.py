@@ -47,6 +47,7 @@ from .oci_docs import (
     verify_bytes,
 )
 from .oci_layout import LayoutReader, short_image_name
+from .regular_file import open_regular
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class _Slice(io.RawIOBase):
     """Bytes [start, start + size) of a file, as a read-only stream."""
 
     def __init__(self, path: str, start: int, size: int) -> None:
-        self._f = open(path, "rb")  # noqa: SIM115 - closed by close()
+        self._f = open_regular(path, follow=True)
         self._f.seek(start)
         self._left = size
 
@@ -109,8 +110,10 @@ class DockerArchiveSource(ImageSource):
 
     def _plain_tar(self, path: Path, options: SourceOptions) -> str:
         try:
-            with open(path, "rb") as f:
+            with open_regular(path, follow=True) as f:
                 head = f.read(4)
+        except SourceError as e:
+            raise SourceError(f"{self.label}: {e}") from None
         except OSError as e:
             raise SourceError(f"{self.label}: cannot open {path}: {e.strerror}") from None
         if head[:2] != b"\x1f\x8b" and head != b"\x28\xb5\x2f\xfd":
@@ -120,7 +123,7 @@ class DockerArchiveSource(ImageSource):
         out = os.path.join(self._tmpdir, "archive.tar")
         log.info("%s: decompressing the archive into %s", self.label, out)
         try:
-            with open(path, "rb") as raw, open(out, "wb") as dst:
+            with open_regular(path, follow=True) as raw, open(out, "wb") as dst:
                 if head[:2] == b"\x1f\x8b":
                     shutil.copyfileobj(gzip.GzipFile(fileobj=raw), dst, 1 << 20)
                 else:

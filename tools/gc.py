@@ -22,8 +22,10 @@ under blobs/, indexes/, manifests/ and hints/, and the safety rules:
 - A hint's own manifest field is not followed: a hint (tagged or not) does not keep an
   environment alive; its tag just dangles once the environment is collected.
 - Deletion goes top-down (manifests, hints, indexes, then blobs), so an interrupted gc never
-  leaves a manifest whose indexes are gone. With `delete=True`, stale temp files of crashed
-  writers are removed too when the store offers `cleanup_temp(max_age)` (local stores).
+  leaves a manifest whose indexes are gone. Stale temp files of crashed writers older than
+  `grace` are listed when the store offers `stale_temp(max_age)` (local stores) and, with
+  `delete=True`, removed by its `cleanup_temp(max_age)`. The staging folders of builds that
+  died (staging.py) in the system's temp folder are listed and, with `delete=True`, removed.
 
 Keys under those prefixes that are not digests are never touched (reported as unknown).
 Must not: delete tags, or anything when the mark phase failed.
@@ -45,6 +47,8 @@ from weenvfs.format.refs import KINDS, TAG_KINDS, object_key
 from weenvfs.store.base import Store
 from weenvfs.store.local import LocalStore
 from weenvfs.store.repository import Repository
+
+from .staging import LEGACY_GRACE, Staging, remove_stale, stale_stagings
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,8 @@ class GcReport:
     missing: list[str] = field(default_factory=list)  # reachable but not stored (blobs)
     deleted: int = 0
     temp_removed: int | None = None
+    stale_temp: list[tuple[str, int]] = field(default_factory=list)  # (path in the store, size)
+    stale_staging: list[Staging] = field(default_factory=list)
 
     @property
     def unreferenced_bytes(self) -> int:
@@ -88,6 +94,8 @@ class GcReport:
             "missing": self.missing,
             "deleted": self.deleted,
             "temp_removed": self.temp_removed,
+            "stale_temp": [{"path": p, "size": s} for p, s in self.stale_temp],
+            "stale_staging": [{"path": str(s.path), "size": s.size} for s in self.stale_staging],
         }
 
 
@@ -234,6 +242,7 @@ def collect_garbage(
     delete: bool = False,
     grace: float = DEFAULT_GRACE,
     now: float | None = None,
+    staging_tmp_dir: str | None = None,
 ) -> GcReport:
     """Mark from every tag, sweep, and (with `delete`) remove the unreferenced objects."""
     if grace < 0:
@@ -247,9 +256,14 @@ def collect_garbage(
             report.unreferenced.append((key, repo.store.size(key)))
         except StoreError:
             report.unreferenced.append((key, 0))  # vanished meanwhile
+    list_temp = getattr(repo.store, "stale_temp", None)
+    if callable(list_temp):
+        report.stale_temp = list(list_temp(max_age=grace))
+    report.stale_staging = stale_stagings(staging_tmp_dir, grace=max(grace, LEGACY_GRACE))
     if delete:
         _delete(repo.store, garbage, report)
         cleanup = getattr(repo.store, "cleanup_temp", None)
         if callable(cleanup):
             report.temp_removed = int(cleanup(max_age=grace))
+        report.stale_staging = remove_stale(staging_tmp_dir, grace=max(grace, LEGACY_GRACE))
     return report

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -30,6 +31,7 @@ from .oci_docs import (
     load_json,
     verify_bytes,
 )
+from .regular_file import open_regular
 
 log = logging.getLogger(__name__)
 
@@ -174,17 +176,22 @@ class OciLayoutSource(ImageSource):
 
     def _open(self, rel: str) -> BinaryIO:
         try:
-            return open(self.directory / rel, "rb")  # noqa: SIM115 - the caller closes it
+            return open_regular(self.directory / rel, follow=False)
+        except SourceError as e:
+            raise SourceError(f"{self.label}: {e}") from None
         except OSError as e:
             raise SourceError(f"{self.label}: cannot open {rel}: {e.strerror}") from None
 
     def _size(self, rel: str) -> int | None:
         try:
-            return (self.directory / rel).stat().st_size
+            st = (self.directory / rel).lstat()
         except FileNotFoundError:
             return None
         except OSError as e:
             raise SourceError(f"{self.label}: cannot stat {rel}: {e.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise SourceError(f"{self.label}: {self.directory / rel} is not a regular file")
+        return st.st_size
 
     def fetch_root(self) -> tuple[bytes, str | None, str | None]:
         return self.reader.root(self.tag)

@@ -27,6 +27,7 @@ from pathlib import Path
 from weenvfs.errors import SourceError
 
 from .entries import DataStream, Entry, Kind, check_entry, refuse, show
+from .regular_file import open_regular_fd
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +161,9 @@ def _xattrs(full: bytes, rel: bytes) -> dict[bytes, bytes]:
 def _opener(full: bytes, rel: bytes, size: int) -> Callable[[], DataStream]:
     def open_data() -> DataStream:
         try:
-            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = open_regular_fd(full, follow=False)
+        except SourceError:
+            raise refuse(rel, "is no longer a regular file (changed while reading?)") from None
         except OSError as e:
             raise refuse(rel, f"cannot open: {e.strerror}") from None
         try:

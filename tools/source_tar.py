@@ -30,6 +30,7 @@ import zstandard
 from weenvfs.errors import SourceError
 
 from .entries import DataStream, Entry, Kind, check_entry, normalize_path, refuse, split_whiteout
+from .regular_file import open_regular
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class TarSource:
             raw = sys.stdin.buffer
         else:
             try:
-                raw = self._owned = open(path, "rb")  # noqa: SIM115 - closed by close()
+                raw = self._owned = open_regular(path, follow=True)
             except OSError as e:
                 raise SourceError(f"cannot open source {self.label}: {e.strerror}") from None
         self._stream = _decompressed(raw, self.label)

@@ -46,6 +46,13 @@ rescans after inserting max_bytes/8 (so other processes' writes are noticed); wh
 lock. Eviction unlinks, and an open descriptor keeps reading the unlinked file, so an open
 `ChunkHandle` is a pin that eviction can never break; chunks pinned in the evicting process
 are also skipped. The bound counts file sizes and can be exceeded briefly by writes in flight.
+
+Free space. The effective bound is min(max_bytes, cached + free - margin), read from statvfs at
+every rescan and eviction, where the margin is FREE_MARGIN_FRACTION of the file system or
+FREE_MARGIN_MAX, whichever is smaller: a cache on a file system smaller than its bound (or
+shared with other data) stops short of filling it. A write that still hits ENOSPC (or EDQUOT)
+is the caller's cue to `make_room()` and retry once (fetcher.py); if that fails too, the chunk
+is served from memory without being cached.
 """
 
 from __future__ import annotations
@@ -78,7 +85,11 @@ CACHE_ENV = "WEENV_CACHE"
 DEFAULT_MAX_BYTES = 10 << 30
 TOUCH_INTERVAL = 60.0  # seconds between mtime refreshes of one chunk (LRU resolution)
 LOW_WATER = 0.9  # eviction frees down to this fraction of max_bytes
-_RESCAN_DIVISOR = 8  # rescan after inserting max_bytes / this
+_RESCAN_DIVISOR = 8  # rescan after inserting bound / this
+_MIN_RESCAN_BYTES = 1 << 20  # but not more often than every MiB (a tiny or full disk)
+FREE_MARGIN_FRACTION = 0.05  # of the file system's size, kept free ...
+FREE_MARGIN_MAX = 1 << 30  # ... or this much, whichever is smaller
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 _HEX = frozenset("0123456789abcdef")
 # Threads blocked waiting for another process's chunk lock get their own limiter, so that many
 # of them never starve trio's default thread limiter (decoding, the FUSE layer's calls).
@@ -237,6 +248,7 @@ class ChunkCache:
         self._pins: Counter[bytes] = Counter()
         self._estimate: int | None = None  # bytes, from the last scan plus own inserts
         self._added = 0  # bytes inserted since the last scan
+        self._bound = max_bytes  # max_bytes, lowered by the free space at the last scan
         # What a file verified in this boot carries in TRUST_XATTR (b"": no markers at all).
         self._boot = current_boot_id() if boot_id is None else boot_id
         self._setup(create)
@@ -471,25 +483,56 @@ class ChunkCache:
         with self._mutex:
             return (
                 self._estimate is None
-                or self._estimate > self.max_bytes
-                or self._added >= self.max_bytes // _RESCAN_DIVISOR
+                or self._estimate > self._bound
+                or self._added >= self._rescan_bytes()
             )
 
+    @property
+    def bound(self) -> int:
+        """The size bound in force: max_bytes, or less when the file system is short of it."""
+        with self._mutex:
+            return self._bound
+
+    def _rescan_bytes(self) -> int:
+        return max(self._bound // _RESCAN_DIVISOR, _MIN_RESCAN_BYTES)
+
+    def _space_bound(self, cached: int) -> int:
+        """min(max_bytes, cached + free - margin), from statvfs of the cache folder."""
+        try:
+            st = os.statvfs(self._root)
+        except OSError as e:
+            log.debug("chunk cache %s: statvfs failed: %s", self.root, e)
+            return self.max_bytes
+        size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+        margin = min(int(size * FREE_MARGIN_FRACTION), FREE_MARGIN_MAX)
+        return max(0, min(self.max_bytes, cached + free - margin))
+
     def maintain(self) -> EvictResult | None:
-        """Rescan if due and evict down to LOW_WATER * max_bytes when over the bound.
+        """Rescan if due (and re-read the free space) and evict down to LOW_WATER * the bound
+        when over it.
 
         Skips the eviction (returns None) if another process is evicting right now.
         """
         with self._mutex:
-            stale = self._estimate is None or self._added >= self.max_bytes // _RESCAN_DIVISOR
+            stale = self._estimate is None or self._added >= self._rescan_bytes()
         if stale:
             since = self._added_now()
             self._rebase(self.usage().bytes, since)
         with self._mutex:
-            over = self._estimate is not None and self._estimate > self.max_bytes
+            over = self._estimate is not None and self._estimate > self._bound
+            target = int(self._bound * LOW_WATER)
         if not over:
             return None
-        return self.evict(int(self.max_bytes * LOW_WATER), wait=False)
+        return self.evict(target, wait=False)
+
+    def make_room(self) -> EvictResult | None:
+        """After a write failed for lack of space: re-read the free space and evict down to
+        LOW_WATER * the new bound (waiting for another evicting process)."""
+        since = self._added_now()
+        self._rebase(self.usage().bytes, since)
+        with self._mutex:
+            target = int(self._bound * LOW_WATER)
+        return self.evict(target, wait=True)
 
     def evict(self, target_bytes: int, *, wait: bool = True) -> EvictResult | None:
         """Remove least recently used chunks until at most `target_bytes` remain, skipping
@@ -527,10 +570,13 @@ class ChunkCache:
 
     def _rebase(self, scanned_bytes: int, added_before_scan: int) -> None:
         """Take a scan's total as the new estimate, keeping what was inserted during the scan
-        (else those bytes would be forgotten and the cache could stay over its bound)."""
+        (else those bytes would be forgotten and the cache could stay over its bound), and
+        re-read the free space into the bound."""
+        bound = self._space_bound(scanned_bytes)
         with self._mutex:
             during = self._added - added_before_scan
             self._estimate, self._added = scanned_bytes + during, during
+            self._bound = bound
 
     @contextlib.contextmanager
     def _evict_lock(self, wait: bool) -> Iterator[bool]:

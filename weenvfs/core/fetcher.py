@@ -30,7 +30,7 @@ from enum import IntEnum
 
 import trio
 
-from weenvfs.core.cache import ChunkCache, ChunkHandle, ChunkLock
+from weenvfs.core.cache import DISK_FULL, ChunkCache, ChunkHandle, ChunkLock
 from weenvfs.core.chunk_plan import (
     DEFAULT_COALESCE_GAP,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -529,12 +529,24 @@ class Fetcher:
             except FormatError as e:
                 results.append((loc, e))
                 continue
-            try:
-                self.cache.insert(loc.digest, plain)
-                results.append((loc, (plain, None)))
-            except OSError as e:  # serve from memory; the next read fetches it again
-                results.append((loc, (plain, e)))
+            results.append((loc, (plain, self._insert(loc.digest, plain))))
         return results
+
+    def _insert(self, digest: bytes, plain: bytes) -> OSError | None:
+        """Cache `plain`; on a full disk, evict and retry once. The error if it is not cached
+        (the read is then served from memory, never failed: the next read fetches it again)."""
+        try:
+            self.cache.insert(digest, plain)
+            return None
+        except OSError as e:
+            if e.errno not in DISK_FULL:
+                return e
+        try:
+            self.cache.make_room()
+            self.cache.insert(digest, plain)
+        except OSError as e:
+            return e
+        return None
 
     # -- results, errors, maintenance ----------------------------------------------------------
 

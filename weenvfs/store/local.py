@@ -257,19 +257,32 @@ class LocalStore(Store):
             except OSError as e:
                 raise self._unavailable("not writable", e) from None
 
+    def stale_temp(self, max_age: float = 3600.0) -> list[tuple[str, int]]:
+        """Temp files (left by crashed writers) older than `max_age` seconds, as (path relative
+        to the root, size). Younger ones may belong to a write in progress."""
+        cutoff = time.time() - max_age
+        out = []
+        for dirpath, dirnames, filenames in os.walk(self._root):
+            dirnames[:] = [d for d in dirnames if not d.startswith(TEMP_PREFIX)]
+            for name in filenames:
+                if name.startswith(TEMP_PREFIX) and _older_than(dirpath, name, cutoff):
+                    path = os.path.join(dirpath, name)
+                    try:
+                        size = os.lstat(path).st_size
+                    except OSError:
+                        continue  # renamed or removed meanwhile
+                    out.append((os.path.relpath(path, self._root), size))
+        return sorted(out)
+
     def cleanup_temp(self, max_age: float = 3600.0) -> int:
         """Remove temp files (left by crashed writers) older than `max_age` seconds.
 
         Younger ones may belong to a write in progress and are kept. Returns how many were
         removed. Safe to run while other processes read and write the store.
         """
-        cutoff = time.time() - max_age
         removed = 0
-        for dirpath, dirnames, filenames in os.walk(self._root):
-            dirnames[:] = [d for d in dirnames if not d.startswith(TEMP_PREFIX)]
-            for name in filenames:
-                if name.startswith(TEMP_PREFIX) and _older_than(dirpath, name, cutoff):
-                    removed += _unlink_quietly(os.path.join(dirpath, name))
+        for rel, _size in self.stale_temp(max_age):
+            removed += _unlink_quietly(os.path.join(self._root, rel))
         if removed:
             log.info("store %s: removed %d stale temp files", self.url, removed)
         return removed

@@ -1,0 +1,163 @@
+"""A killed `weenv build` leaves a staging folder; the next build and `weenv gc` find it and
+remove it, and gc lists (dry run) and removes stale temp files of a directory store.
+
+Builds run as subprocesses with TMPDIR pointing at a folder of the test's own, so no other
+process's staging is ever looked at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from fixtures import age
+
+from weenvfs.store.base import TEMP_PREFIX
+from weenvfs.store.local import LocalStore
+
+HOUR = 3600.0
+
+
+def weenv(tmpdir: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TMPDIR": str(tmpdir)}
+    return subprocess.run(
+        [sys.executable, "-m", "weenvfs", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def stagings(tmpdir: Path) -> list[Path]:
+    return sorted(p for p in tmpdir.iterdir() if p.name.startswith("weenv-build-"))
+
+
+def killed_build(tmpdir: Path, store: Path) -> Path:
+    """Start a build reading a tar from a pipe, let it stage some data, SIGKILL it."""
+    env = {**os.environ, "TMPDIR": str(tmpdir)}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "weenvfs",
+            "build",
+            "-",
+            "--group",
+            "g:killed",
+            "--store",
+            str(store),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        assert proc.stdin is not None
+        info = tarfile.TarInfo("big")
+        info.size = 64 << 20
+        proc.stdin.write(info.tobuf(format=tarfile.PAX_FORMAT))
+        proc.stdin.write(os.urandom(8 << 20))
+        proc.stdin.flush()
+        for _ in range(1200):  # wait (bounded) until the build has created its staging
+            if stagings(tmpdir) and proc.poll() is None:
+                break
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdin is not None:
+            proc.stdin.close()
+    found = stagings(tmpdir)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_the_next_build_removes_a_killed_builds_staging(tmp_path):
+    tmpdir, store = tmp_path / "tmp", tmp_path / "store"
+    tmpdir.mkdir()
+    left = killed_build(tmpdir, store)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(b"a" * 1000)
+    proc = weenv(tmpdir, "build", str(src), "--group", "g:ok", "--store", str(store))
+    assert proc.returncode == 0, proc.stderr
+    assert not left.exists()
+    assert stagings(tmpdir) == []
+
+
+def test_gc_lists_and_removes_a_killed_builds_staging(tmp_path):
+    tmpdir, store = tmp_path / "tmp", tmp_path / "store"
+    tmpdir.mkdir()
+    left = killed_build(tmpdir, store)
+    LocalStore(store, create=True).close()
+    dry = weenv(tmpdir, "gc", "--store", str(store), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert str(left) in dry.stdout and left.exists()
+    js = weenv(tmpdir, "gc", "--store", str(store), "--json")
+    assert [s["path"] for s in json.loads(js.stdout)["stale_staging"]] == [str(left)]
+    done = weenv(tmpdir, "gc", "--store", str(store), "--delete")
+    assert done.returncode == 0, done.stderr
+    assert str(left) in done.stdout and not left.exists()
+
+
+def test_a_running_builds_staging_is_kept(tmp_path):
+    tmpdir, store = tmp_path / "tmp", tmp_path / "store"
+    tmpdir.mkdir()
+    LocalStore(store, create=True).close()
+    mine = tmpdir / f"weenv-build-{os.getpid()}-abc"  # our pid is alive
+    mine.mkdir()
+    done = weenv(tmpdir, "gc", "--store", str(store), "--delete")
+    assert done.returncode == 0, done.stderr
+    assert mine.exists()
+
+
+def test_gc_dry_run_lists_stale_temp_objects(tmp_path):
+    tmpdir, root = tmp_path / "tmp", tmp_path / "store"
+    tmpdir.mkdir()
+    LocalStore(root, create=True).close()
+    (root / "blobs").mkdir(exist_ok=True)
+    old = root / "blobs" / (TEMP_PREFIX + "crashed")
+    old.write_bytes(b"half a blob")
+    age(old, 2 * HOUR)
+    young = root / "blobs" / (TEMP_PREFIX + "writing")
+    young.write_bytes(b"in progress")
+    dry = weenv(tmpdir, "gc", "--store", str(root))
+    assert dry.returncode == 0, dry.stderr
+    assert old.name in dry.stdout and young.name not in dry.stdout
+    assert old.exists()
+    done = weenv(tmpdir, "gc", "--store", str(root), "--delete")
+    assert done.returncode == 0, done.stderr
+    assert not old.exists() and young.exists()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_dead_conversions_staging_is_removed_by_the_next_conversion_and_gc(tmp_path):
+    import oci_images as O
+    from support import layers as L
+
+    tmpdir, store = tmp_path / "tmp", tmp_path / "store"
+    tmpdir.mkdir()
+    LocalStore(store, create=True).close()
+    dead = tmpdir / f"weenv-convert-{_dead_pid()}-abc"
+    dead.mkdir()
+    (dead / "blob").write_bytes(b"x" * 5000)
+    dry = weenv(tmpdir, "gc", "--store", str(store))
+    assert str(dead) in dry.stdout and dead.exists()
+    image = O.write_layout(tmp_path / "layout", [L.layer(L.file("a", b"a"))])
+    proc = weenv(tmpdir, "convert", f"oci:{image.layout}:latest", "e", "--store", str(store))
+    assert proc.returncode == 0, proc.stderr
+    assert not dead.exists()
+    assert not [p for p in tmpdir.iterdir() if p.name.startswith("weenv-convert-")]

@@ -1,0 +1,158 @@
+"""Where builds and conversions stage their blob files, and finding the stagings of ones that
+died.
+
+Owns: `staging_dir`, a context manager that creates `weenv-build-<pid>-<random>` (or
+`weenv-convert-...`) in the staging folder (`tmp_dir`, default the system's temp folder),
+holds an exclusive flock on the directory while the build runs and removes it however the
+build ends (short of SIGKILL); and `stale_stagings` / `remove_stale`, which find and remove the
+folders of builds that can no longer clean up after themselves. A staging folder is stale when
+its owner pid is not alive *and* its lock is free (the lock also covers builds in another pid
+namespace that share the folder), or, for the older folders without a pid, when it is older
+than the grace period. Every build and conversion sweeps its staging folder, and `weenv gc` lists
+and removes them in the system's temp folder.
+
+Must not: touch anything in the folder whose name does not match, or follow symlinks.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import re
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PREFIX = "weenv-"
+KINDS = ("build", "convert")
+_CURRENT = re.compile(r"weenv-(?:build|convert)-(\d+)-[A-Za-z0-9_]+")
+# The names tempfile.mkdtemp gave stagings before: no pid, no lock.
+_LEGACY = re.compile(r"weenv-(?:build|convert)-[A-Za-z0-9_]{8}")
+LEGACY_GRACE = 3600.0
+
+
+@dataclass(frozen=True)
+class Staging:
+    """A stale staging folder and the bytes it holds."""
+
+    path: Path
+    size: int
+
+
+def staging_parent(tmp_dir: Path | str | None) -> Path:
+    return Path(tmp_dir) if tmp_dir is not None else Path(tempfile.gettempdir())
+
+
+@contextmanager
+def staging_dir(tmp_dir: Path | str | None, kind: str = "build") -> Iterator[Path]:
+    """A fresh, locked staging folder of a `kind` (one of KINDS), removed on exit."""
+    assert kind in KINDS, kind
+    workdir = Path(tempfile.mkdtemp(prefix=f"weenv-{kind}-{os.getpid()}-", dir=tmp_dir))
+    fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        # Until the lock is taken, our pid (alive) in the name keeps sweepers away.
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield workdir
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+        os.close(fd)
+
+
+def stale_stagings(
+    tmp_dir: Path | str | None, grace: float = LEGACY_GRACE, now: float | None = None
+) -> list[Staging]:
+    """The stale staging folders in `tmp_dir` (default: the system's temp folder)."""
+    parent = staging_parent(tmp_dir)
+    now = time.time() if now is None else now
+    out = []
+    try:
+        names = sorted(n for n in os.listdir(parent) if n.startswith(PREFIX))
+    except OSError:
+        return []
+    for name in names:
+        path = parent / name
+        if _is_stale(path, name, grace, now):
+            out.append(Staging(path, _tree_size(path)))
+    return out
+
+
+def remove_stale(
+    tmp_dir: Path | str | None, grace: float = LEGACY_GRACE, now: float | None = None
+) -> list[Staging]:
+    """Remove the stale staging folders in `tmp_dir`; returns what was removed."""
+    removed = []
+    for staging in stale_stagings(tmp_dir, grace, now):
+        fd = _lock(staging.path)
+        if fd is None:
+            continue  # taken meanwhile (cannot happen for a dead owner, but be sure)
+        try:
+            shutil.rmtree(staging.path, ignore_errors=True)
+        finally:
+            os.close(fd)
+        if not staging.path.exists():
+            log.info("removed the stale build staging %s (%d bytes)", staging.path, staging.size)
+            removed.append(staging)
+    return removed
+
+
+def _is_stale(path: Path, name: str, grace: float, now: float) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    current = _CURRENT.fullmatch(name)
+    if current is None:
+        return _LEGACY.fullmatch(name) is not None and now - st.st_mtime >= grace
+    if _alive(int(current.group(1))):
+        return False
+    fd = _lock(path)
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError as e:
+        return e.errno == errno.EPERM
+    return True
+
+
+def _lock(path: Path) -> int | None:
+    """An fd of `path` holding its exclusive lock, or None if someone else holds it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _tree_size(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
