@@ -33,6 +33,7 @@ from weenvfs.format.hints import decode_hint
 from weenvfs.format.index import ROOT_INODE, GroupIndex, Inode
 from weenvfs.format.manifest import Manifest, decode_manifest
 from weenvfs.format.refs import object_key
+from weenvfs.format.validate import check_tree
 from weenvfs.store.repository import Repository
 
 from .progress import Progress
@@ -119,6 +120,10 @@ def check_structure(index: GroupIndex) -> Structure:
             found.file_digests.append((ino, dig))
         else:
             found.problems.append(f"file digest record names inode {ino}, not a valid file")
+    try:
+        check_tree(index)  # the validator every reader of an index applies
+    except FormatError as error:
+        found.problems.append(str(error))
     _check_tree(index, inodes, found)
     return found
 
@@ -160,9 +165,7 @@ def _check_tree(index: GroupIndex, inodes: dict[int, Inode], found: Structure) -
                     if rec is None or not rec.is_dir:
                         continue
                     subdirs[parent] += 1
-                    if child in seen_dirs:
-                        found.problems.append(f"directory inode {child} is reachable twice")
-                    else:
+                    if child not in seen_dirs:  # reached twice: reported by check_tree
                         seen_dirs.add(child)
                         stack.append(child)
             except FormatError as error:
