@@ -9,7 +9,8 @@ hashed whole against its digest (streamed in 8 MiB pieces, so a 10 GB blob costs
 memory; junk no chunk record names shows only here), every chunk frame is fetched,
 decompressed and checked against its digest (zero chunks against the digest of zeros), and
 each file with a whole-file digest is hashed; the report lists what `quick` skips. The
-manifest's hint, if any: present, hashes, decodes and names existing chunks.
+manifest's hint, if any: present, hashes, decodes, is bound to the manifest (SPEC 9.3) and
+names existing chunks.
 
 Every problem is collected (one line each) rather than stopping at the first; only an
 unreachable store aborts the run. A chunk shared by several groups is fetched once. Must not:
@@ -18,6 +19,7 @@ change the store or repair anything.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -33,7 +35,7 @@ from weenvfs.format.erofs_group import group_image
 from weenvfs.format.errors import FormatError
 from weenvfs.format.hints import decode_hint
 from weenvfs.format.index import ROOT_INODE, GroupIndex, Inode
-from weenvfs.format.manifest import Manifest, decode_manifest
+from weenvfs.format.manifest import Manifest, decode_manifest, encode_manifest
 from weenvfs.format.refs import object_key
 from weenvfs.format.validate import check_tree
 from weenvfs.store.repository import Repository
@@ -228,7 +230,9 @@ class Verifier:
             if g.erofs is not None and indexes[-1] is not None:
                 self._erofs(g.erofs, indexes[-1], g.name)
         if manifest.hints is not None:
-            self._hint(manifest.hints, indexes)
+            # SPEC 9.3: the manifest's own hint is bound to it with `hints` set to null.
+            bound = digest_hex(encode_manifest(dataclasses.replace(manifest, hints=None)))
+            self._hint(manifest.hints, bound, indexes)
         return self.report
 
     def verify_group(self, ref: str) -> Report:
@@ -462,7 +466,7 @@ class Verifier:
 
     # -- hints ------------------------------------------------------------------------------
 
-    def _hint(self, digest: str, indexes: list[GroupIndex | None]) -> None:
+    def _hint(self, digest: str, bound: str, indexes: list[GroupIndex | None]) -> None:
         key = object_key("hints", digest)
         data = self._fetch("hints", digest, "hint")
         if data is None:
@@ -472,8 +476,11 @@ class Verifier:
         except FormatError as error:
             self._problem(key, f"hint does not decode: {error}")
             return
-        # hint.manifest is not compared with `manifest`: a manifest naming its own hint cannot
-        # contain the hint's digest of itself, so the binding is defined by the spec, not here.
+        # A mount discards a hint bound to another manifest (SPEC 9.2): not "ok" here either.
+        if hint.manifest != bound:
+            self._problem(
+                key, f"hint is bound to manifest {short(hint.manifest)}, not {short(bound)}"
+            )
         bad = 0
         for rec in hint.records:
             index = indexes[rec.group] if rec.group < len(indexes) else None
