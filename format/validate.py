@@ -13,24 +13,30 @@ Must not: do I/O, or repeat the per-record checks beyond what the walk needs.
 from __future__ import annotations
 
 import stat
+import struct
 
 from . import constants as C
 from .errors import FormatError
 from .index import ROOT_INODE, GroupIndex
 
+_MODE = struct.Struct(f"<I{C.INODE.size - 4}x")  # the mode is an inode record's first field
+_S_IFMT, _DIR = 0o170000, stat.S_IFDIR
+
 
 def check_tree(index: GroupIndex) -> None:
     """Raise `FormatError` unless every directory of `index` is reachable by one path only.
 
-    One pass over the directory entries of reachable directories: each entry is read once
-    (ranges that overlap are refused as soon as the total exceeds the dirent table), so the
-    cost is O(dirent_count) with a struct unpack per entry. Unreachable records are harmless
-    to readers (never served) and are reported by `weenv verify`, not here.
+    One pass over the inode table (for the type bits) and over the directory entries of
+    reachable directories: each entry is read once (ranges that overlap are refused as soon as
+    their total exceeds the dirent table), so the cost is O(inode_count + dirent_count), each
+    table unpacked by `iter_unpack`. Unreachable records are harmless to readers (never
+    served) and are reported by `weenv verify`, not here.
     """
     h = index.header
     mv = memoryview(index.raw)
-    inode_at, inode_size = h.inode_offset, C.INODE.size
-    dirent_at, dirent_size = h.dirent_offset, C.DIRENT.size
+    # One C-level pass over the inode table for the type bits: the set of directories.
+    inodes = mv[h.inode_offset : h.inode_offset + h.inode_count * C.INODE.size]
+    dirs = {ino for ino, (mode,) in enumerate(_MODE.iter_unpack(inodes)) if mode & _S_IFMT == _DIR}
     seen = {ROOT_INODE}
     stack = [ROOT_INODE]
     budget = h.dirent_count
@@ -42,15 +48,16 @@ def check_tree(index: GroupIndex) -> None:
             raise FormatError(
                 f"directory inode {parent}", "entries overlap another directory's (shared)"
             )
-        for n in range(rec.data_first, rec.data_first + rec.data_count):
-            child = C.DIRENT.unpack_from(mv, dirent_at + n * dirent_size)[2]
-            if not 0 < child < h.inode_count:
-                raise FormatError(f"dirent {n} inode", f"{child} is not a valid child inode")
-            # The mode is the first field of an inode record.
-            mode = int.from_bytes(
-                mv[inode_at + child * inode_size : inode_at + child * inode_size + 4], "little"
+        start = h.dirent_offset + rec.data_first * C.DIRENT.size
+        entries = mv[start : start + rec.data_count * C.DIRENT.size]
+        children = [child for _, _, child in C.DIRENT.iter_unpack(entries)]
+        if children and not 0 < min(children) <= max(children) < h.inode_count:
+            bad = next(c for c in children if not 0 < c < h.inode_count)
+            raise FormatError(
+                f"directory inode {parent} entry", f"{bad} is not a valid child inode"
             )
-            if not stat.S_ISDIR(mode):
+        for child in children:
+            if child not in dirs:
                 continue
             if child in seen:
                 raise FormatError(
