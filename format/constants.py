@@ -70,6 +70,7 @@ MAX_XATTR_KEY = 255
 MAX_XATTR_VALUE = 65536
 MAX_INDEX_SIZE = 1 << 32  # uncompressed index bytes
 MAX_CHUNK_SIZE = 64 << 20
+MAX_BLOB_OFFSET = 1 << 63  # a chunk frame ends at or below this byte of its blob
 MIN_CHUNK_SIZE = 4 << 10
 DEFAULT_CHUNK_SIZE = 1 << 20
 DEFAULT_BATCH_THRESHOLD = 64 << 10  # files smaller than this are batched

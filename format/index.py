@@ -232,6 +232,13 @@ class GroupIndex:
                 raise FormatError(f"chunk {n} flags", "zero chunk without INCOMPAT_ZERO_CHUNKS")
         elif rec.blob >= h.blob_count:
             raise FormatError(f"chunk {n} blob", f"{rec.blob} not below blob_count {h.blob_count}")
+        elif rec.offset + rec.clen > C.MAX_BLOB_OFFSET:
+            # Checked once here so no reader (pread, range requests, int64 offsets) ever sees
+            # a frame that ends past 2**63; whether it lies inside its blob is checked where
+            # the blob's size is known (a ranged read past the end fails; verify compares).
+            raise FormatError(
+                f"chunk {n} frame", f"{rec.offset}+{rec.clen} outside 0..2**63"
+            )
         if rec.ulen > C.MAX_CHUNK_SIZE:
             raise FormatError(f"chunk {n} length", f"{rec.ulen} exceeds {C.MAX_CHUNK_SIZE}")
         return rec

@@ -26,6 +26,7 @@ from weenvfs.format.errors import FormatError
 from weenvfs.format.index import ChunkRecord, GroupIndex, file_spans
 from weenvfs.format.manifest import Manifest
 from weenvfs.format.refs import object_key, parse_name_tag
+from weenvfs.format.validate import check_tree
 from weenvfs.store.base import Store
 from weenvfs.store.repository import Repository
 
@@ -248,13 +249,16 @@ class LoadedEnv(NamedTuple):
 
 
 def load_group(repo: Repository, digest: str, name: str = "") -> LoadedGroup:
-    """Fetch, verify and decode index `digest` (`RefNotFound` if it is missing)."""
+    """Fetch, verify, decode and validate (`check_tree`) index `digest` (`RefNotFound` if it
+    is missing)."""
     try:
         data = repo.get_object("indexes", digest)
     except ObjectMissing:
         what = f"group {name!r} index" if name else "group index"
         raise RefNotFound(f"{what} {short(digest)} is missing from {repo.store.url}") from None
-    return LoadedGroup(name, digest, GroupIndex.from_object(data), len(data))
+    index = GroupIndex.from_object(data)
+    check_tree(index)
+    return LoadedGroup(name, digest, index, len(data))
 
 
 def load_env(repo: Repository, ref: str) -> LoadedEnv:
@@ -267,6 +271,7 @@ def load_env(repo: Repository, ref: str) -> LoadedEnv:
 def load_group_ref(repo: Repository, ref: str) -> LoadedGroup:
     """Resolve a group `ref` (NAME[:TAG] or index digest) and load its index."""
     digest, index = repo.resolve_group(ref)
+    check_tree(index)
     name = "" if digest in ref else ref
     return LoadedGroup(name, digest, index, repo.store.size(object_key("indexes", digest)))
 

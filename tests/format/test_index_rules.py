@@ -22,6 +22,7 @@ from weenvfs.format.digest import digest_bytes
 from weenvfs.format.errors import FormatError, UnsupportedFormat
 from weenvfs.format.index import ChunkRecord, GroupIndex, Header, Inode, file_spans
 from weenvfs.format.index_writer import ChunkRef, Node, encode_index
+from weenvfs.format.validate import check_tree
 
 CS = 4096
 BLOB = "ab" * 32
@@ -300,6 +301,26 @@ def test_shared_directory_is_refused() -> None:
         list(GroupIndex(raw).walk())
 
 
+def test_tree_validator_accepts_a_tree() -> None:
+    check_tree(IDX)
+
+
+@pytest.mark.parametrize(("path", "target"), [(b"a/f", b"sub"), (b"a/f", b"a"), (b"sub", b"a")])
+def test_tree_validator_refuses_a_directory_reached_twice(path: bytes, target: bytes) -> None:
+    # A directory hardlink (the same directory at /a and /sub), or a cycle: one line, at load.
+    raw = record("dirent", _dirent_of(path), inode=INO[target])
+    with pytest.raises(FormatError, match="directory inode .* reachable by more than one path"):
+        check_tree(GroupIndex(raw))
+
+
+def test_tree_validator_refuses_overlapping_directories() -> None:
+    # 'sub' claims the root's entries: its children would be reached twice.
+    root = IDX.inode(0)
+    raw = record("inode", INO[b"sub"], data_first=root.data_first, data_count=root.data_count)
+    with pytest.raises(FormatError, match="more than one path|share"):
+        check_tree(GroupIndex(raw))
+
+
 # -- chunks and file data ---------------------------------------------------------------------
 
 
@@ -318,6 +339,8 @@ def _chunk_of(path: bytes, k: int = 0) -> int:
         (1, {"clen": 8}, "must not reference a blob"),
         (0, {"ulen": CS - 1}, "length is not"),
         (2, {"ulen": 11}, "length is not"),
+        (0, {"offset": 2**64 - 1}, "outside 0..2**63"),
+        (0, {"offset": 2**63 - 50}, "outside 0..2**63"),
     ],
 )
 def test_chunk_rules(k: int, fields: dict[str, int], what: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,10 +86,12 @@ def test_flipped_byte_in_blob(repo: Repository, store: LocalStore, env: str, cap
     code, lines = _verify(store, capsys, "py-env")
     assert code == 1
     index = short(_group_digest(repo, "base"))
+    blob = short(_blob_of(repo, "base"))
+    assert lines[0].startswith(f"blobs/{blob}: blob is corrupt: its content hashes to ")
     problems = [ln for ln in lines if ln.startswith(f"indexes/{index}: chunk ")]
-    assert problems and len(problems) == len(lines) - 1
+    assert problems and len(problems) == len(lines) - 2
     assert any("digest mismatch" in ln or "decompress" in ln for ln in problems)
-    assert lines[-1].startswith(f"FAILED: py-env: {len(problems)} problem")
+    assert lines[-1].startswith(f"FAILED: py-env: {len(problems) + 1} problem")
     # --quick does not read chunk data, so it cannot see this.
     assert _verify(store, capsys, "py-env", "--quick")[0] == 0
 
@@ -201,10 +204,12 @@ def test_hints_are_checked(repo: Repository, store: LocalStore, env: str, capsys
     put_manifest(repo, "nohint", groups, hints=ghost)
     code, lines = _verify(store, capsys, "nohint")
     assert code == 1 and lines[0] == f"hints/{short(ghost)}: hint is missing"
-    good = repo.put_object("hints", encode_hint(Hint(env, (HintRecord(0, 0, 1),))))
+    # SPEC 9.3: the manifest's own hint is bound to the same manifest without `hints`.
+    unhinted = put_manifest(repo, None, groups)
+    good = repo.put_object("hints", encode_hint(Hint(unhinted, (HintRecord(0, 0, 1),))))
     put_manifest(repo, "hinted", groups, hints=good)
     assert _verify(store, capsys, "hinted")[0] == 0
-    bad = repo.put_object("hints", encode_hint(Hint(env, (HintRecord(7, 0, 1),))))
+    bad = repo.put_object("hints", encode_hint(Hint(unhinted, (HintRecord(7, 0, 1),))))
     put_manifest(repo, "badhint", groups, hints=bad)
     code, lines = _verify(store, capsys, "badhint")
     assert code == 1 and "1 of 1 hint records name no chunk" in lines[0]
@@ -236,3 +241,76 @@ def _encode(repo: Repository, specs: list[Any]) -> tuple[str, str | None]:
 def test_unknown_ref_is_one_line(store: LocalStore, env: str, capsys: Any) -> None:
     code, _, err = run_cli(["verify", "nosuch", "--store", str(store.root)], capsys)
     assert "no environment nosuch:latest" in assert_one_line_error(code, err)
+
+
+# -- issue 16 item 7: blobs are hashed, hints checked, --quick says what it skips ---------------
+
+
+def test_junk_appended_to_a_blob_is_found(
+    repo: Repository, store: LocalStore, env: str, capsys: Any
+) -> None:
+    blob = _blob_of(repo, "base")
+    with object_path(store, "blobs", blob).open("ab") as f:
+        f.write(b"junk")  # every frame still decodes: only the blob's own digest shows it
+    code, lines = _verify(store, capsys, "py-env")
+    assert code == 1
+    assert lines[0].startswith(f"blobs/{short(blob)}: blob is corrupt: its content hashes to ")
+
+
+def test_a_huge_blob_is_hashed_in_bounded_memory(repo: Repository, store: LocalStore) -> None:
+    import tracemalloc
+
+    standard_env(repo)
+    blob = _blob_of(repo, "base")
+    path = object_path(store, "blobs", blob)
+    os.truncate(path, path.stat().st_size + (128 << 20))  # sparse: extended by 128 MiB of zeros
+    tracemalloc.start()
+    try:
+        report = verify(repo, "py-env")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [p.key for p in report.problems] == [f"blobs/{blob}"]
+    assert peak < 32 << 20, peak  # streamed, never read whole
+
+
+def test_quick_says_what_it_skips(store: LocalStore, env: str, capsys: Any) -> None:
+    code, lines = _verify(store, capsys, "py-env", "--quick")
+    assert code == 0
+    assert "not hashed" in lines[-1] and "blobs" in lines[-1] and "chunks" in lines[-1]
+    code, out, _ = run_cli(["verify", "py-env", "--quick", "--json", "--store", str(store.root)],
+                           capsys)
+    assert code == 0 and json.loads(out)["skipped"]
+
+
+def test_a_corrupt_hint_is_a_problem(
+    repo: Repository, store: LocalStore, env: str, capsys: Any
+) -> None:
+    groups = list(repo.get_manifest(env).groups)
+    top = repo.get_index(_group_digest(repo, "top"))
+    records = (HintRecord(2, top.header.chunk_count, 1),)  # one past the last chunk of 'top'
+    bad = repo.put_object("hints", encode_hint(Hint(put_manifest(repo, None, groups), records)))
+    put_manifest(repo, "badchunk", groups, hints=bad)
+    code, lines = _verify(store, capsys, "badchunk")
+    assert code == 1 and "1 of 1 hint records name no chunk" in lines[0]
+    junk = repo.put_object("hints", compress_object(b"not a hint at all, but zstd"))
+    put_manifest(repo, "junkhint", groups, hints=junk)
+    code, lines = _verify(store, capsys, "junkhint")
+    assert code == 1 and lines[0].startswith(f"hints/{short(junk)}: hint does not decode")
+    for quick in ((), ("--quick",)):
+        assert _verify(store, capsys, "junkhint", *quick)[0] == 1
+
+
+def test_a_hint_bound_to_another_manifest_is_a_problem(
+    repo: Repository, store: LocalStore, env: str, capsys: Any
+) -> None:
+    # The mount discards such a hint (SPEC 9.2, 9.3): verify must not call it ok.
+    groups = list(repo.get_manifest(env).groups)
+    other = repo.put_object("hints", encode_hint(Hint(env, (HintRecord(0, 0, 1),))))
+    put_manifest(repo, "otherhint", groups, hints=other)
+    unhinted = put_manifest(repo, None, groups)
+    code, lines = _verify(store, capsys, "otherhint")
+    assert code == 1
+    assert lines[0] == (
+        f"hints/{short(other)}: hint is bound to manifest {short(env)}, not {short(unhinted)}"
+    )

@@ -2,7 +2,8 @@
 
 Owns: the only I/O a mount does before it serves requests, in this order: `store.check()`
 (fail fast with one line if the store cannot be reached), resolving the reference to a manifest
-digest, fetching and verifying the manifest and every group index (never file data), and
+digest, fetching and verifying the manifest and every group index (never file data; each index's
+directory graph checked to be a tree by `format.validate.check_tree`), and
 composing them into a `Tree`. Must not: mount, fetch chunks or cache anything.
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from weenvfs.errors import UsageError
 from weenvfs.format.manifest import Manifest
+from weenvfs.format.validate import check_tree
 from weenvfs.store.base import Store
 from weenvfs.store.repository import Repository
 
@@ -63,6 +65,10 @@ def open_environment(store: Store, ref: str, layer: int | None = None) -> Enviro
                              f"no group {layer}")
         groups = groups[: layer + 1]
     indexes = [repo.get_index(group.index) for group in groups]
+    for index in indexes:
+        # Once per index, before serving: a shared directory or a cycle passes every
+        # per-record check, and inspect, export and verify refuse it with the same validator.
+        check_tree(index)
     tree = Tree(indexes) if layer is None else LayerTree(indexes)
     env = Environment(ref, store, digest, manifest, tree, layer)
     log.info(
