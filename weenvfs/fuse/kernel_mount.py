@@ -212,10 +212,12 @@ async def serve_kernel(
     mounts = KernelMounts(config, layers)
     mounts.device_dir.mkdir(parents=True, exist_ok=True)
 
+    mounting = [True]  # while mount_all runs, a device release is its own doing
+
     def released() -> None:
         # The kernel dropped every superblock that held our devices. Once the mount point is
         # gone too (unmounted by anyone, or by `stop`), nothing can reach this process.
-        if not mounts.still_mounted():
+        if not mounting[0] and not mounts.still_mounted():
             log.info("%s is unmounted and its devices released: stopping", config.mountpoint)
             pyfuse3.terminate()
 
@@ -233,9 +235,11 @@ async def serve_kernel(
         try:
             await trio.to_thread.run_sync(mounts.mount_all)
         except OSError as error:
+            mounting[0] = False
             await trio.to_thread.run_sync(mounts.unmount_all)
             raise WeenvError(f"{error.strerror or error} (kernel path; `--path fuse` "
                              "serves the tree over FUSE instead)") from None
+        mounting[0] = False
         log.info("mounted at %s (kernel path: %d EROFS layer(s))", config.mountpoint,
                  len(layers))
         ready()

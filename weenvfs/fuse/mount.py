@@ -206,23 +206,35 @@ async def _run_loop(
     stop: Callable[[], Awaitable[None]],
     prefetch: Callable[[], Awaitable[None]] | None,
 ) -> None:
+    announced = trio.Event()
+
+    async def announce_once() -> None:
+        try:
+            await announce()
+        finally:
+            announced.set()
+
     async with trio.open_nursery() as nursery:
         await nursery.start(fetcher.serve)  # read-ahead and cache eviction
         if prefetch is not None:
             nursery.start_soon(prefetch)
-        nursery.start_soon(_stop_on_signals, stop)
-        nursery.start_soon(announce)
+        nursery.start_soon(_stop_on_signals, stop, announced)
+        nursery.start_soon(announce_once)
         await pyfuse3.main()
         # The main loop ends when the file system is unmounted or terminate() was called.
         nursery.cancel_scope.cancel()
 
 
-async def _stop_on_signals(stop: Callable[[], Awaitable[None]]) -> None:
+async def _stop_on_signals(stop: Callable[[], Awaitable[None]], announced: trio.Event) -> None:
     with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         # Blocked while the mount was being set up (commands.py): delivered now, if any came.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         async for signum in signals:
             log.info("received %s, unmounting", signal.Signals(signum).name)
+            # The announcement's syscalls (mount(2), the first stat) wait for this loop to
+            # answer the requests they cause: ending it before they return would leave them,
+            # and the superblock locks they hold (every sync(2) of the node), hanging.
+            await announced.wait()
             await stop()
             return
 
