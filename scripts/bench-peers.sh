@@ -21,28 +21,8 @@ LIBRARY=golang-github-containerd-stargz-snapshotter-dev
 
 log() { printf 'bench-peers: %s\n' "$*" >&2; }
 
-is_installed() {
-    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q '^install ok installed$'
-}
-
-install_packages() {
-    local missing=() pkg
-    for pkg in "${BENCH_PACKAGES[@]}"; do
-        is_installed "$pkg" || missing+=("$pkg")
-    done
-    if ((${#missing[@]} == 0)); then
-        log "Debian packages present"
-        return
-    fi
-    if [[ $(id -u) -ne 0 ]]; then
-        log "missing Debian packages: ${missing[*]}; run as root to install them"
-        exit 1
-    fi
-    log "installing Debian packages: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q
-    apt-get install -y -q --no-install-recommends "${missing[@]}"
-}
+# shellcheck source=scripts/apt.sh
+source scripts/apt.sh
 
 build_key() {
     { sha256sum "$SOURCE"; dpkg-query -W -f='${Version}\n' "$LIBRARY" golang-go containerd; } \
@@ -71,5 +51,5 @@ build_snapshotter() {
     rm -rf "$gopath"
 }
 
-install_packages
+install_missing "${BENCH_PACKAGES[@]}"
 build_snapshotter

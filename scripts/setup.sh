@@ -22,9 +22,8 @@ STAMP=$VENV/.weenv-setup-stamp
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 
-is_installed() {
-    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q '^install ok installed$'
-}
+# shellcheck source=scripts/apt.sh
+source scripts/apt.sh
 
 python_lacks_venv() {
     # Debian's python3 ships venv/ensurepip separately (python3-venv); pyenv builds have it.
@@ -46,24 +45,10 @@ compile_python() {
 }
 
 install_debian_packages() {
-    local wanted=("${DEBIAN_PACKAGES[@]}") missing=() pkg
+    local wanted=("${DEBIAN_PACKAGES[@]}")
     if python_lacks_venv; then wanted+=(python3-venv); fi
     if python_lacks_headers; then wanted+=(python3-dev); fi
-    for pkg in "${wanted[@]}"; do
-        is_installed "$pkg" || missing+=("$pkg")
-    done
-    if ((${#missing[@]} == 0)); then
-        log "Debian packages present"
-        return
-    fi
-    if [[ $(id -u) -ne 0 ]]; then
-        log "missing Debian packages: ${missing[*]}; run as root to install them"
-        exit 1
-    fi
-    log "installing Debian packages: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q
-    apt-get install -y -q --no-install-recommends "${missing[@]}"
+    install_missing "${wanted[@]}"
 }
 
 stamp_value() {
