@@ -22,18 +22,14 @@ $WEENV_RECORD_HINTS=off turns the first-run recording off (test_hints_default.py
 
 from __future__ import annotations
 
-import pytest
 from support.runtime_fixtures import (  # noqa: F401  (pytest finds fixtures by name here)
     GROUP,
     _runtime_requirements,
     env_ref,
     make_env,
     minbase_store,
+    no_default_hint_recording,
     node_clean,
     test_digests,
 )
 
-
-@pytest.fixture(autouse=True)
-def _no_default_hint_recording(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WEENV_RECORD_HINTS", "off")

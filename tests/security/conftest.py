@@ -22,6 +22,7 @@ from support.runtime_fixtures import (  # noqa: F401  (pytest finds fixtures by 
     env_ref,
     make_env,
     minbase_store,
+    no_default_hint_recording,
     node_clean,
     test_digests,
 )
@@ -34,12 +35,6 @@ from weenvfs.tools.builder import build_group, open_source
 
 PROBE = "/usr/local/bin/probe"
 
-
-@pytest.fixture(autouse=True)
-def _no_default_hint_recording(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sandboxes here stand on their environments' shared group mounts (the escape attempts
-    and the broken-mount tests name those mounts), not on a first run's recording mount."""
-    monkeypatch.setenv("WEENV_RECORD_HINTS", "off")
 
 
 @pytest.fixture(scope="session")

@@ -102,3 +102,10 @@ def node_clean(_runtime_requirements: None, test_digests: set[str]) -> Iterator[
             force_cleanup(before, test_digests)
     if left:
         pytest.fail(f"the test left sandbox state behind: {left}", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def no_default_hint_recording(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sandboxes stand on their environments' shared group mounts, not on a first run's
+    recording mount (the tests name those mounts); tests of recording turn it back on."""
+    monkeypatch.setenv("WEENV_RECORD_HINTS", "off")
