@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -39,8 +39,10 @@ _TYPES = {
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> LocalStore:
-    return LocalStore(tmp_path / "store", create=True)
+def store(tmp_path: Path) -> Iterator[LocalStore]:
+    """An empty writable LocalStore under tmp_path/store, closed after the test."""
+    with LocalStore(tmp_path / "store", create=True) as s:
+        yield s
 
 
 @pytest.fixture

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from fixtures import (
     BAD_NAME,
     assert_one_line_error,
@@ -37,17 +35,6 @@ from weenvfs.tools.source_tar import TarSource
 
 def test_running_as_root() -> None:
     assert os.geteuid() == 0, "export tests create devices and foreign owners: run as root"
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[LocalStore]:
-    with LocalStore(tmp_path / "store", create=True) as s:
-        yield s
-
-
-@pytest.fixture
-def repo(store: LocalStore) -> Repository:
-    return Repository(store)
 
 
 def _export(store: LocalStore, capsys: Any, ref: str, dest: Path, *extra: str) -> int:

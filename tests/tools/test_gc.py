@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,17 +32,6 @@ from weenvfs.tools.gc import collect_garbage
 from weenvfs.tools.verify import verify
 
 HOUR = 3600.0
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[LocalStore]:
-    with LocalStore(tmp_path / "store", create=True) as s:
-        yield s
-
-
-@pytest.fixture
-def repo(store: LocalStore) -> Repository:
-    return Repository(store)
 
 
 def _age_all(store: LocalStore, seconds: float = 2 * HOUR) -> None:

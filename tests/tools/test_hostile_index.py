@@ -7,7 +7,6 @@ writes anything, from the one validator in format/ (and `GroupIndex.chunk`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +20,6 @@ from weenvfs.format.index import GroupIndex
 from weenvfs.format.manifest import GroupRef
 from weenvfs.store.local import LocalStore
 from weenvfs.store.repository import Repository
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[LocalStore]:
-    with LocalStore(tmp_path / "store", create=True) as s:
-        yield s
-
-
-@pytest.fixture
-def repo(store: LocalStore) -> Repository:
-    return Repository(store)
 
 
 def _publish_patched(repo: Repository, name: str, patch: Any) -> str:

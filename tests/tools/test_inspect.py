@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +19,6 @@ COMPOSED = {
     "/lib", "/names", "/names/" + BAD_NAME.decode("utf-8", "surrogateescape"), "/sparse.img",
     "/usr", "/usr/lib", "/usr/lib/new.so",
 }  # fmt: skip
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[LocalStore]:
-    with LocalStore(tmp_path / "store", create=True) as s:
-        yield s
-
-
-@pytest.fixture
-def repo(store: LocalStore) -> Repository:
-    return Repository(store)
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,17 +27,6 @@ from weenvfs.format.manifest import GroupRef
 from weenvfs.store.local import LocalStore
 from weenvfs.store.repository import Repository
 from weenvfs.tools.verify import check_structure, verify
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[LocalStore]:
-    with LocalStore(tmp_path / "store", create=True) as s:
-        yield s
-
-
-@pytest.fixture
-def repo(store: LocalStore) -> Repository:
-    return Repository(store)
 
 
 @pytest.fixture
