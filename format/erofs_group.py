@@ -31,6 +31,7 @@ from .index import ROOT_INODE, GroupIndex, Inode
 OVERLAY_XATTR_PREFIX = b"trusted.overlay."
 OPAQUE_XATTR = (b"trusted.overlay.opaque", b"y")
 WHITEOUT_MODE = stat.S_IFCHR  # with rdev 0: what overlayfs takes for a whiteout
+DEVICE_TAG = b"weenv-group"  # the device slot's tag in every image (SPEC.md 15.9)
 
 
 class DirectoryView(NamedTuple):
@@ -190,4 +191,4 @@ class GroupImage:
 
 def group_image(index: GroupIndex) -> bytes:
     """The published image of a group (SPEC.md 15.9): `GroupImage` over its own layout."""
-    return GroupImage(index, DeviceLayout(index)).image(b"weenv-group")
+    return GroupImage(index, DeviceLayout(index)).image(DEVICE_TAG)

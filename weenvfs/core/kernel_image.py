@@ -30,18 +30,18 @@ from weenvfs.format.chunk import decompress_object
 from weenvfs.format.constants import MAX_IMAGE_SIZE
 from weenvfs.format.device_layout import DeviceLayout
 from weenvfs.format.digest import digest_hex
-from weenvfs.format.erofs_group import DirectoryView, GroupImage, group_image
+from weenvfs.format.erofs_group import DEVICE_TAG, DirectoryView, GroupImage
 from weenvfs.store.base import Store
 from weenvfs.store.repository import Repository
 
 from .layer_tree import LayerTree
-from .tree import ROOT_INODE
+from .tree import ROOT_INODE, Tree
 
 log = logging.getLogger(__name__)
 
 # Re-exported for the mount lifecycle (fuse/ reaches the format through core only).
-__all__ = ["DeviceLayout", "LayerImage", "build_image", "cached_image", "fetch_group_image",
-           "group_image", "stack_key"]
+__all__ = ["DeviceLayout", "LayerImage", "cached_image", "derive_image", "fetch_group_image",
+           "stack_key"]
 
 IMAGE_DIR = "erofs"
 # Bumped whenever what this module or the writer emits changes: old copies are then rebuilt.
@@ -85,12 +85,16 @@ class LayerImage(GroupImage):
         return self.tree.lookup(handle, name).inode
 
 
-def build_image(tree: LayerTree, layout: DeviceLayout) -> bytes:
-    """The EROFS metadata image of `tree`'s top group, its data on `layout`'s device (the
-    lowest group's is `group_image`'s: nothing below it to ask about)."""
-    if tree.top == 0:
-        return GroupImage(tree.groups[0], layout).image(b"weenv-group")
-    return LayerImage(tree, layout).image(b"weenv-group")
+def derive_image(tree: Tree, position: int, layout: DeviceLayout) -> bytes:
+    """The EROFS image of group `position` of `tree`'s groups, its data on `layout`'s device:
+    the lowest group's is `GroupImage`'s (the published bytes: nothing below it to ask about),
+    a higher one's `LayerImage`'s over the groups up to it (`tree` itself when it already is
+    that `LayerTree`)."""
+    if position == 0:
+        return GroupImage(tree.groups[0], layout).image(DEVICE_TAG)
+    if not (isinstance(tree, LayerTree) and tree.top == position):
+        tree = LayerTree(tree.groups[: position + 1])
+    return LayerImage(tree, layout).image(DEVICE_TAG)
 
 
 def fetch_group_image(store: Store, digest: str) -> bytes:

@@ -41,13 +41,11 @@ from weenvfs.core.device_reader import DeviceReader
 from weenvfs.core.environment import Environment
 from weenvfs.core.kernel_image import (
     DeviceLayout,
-    build_image,
     cached_image,
+    derive_image,
     fetch_group_image,
-    group_image,
     stack_key,
 )
-from weenvfs.core.layer_tree import LayerTree
 from weenvfs.core.reader import Reader
 from weenvfs.core.tree import FormatError
 from weenvfs.errors import StoreError, WeenvError
@@ -128,7 +126,6 @@ def prepare_layers(env: Environment, config: MountConfig, reader: Reader) -> lis
 def _image(env: Environment, config: MountConfig, position: int, layout: DeviceLayout) -> Path:
     """The verified image of group `position`: the published one for the lowest group when
     the manifest names it and the store has it, else derived here (kernel_image.py)."""
-    groups = env.tree.groups
     ref = env.manifest.groups[position]
     if position == 0 and ref.erofs is not None:
         published = ref.erofs
@@ -139,11 +136,8 @@ def _image(env: Environment, config: MountConfig, position: int, layout: DeviceL
             log.warning("cannot use the published EROFS image of group %s (%s): deriving it",
                         ref.name, error)
     digests = [group.index for group in env.manifest.groups[: position + 1]]
-    tree = env.tree if env.layer is not None else LayerTree(groups[: position + 1])
-    assert isinstance(tree, LayerTree) or position == 0
     return cached_image(config.cache_dir, stack_key(digests),
-                        lambda: build_image(tree, layout) if isinstance(tree, LayerTree)
-                        else group_image(groups[0]))
+                        lambda: derive_image(env.tree, position, layout))
 
 
 class KernelMounts:
