@@ -1,7 +1,8 @@
-"""Kernel mounts for tests, through libc `mount(2)`/`umount2(2)` with ctypes.
+"""Kernel mounts for tests, through the project's own mount(2)/umount2(2) calls
+(`weenvfs.fuse.syscalls`).
 
-Owns: `mount`, `umount` and the `mounted` context manager (always unmounts, lazily with
-MNT_DETACH as a last resort), plus `can_mount_erofs`/`can_mount_overlay` for skips. An EROFS
+Owns: the `mounted` context manager (always unmounts, lazily as a last resort), plus
+`can_mount_erofs`/`can_mount_overlay` for skips. An EROFS
 image *file* mounts directly (the kernel's file-backed mode, no loop device); its extra
 devices are given as `device=/abs/path` options.
 
@@ -11,18 +12,11 @@ Must not: know any WeEnv format; it mounts what it is given.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
-MS_RDONLY = 1
-MNT_DETACH = 2
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
-_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+from weenvfs.fuse import syscalls
 
 
 def _filesystems() -> set[str]:
@@ -40,36 +34,20 @@ def can_mount_overlay() -> bool:
     return os.geteuid() == 0 and "overlay" in _filesystems()
 
 
-def mount(source: str | Path, target: str | Path, fstype: str, flags: int, options: str) -> None:
-    """mount(2); raise OSError with the errno on failure."""
-    rc = _libc.mount(
-        os.fsencode(source), os.fsencode(target), fstype.encode(), flags, options.encode()
-    )
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount -t {fstype} {source} {target} -o {options}: {os.strerror(err)}")
-
-
-def umount(target: str | Path, flags: int = 0) -> None:
-    """umount2(2); raise OSError with the errno on failure."""
-    if _libc.umount2(os.fsencode(target), flags) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"umount {target}: {os.strerror(err)}")
-
-
 @contextlib.contextmanager
 def mounted(
-    source: str | Path, target: str | Path, fstype: str, options: str = "", flags: int = MS_RDONLY
+    source: str | Path, target: str | Path, fstype: str, options: str = "",
+    flags: int = syscalls.MS_RDONLY,
 ) -> Iterator[Path]:
     """Mount for the duration of the block; always unmount (detached if still busy)."""
-    mount(source, target, fstype, flags, options)
+    syscalls.mount(source, target, fstype, options, flags)
     try:
         yield Path(target)
     finally:
         try:
-            umount(target)
+            syscalls.umount(target)
         except OSError:
-            umount(target, MNT_DETACH)
+            syscalls.umount(target, detach=True)
 
 
 def mounted_erofs(
