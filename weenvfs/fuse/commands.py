@@ -31,6 +31,7 @@ from weenvfs.errors import UsageError, WeenvError
 from weenvfs.units import parse_size, size_arg
 
 from . import STATS_XATTR, daemon
+from .config import PATHS
 
 if TYPE_CHECKING:
     from .config import MountConfig
@@ -106,7 +107,7 @@ def _register_mount(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
                    help="serve only group N (0 is the lowest) as a kernel overlayfs lower "
                    "layer: whiteouts as 0/0 devices, opaque directories marked; stack the "
                    "groups' mounts with `mount -t overlay -o lowerdir=TOP:...:0`")
-    p.add_argument("--path", choices=("auto", "kernel", "fuse"), default="auto",
+    p.add_argument("--path", choices=PATHS, default="auto",
                    help="kernel: metadata in the kernel (EROFS images, overlayfs for several "
                    "groups), only file data through this daemon; fuse: the whole tree over "
                    "FUSE; auto (default): kernel where it can run (root, EROFS), else fuse. "
