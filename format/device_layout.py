@@ -22,7 +22,8 @@ same for every stack the group sits in. Pure: no I/O (the codec's rule).
 from __future__ import annotations
 
 import bisect
-from array import array
+import sys
+from itertools import accumulate
 from typing import NamedTuple
 
 from .constants import INODE
@@ -40,30 +41,38 @@ class DevicePiece(NamedTuple):
     at: int
 
 
+def _modes_and_sizes(table: memoryview) -> tuple[list[int], list[int]]:
+    """The mode and size columns of an inode table (SPEC 6.4: u32 mode at byte 0, u64 size
+    at byte 16 of each 72-byte record), read as strided machine words where the machine is
+    little-endian as the format, else record by record."""
+    if sys.byteorder == "little" and INODE.size % 8 == 0:
+        words = INODE.size // 4
+        return (table.cast("I")[0::words].tolist(),
+                table.cast("Q")[2::INODE.size // 8].tolist())
+    records = list(INODE.iter_unpack(table))
+    return [r[0] for r in records], [r[4] for r in records]
+
+
 class DeviceLayout:
     """The extents of every regular file of `index` on its group's data device."""
 
     def __init__(self, index: GroupIndex) -> None:
-        self._starts = array("q")  # device byte offset of each extent, ascending
-        self._inos = array("q")
-        self._sizes = array("q")
-        self._block_of: dict[int, int] = {}
-        position = 0
-        # One pass over the raw inode table (mode and size only): this runs at every mount of
-        # the kernel path. Records are validated where they are used (the image builder and
-        # the reader decode them through `GroupIndex.inode`).
+        # The mode and size columns of the raw inode table, then list comprehensions: this
+        # runs at every mount of the kernel path (100k files: 110 ms as a loop over decoded
+        # records). Records are validated where they are used (the image
+        # builder and the reader decode them through `GroupIndex.inode`).
         h = index.header
         table = memoryview(index.raw)[h.inode_offset:h.inode_offset + h.inode_count * INODE.size]
-        for ino, record in enumerate(INODE.iter_unpack(table)):
-            mode, size = record[0], record[4]
-            if mode & 0o170000 != 0o100000 or size == 0:
-                continue
-            self._block_of[ino] = position // BLOCK_SIZE
-            self._starts.append(position)
-            self._inos.append(ino)
-            self._sizes.append(size)
-            position += -(-size // BLOCK_SIZE) * BLOCK_SIZE
-        self.size = position  # bytes: a whole number of blocks
+        modes, sizes = _modes_and_sizes(table)
+        self._inos = [ino for ino, (mode, size) in enumerate(zip(modes, sizes, strict=True))
+                      if size and mode & 0o170000 == 0o100000]
+        self._sizes = [sizes[ino] for ino in self._inos]
+        # First block of each extent, and the device's size in blocks as the last item.
+        self._first = list(accumulate((-(-size // BLOCK_SIZE) for size in self._sizes),
+                                      initial=0))
+        self._starts = [block * BLOCK_SIZE for block in self._first[:-1]]  # ascending bytes
+        self._block_of: dict[int, int] | None = None  # record -> first block, on first use
+        self.size = self._first[-1] * BLOCK_SIZE  # bytes: a whole number of blocks
 
     @property
     def blocks(self) -> int:
@@ -77,6 +86,8 @@ class DeviceLayout:
 
     def start_block(self, ino: int) -> int:
         """The first block of record `ino`'s extent (KeyError: not a file with data)."""
+        if self._block_of is None:  # only an image being derived asks: not the mount itself
+            self._block_of = dict(zip(self._inos, self._first, strict=False))
         return self._block_of[ino]
 
     def pieces(self, offset: int, size: int) -> list[DevicePiece]:
