@@ -41,4 +41,10 @@ def test_quick_run_writes_table_and_json(tmp_path: Path, v1_cgroups: V1Cgroups) 
     real = document["results"]["real"]
     assert real["sandboxes"] == 1 and real["exit_codes"] == [0]
     assert real["oom_kills"] == 0 and real["writes_below_usage_plus_guard"] == 0
-    assert real["mem_reaction"][0] is not None and real["cpu_reaction"][0] is not None
+    # The memory spike always outgrows its limit, so a raise must be seen. The CPU burst
+    # outgrows its quota only when the sandbox gets the CPU: on a loaded 2-CPU machine it may
+    # not, and the benchmark then reports no reaction (None) rather than a made-up one.
+    assert real["mem_reaction"][0] is not None
+    assert len(real["cpu_reaction"]) == 1
+    cpu = real["cpu_reaction"][0]
+    assert cpu is None or cpu["decision_ticks"] > 0
