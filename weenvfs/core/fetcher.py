@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -114,6 +115,9 @@ class Fetcher:
         self._cache_errors: set[int] = set()
         self._nursery: trio.Nursery | None = None
         self._background = 0
+        # Chunks stored next to one a reader waited for (core/neighbours.py); fetched in the
+        # background at once, as a cold reader with no hint is likely to want them next.
+        self.neighbours: Callable[[ChunkLoc], Sequence[ChunkLoc]] | None = None
         self._maintaining = False
         self._closed = False
 
@@ -130,9 +134,14 @@ class Fetcher:
             raise RuntimeError("Fetcher is closed")
         self.stats.reads += 1
         out: dict[bytes, Outcome] = {}
+        started = time.monotonic()
+        waited = True  # until _load says otherwise (a deadline cancels it while waiting)
         try:
             with trio.move_on_after(self.deadline):
-                await self._load([s[0] for s in spans], Priority.DEMAND, out, count=True)
+                waited = await self._load([s[0] for s in spans], Priority.DEMAND, out,
+                                          count=True)
+            if waited:
+                self.stats.read_waits.add(time.monotonic() - started)
             data = self._assemble(spans, out)
         finally:
             for value in out.values():
@@ -192,6 +201,15 @@ class Fetcher:
         """Refuse further reads. The store and the cache belong to the caller."""
         self._closed = True
 
+    def _fetch_neighbours(self, missed: Sequence[ChunkLoc]) -> None:
+        """Start fetching the neighbourhoods of the chunks a demand read is about to wait for
+        (not those already in flight: theirs were asked for when they missed)."""
+        assert self.neighbours is not None
+        near = {n.digest: n for loc in missed for n in self.neighbours(loc)
+                if n.digest not in self._flights}
+        if near:
+            self.schedule_prefetch(list(near.values()))
+
     # -- loading: cache, in-process flights, cross-process locks --------------------------------
 
     async def _load(
@@ -200,9 +218,9 @@ class Fetcher:
         priority: Priority,
         out: dict[bytes, Outcome],
         count: bool = False,
-    ) -> None:
+    ) -> bool:
         """Fill `out[digest]` for every non-zero chunk of `locs` with a handle, the plaintext
-        or the error that prevents serving it."""
+        or the error that prevents serving it; whether that meant waiting for a fetch."""
         claims: list[tuple[ChunkLoc, _Flight]] = []
         waits: list[tuple[ChunkLoc, _Flight]] = []
         for loc in {c.digest: c for c in locs if c.blob is not None}.values():
@@ -217,8 +235,10 @@ class Fetcher:
                 waits.append((loc, self._flights[loc.digest]))
             else:
                 claims.append(self._claim(loc, priority))
+        if count and claims and self.neighbours is not None:
+            self._fetch_neighbours([loc for loc, _flight in claims])
         if not claims and not waits:
-            return
+            return False
         try:
             async with trio.open_nursery() as nursery:
                 if claims:
@@ -227,6 +247,7 @@ class Fetcher:
                     nursery.start_soon(self._await_flight, loc, flight, priority, out)
         finally:
             self._settle(claims, out)  # a no-op unless the fetch task never got to run
+        return True
 
     def _claim(self, loc: ChunkLoc, priority: Priority) -> tuple[ChunkLoc, _Flight]:
         """Make this task the in-process fetcher of `loc` (the caller checked nobody is)."""

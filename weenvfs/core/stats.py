@@ -94,6 +94,9 @@ class Stats:
         self.waited_for_other = 0  # chunks another process fetched while this one waited
         self.errors: Counter[str] = Counter()  # kind -> count (timeout, unavailable, corrupt..)
         self.latency = LatencyHistogram()  # of successful store requests
+        # Demand reads that waited for a fetch (theirs or one in flight), and for how long:
+        # the time a cold reader stalls, what prefetch and neighbourhoods are there to cut.
+        self.read_waits = LatencyHistogram()
         self.prefetch_requests = 0
         self.prefetched_chunks = 0
         self.prefetched_bytes = 0  # plaintext bytes of those chunks
@@ -156,6 +159,8 @@ class Stats:
             "bytes_decompressed": self.bytes_decompressed,
             "waited_for_other_process": self.waited_for_other,
             "fetch_latency": self.latency.summary(),
+            "read_waits": {**self.read_waits.summary(),
+                           "total_s": round(self.read_waits.total, 3)},
             "errors": dict(sorted(self.errors.items())),
             "prefetch": {
                 "requests": self.prefetch_requests,

@@ -115,6 +115,9 @@ def _register_mount(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     # Debugging and benchmarks/store.py: one ranged GET per chunk.
     p.add_argument("--no-coalesce", dest="coalesce", action="store_false", help=argparse.SUPPRESS)
+    # benchmarks/coldstart_ref.py: no fetching of a missed chunk's neighbours (core/neighbours.py).
+    p.add_argument("--no-neighbours", dest="neighbours", action="store_false",
+                   help=argparse.SUPPRESS)
     _add_hint_options(p)
 
 
@@ -232,6 +235,7 @@ def _config(args: argparse.Namespace) -> MountConfig:
         record_result=None if args.record_result is None else args.record_result.absolute(),
         record_replace=args.record_replace,
         coalesce=args.coalesce,
+        neighbours=args.neighbours,
         layer=args.layer,
         path=args.path,
     )
@@ -257,8 +261,9 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         cache_size=config.cache_size, deadline=config.deadline,
         allow_other=config.allow_other, hint=config.hint, fetch_all=config.fetch_all,
         record_tag=config.record_tag, record_result=config.record_result,
-        record_replace=config.record_replace, coalesce=config.coalesce, layer=config.layer,
-        path=config.path, verbose=args.verbose, nonempty=args.nonempty,
+        record_replace=config.record_replace, coalesce=config.coalesce,
+        neighbours=config.neighbours, layer=config.layer, path=config.path,
+        verbose=args.verbose, nonempty=args.nonempty,
     )
     pid = daemon.spawn(child, log_file)
     # Mounted: a Ctrl-C from now on would report "interrupted" over a mount that stays.
@@ -276,8 +281,8 @@ def mount_args(
     cache_size: int | None = None, deadline: float | None = None,
     allow_other: bool | None = None, hint: str | None = None, fetch_all: bool = False,
     record_tag: str | None = None, record_result: Path | None = None,
-    record_replace: bool = False, coalesce: bool = True, layer: int | None = None,
-    path: str = "auto", verbose: int = 0, nonempty: bool = False,
+    record_replace: bool = False, coalesce: bool = True, neighbours: bool = True,
+    layer: int | None = None, path: str = "auto", verbose: int = 0, nonempty: bool = False,
 ) -> list[str]:
     """The arguments of `weenv mount REF MOUNTPOINT --foreground` for `daemon.spawn`.
 
@@ -307,6 +312,7 @@ def mount_args(
         *(["--record-result", str(record_result)] if record_result else []),
         *(["--record-replace"] if record_replace else []),
         *([] if coalesce else ["--no-coalesce"]),
+        *([] if neighbours else ["--no-neighbours"]),
         *(["--nonempty"] if nonempty else []),
     ]
 

@@ -27,6 +27,7 @@ class MountConfig:
     record_result: Path | None = None  # where to write what was published (JSON)
     record_replace: bool = False  # publish the recorded run alone, not merged
     coalesce: bool = True  # merge neighbouring chunks into one ranged GET (off: benchmarks)
+    neighbours: bool = True  # fetch a missed chunk's blob neighbourhood too (off: benchmarks)
     layer: int | None = None  # serve only this group, as an overlayfs lower layer
     path: str = "auto"  # "kernel" (EROFS images over lazy devices), "fuse" (the tree), "auto"
 

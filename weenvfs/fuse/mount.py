@@ -40,6 +40,7 @@ from weenvfs.core.cache import ChunkCache
 from weenvfs.core.environment import Environment, open_environment
 from weenvfs.core.fetcher import Fetcher
 from weenvfs.core.hints import HintRecorder, env_hint_lookup, publish_env_run
+from weenvfs.core.neighbours import Neighbours
 from weenvfs.core.prefetch import Prefetcher
 from weenvfs.core.reader import Reader
 from weenvfs.core.stats import Stats
@@ -112,6 +113,8 @@ async def serve(env: Environment, config: MountConfig, ready: Callable[[], None]
     stats = Stats()
     no_merge = {} if config.coalesce else {"coalesce_gap": -1}  # -1: never merge chunks
     fetcher = Fetcher(env.store, cache, stats, deadline=config.deadline, **no_merge)
+    if config.neighbours:
+        fetcher.neighbours = Neighbours(env.tree.groups).around
     reader = Reader(env.tree, fetcher)
     recorder = reader.recorder = HintRecorder() if config.record_tag is not None else None
     prefetcher = Prefetcher(env.tree.groups, fetcher, fetch_all=config.fetch_all)
