@@ -22,7 +22,9 @@ same for every stack the group sits in. Pure: no I/O (the codec's rule).
 from __future__ import annotations
 
 import bisect
+import struct
 import sys
+from array import array
 from itertools import accumulate
 from typing import NamedTuple
 
@@ -30,6 +32,9 @@ from .constants import INODE
 from .index import GroupIndex
 
 BLOCK_SIZE = 4096  # the device's block size: the EROFS image's (format/erofs.py)
+# `DeviceLayout.to_bytes`: magic, extent count, then the columns as little-endian arrays.
+_SAVED = struct.Struct("<8sQ")
+_MAGIC = b"WEENVDL1"
 
 
 class DevicePiece(NamedTuple):
@@ -70,9 +75,39 @@ class DeviceLayout:
         # First block of each extent, and the device's size in blocks as the last item.
         self._first = list(accumulate((-(-size // BLOCK_SIZE) for size in self._sizes),
                                       initial=0))
-        self._starts = [block * BLOCK_SIZE for block in self._first[:-1]]  # ascending bytes
         self._block_of: dict[int, int] | None = None  # record -> first block, on first use
         self.size = self._first[-1] * BLOCK_SIZE  # bytes: a whole number of blocks
+
+    def to_bytes(self) -> bytes:
+        """The layout as bytes `from_bytes` reads back (a node keeps it per index: computing
+        it costs 45 ms at 100k files, reading it back a few)."""
+        columns = (array("I", self._inos), array("Q", self._sizes), array("Q", self._first))
+        if sys.byteorder != "little":
+            for column in columns:
+                column.byteswap()
+        return _SAVED.pack(_MAGIC, len(self._inos)) + b"".join(c.tobytes() for c in columns)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> DeviceLayout:
+        """A layout saved by `to_bytes`; ValueError if `data` is not one."""
+        if len(data) < _SAVED.size:
+            raise ValueError("not a saved device layout: too short")
+        magic, count = _SAVED.unpack_from(data)
+        if magic != _MAGIC or len(data) != _SAVED.size + count * 20 + 8:
+            raise ValueError("not a saved device layout: bad header or length")
+        columns = [array("I"), array("Q"), array("Q")]
+        at = _SAVED.size
+        for column, items in zip(columns, (count, count, count + 1), strict=True):
+            end = at + items * column.itemsize
+            column.frombytes(data[at:end])
+            at = end
+            if sys.byteorder != "little":
+                column.byteswap()
+        layout = cls.__new__(cls)
+        layout._inos, layout._sizes, layout._first = (c.tolist() for c in columns)
+        layout._block_of = None
+        layout.size = layout._first[-1] * BLOCK_SIZE
+        return layout
 
     @property
     def blocks(self) -> int:
@@ -96,10 +131,11 @@ class DeviceLayout:
         end = min(offset + size, self.size)
         if offset < 0 or offset >= end:
             return []
-        k = max(bisect.bisect_right(self._starts, offset) - 1, 0)
+        first, count = self._first, len(self._inos)
+        k = max(bisect.bisect_right(first, offset // BLOCK_SIZE, 0, count) - 1, 0)
         out = []
-        while k < len(self._starts) and self._starts[k] < end:
-            start, length = self._starts[k], self._sizes[k]
+        while k < count and first[k] * BLOCK_SIZE < end:
+            start, length = first[k] * BLOCK_SIZE, self._sizes[k]
             lo, hi = max(offset, start), min(end, start + length)
             if lo < hi:
                 out.append(DevicePiece(self._inos[k], lo - start, hi - lo, lo - offset))

@@ -3,21 +3,23 @@
 Owns: the only I/O a mount does before it serves requests, in this order: `store.check()`
 (fail fast with one line if the store cannot be reached), resolving the reference to a manifest
 digest, fetching and verifying the manifest and every group index (never file data; each index's
-directory graph checked to be a tree by `format.validate.check_tree`), and
-composing them into a `Tree`. Must not: mount, fetch chunks or cache anything.
+directory graph checked to be a tree by `format.validate.check_tree`; a mount keeps checked
+indexes on the node, index_cache.py), and composing them into a `Tree`. Must not: mount or
+fetch chunks.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from weenvfs.errors import UsageError
 from weenvfs.format.manifest import Manifest
-from weenvfs.format.validate import check_tree
 from weenvfs.store.base import Store
 from weenvfs.store.repository import Repository
 
+from .index_cache import load_index
 from .layer_tree import LayerTree
 from .tree import Tree
 
@@ -47,10 +49,12 @@ class Environment:
         return [group.name for group in self.manifest.groups[: len(self.tree.groups)]]
 
 
-def open_environment(store: Store, ref: str, layer: int | None = None) -> Environment:
+def open_environment(store: Store, ref: str, layer: int | None = None,
+                     cache_dir: Path | None = None) -> Environment:
     """Check `store`, resolve `ref` (`NAME[:TAG]` or a manifest digest) and load its indexes:
     all of them, composed, or with `layer` the groups up to that one (0 is the lowest), its
-    group shown as an overlayfs lower layer (core/layer_tree.py).
+    group shown as an overlayfs lower layer (core/layer_tree.py). With `cache_dir`, through
+    the node's checked copies (index_cache.py).
 
     Raises StoreUnavailable/StoreError, RefNotFound, ObjectCorrupt, FormatError or (for a
     layer the environment does not have) UsageError, each with a one-line message.
@@ -64,11 +68,9 @@ def open_environment(store: Store, ref: str, layer: int | None = None) -> Enviro
             raise UsageError(f"environment {ref} has groups 0 to {len(groups) - 1}, "
                              f"no group {layer}")
         groups = groups[: layer + 1]
-    indexes = [repo.get_index(group.index) for group in groups]
-    for index in indexes:
-        # Once per index, before serving: a shared directory or a cycle passes every
-        # per-record check, and inspect, export and verify refuse it with the same validator.
-        check_tree(index)
+    # Each checked to be a tree before serving (a shared directory or a cycle passes every
+    # per-record check; inspect, export and verify refuse it with the same validator).
+    indexes = [load_index(repo, group.index, cache_dir) for group in groups]
     tree = Tree(indexes) if layer is None else LayerTree(indexes)
     env = Environment(ref, store, digest, manifest, tree, layer)
     log.info(

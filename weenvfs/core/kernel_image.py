@@ -13,6 +13,9 @@ The node keeps every image in the cache folder: a published one as `erofs/<diges
 (its name is its BLAKE3), a derived one as `erofs/<stack key>.img` with its BLAKE3 in
 `<stack key>.img.b3`. Before an image reaches the kernel its digest is checked
 (`cached_image`): a damaged or half-written copy is fetched or built again, never mounted.
+The data device's layout of each group is kept too, as `erofs/<index digest>.layout`
+(`cached_layout`): derived from a verified index, saved with its own BLAKE3, and derived again
+when the copy does not match it.
 
 Must not: mount anything (fuse/), fetch file data, or encode EROFS bytes itself.
 """
@@ -22,26 +25,27 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from weenvfs.format.chunk import decompress_object
 from weenvfs.format.constants import MAX_IMAGE_SIZE
 from weenvfs.format.device_layout import DeviceLayout
-from weenvfs.format.digest import digest_hex
+from weenvfs.format.digest import digest_bytes, digest_hex
 from weenvfs.format.erofs_group import DEVICE_TAG, DirectoryView, GroupImage
+from weenvfs.format.index import GroupIndex
 from weenvfs.store.base import Store
 from weenvfs.store.repository import Repository
 
 from .layer_tree import LayerTree
+from .node_files import write_atomically
 from .tree import ROOT_INODE, Tree
 
 log = logging.getLogger(__name__)
 
 # Re-exported for the mount lifecycle (fuse/ reaches the format through core only).
-__all__ = ["DeviceLayout", "LayerImage", "cached_image", "derive_image", "fetch_group_image",
-           "stack_key"]
+__all__ = ["DeviceLayout", "LayerImage", "cached_image", "cached_layout", "derive_image",
+           "fetch_group_image", "stack_key"]
 
 IMAGE_DIR = "erofs"
 # Bumped whenever what this module or the writer emits changes: old copies are then rebuilt.
@@ -116,14 +120,25 @@ def cached_image(cache_dir: Path, key: str, build: Callable[[], bytes]) -> Path:
             return path
         log.warning("EROFS image %s does not match its digest: making it again", path)
     data = build()
-    folder.mkdir(parents=True, exist_ok=True)
-    _write_atomically(path, data)
-    _write_atomically(digest_path, (digest_hex(data) + "\n").encode())
+    write_atomically(path, data)
+    write_atomically(digest_path, (digest_hex(data) + "\n").encode())
     return path
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+def cached_layout(cache_dir: Path, index_digest: str, index: GroupIndex) -> DeviceLayout:
+    """The data device's layout of group index `index_digest`: the node's copy when it is
+    intact (its BLAKE3 follows it), else derived from `index` (and kept, best effort)."""
+    path = cache_dir / IMAGE_DIR / f"{index_digest}.layout"
+    with contextlib.suppress(OSError, ValueError):
+        saved = path.read_bytes()
+        body, digest = saved[:-32], saved[-32:]
+        if digest_bytes(body) == digest:
+            return DeviceLayout.from_bytes(body)
+        log.warning("the device layout %s does not match its digest: deriving it again", path)
+    layout = DeviceLayout(index)
+    body = layout.to_bytes()
+    try:
+        write_atomically(path, body + digest_bytes(body))
+    except OSError as error:  # a full or read-only cache costs speed, never the mount
+        log.info("cannot keep the device layout in %s: %s", path.parent, error)
+    return layout

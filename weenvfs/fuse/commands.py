@@ -330,7 +330,7 @@ def _mount_foreground(args: argparse.Namespace) -> int:
         _log_to_file_only()
     try:
         config = _config(args)
-        env = load(args.store, args.ref, config.layer)
+        env = load(args.store, args.ref, config.layer, config.cache_dir)
     except Exception as error:
         pipe.failed(str(error) or type(error).__name__)
         raise

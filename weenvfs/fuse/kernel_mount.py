@@ -42,6 +42,7 @@ from weenvfs.core.environment import Environment
 from weenvfs.core.kernel_image import (
     DeviceLayout,
     cached_image,
+    cached_layout,
     derive_image,
     fetch_group_image,
     stack_key,
@@ -112,8 +113,9 @@ def prepare_layers(env: Environment, config: MountConfig, reader: Reader) -> lis
     layers = []
     for position in positions:
         assert position is not None
-        layout = DeviceLayout(groups[position])
         started = time.monotonic()
+        layout = cached_layout(config.cache_dir, env.manifest.groups[position].index,
+                               groups[position])
         image = _image(env, config, position, layout)
         log.info("group %d: EROFS image %s ready in %.0f ms (%d files on a %d MiB device)",
                  position, image.name[:12], (time.monotonic() - started) * 1000,

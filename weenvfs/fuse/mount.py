@@ -61,12 +61,14 @@ STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}  # end the main loop; blocked unt
 READAHEAD_BYTES = 1 << 20
 
 
-def load(store_url: str, ref: str, layer: int | None = None) -> Environment:
+def load(store_url: str, ref: str, layer: int | None = None,
+         cache_dir: Path | None = None) -> Environment:
     """Open the store at `store_url` and load environment `ref`, or its group `layer` as an
-    overlayfs lower layer (see `open_environment`)."""
+    overlayfs lower layer (see `open_environment`); indexes through the node's copies in
+    `cache_dir` (core/index_cache.py)."""
     store = open_store(store_url)
     try:
-        return open_environment(store, ref, layer)
+        return open_environment(store, ref, layer, cache_dir)
     except BaseException:
         store.close()
         raise

@@ -1,0 +1,141 @@
+"""The node's copies of indexes and device layouts (core/index_cache.py, core/kernel_image.py,
+core/node_files.py): fetched or derived once, checked against their digest at every use, and
+never served when damaged.
+
+Real components: a group built by tools/builder.py into a real local store (test_reader.py's
+`make_env`), counted by FaultyStore in front of it; real files and xattrs in tmp_path.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+from test_reader import make_env
+
+from weenvfs.core import index_cache, node_files
+from weenvfs.core.environment import Environment, open_environment
+from weenvfs.core.index_cache import INDEX_DIR, TREE_VERDICT, load_index
+from weenvfs.core.kernel_image import cached_layout
+from weenvfs.format.device_layout import DeviceLayout
+from weenvfs.store.faulty import FaultyStore
+from weenvfs.store.repository import Repository
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Environment:
+    return make_env(tmp_path)
+
+
+def _needs_xattrs(folder: Path) -> None:
+    probe = folder / ".probe"
+    probe.write_bytes(b"")
+    try:
+        os.setxattr(probe, "user.weenv.probe", b"1")
+    except OSError:
+        pytest.skip("the temp folder's file system has no user xattrs")
+
+
+def test_an_index_is_fetched_and_tree_checked_once(env: Environment, tmp_path: Path,
+                                                   monkeypatch) -> None:
+    _needs_xattrs(tmp_path)
+    store = FaultyStore(env.store)
+    repo, digest = Repository(store), env.manifest.groups[0].index
+    cache = tmp_path / "node"
+    checks: list[int] = []
+    real_check = index_cache.check_tree
+    monkeypatch.setattr(index_cache, "check_tree",
+                        lambda index: (checks.append(1), real_check(index))[1])
+    first = load_index(repo, digest, cache)
+    fetched = store.calls["get"]
+    assert fetched >= 1 and checks == [1]
+    assert node_files.has_verdict(cache / INDEX_DIR / digest, TREE_VERDICT)
+    again = load_index(repo, digest, cache)
+    assert store.calls["get"] == fetched and checks == [1]  # from the node, not re-checked
+    assert again.raw == first.raw == env.tree.groups[0].raw
+    # Without the verdict (another validator version): checked again, still not fetched.
+    os.removexattr(cache / INDEX_DIR / digest, TREE_VERDICT)
+    load_index(repo, digest, cache)
+    assert store.calls["get"] == fetched and checks == [1, 1]
+
+
+def test_a_damaged_copy_is_never_served(env: Environment, tmp_path: Path, assert_logs) -> None:
+    _needs_xattrs(tmp_path)
+    store = FaultyStore(env.store)
+    repo, digest = Repository(store), env.manifest.groups[0].index
+    cache = tmp_path / "node"
+    good = load_index(repo, digest, cache).raw
+    copy = cache / INDEX_DIR / digest
+    # Damaged in place (the verdict xattr stays): the digest no longer matches.
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    with open(copy, "r+b") as f:
+        f.write(data)
+    assert node_files.has_verdict(copy, TREE_VERDICT)
+    before = store.calls["get"]
+    with assert_logs("copy of index [0-9a-f]{12} is damaged: fetching it again", count=1):
+        assert load_index(repo, digest, cache).raw == good
+    assert store.calls["get"] == before + 1
+    assert copy.read_bytes() != bytes(data)  # replaced by the fetched object
+
+
+def test_without_a_cache_folder_nothing_is_kept(env: Environment, tmp_path: Path) -> None:
+    before = set(tmp_path.rglob("*"))
+    load_index(Repository(env.store), env.manifest.groups[0].index)
+    assert set(tmp_path.rglob("*")) == before
+
+
+def test_a_refused_index_is_not_kept(env: Environment, tmp_path: Path, monkeypatch) -> None:
+    from weenvfs.format.errors import FormatError
+
+    def refuse(index: object) -> None:
+        raise FormatError("directory inode 1", "reachable by more than one path")
+
+    monkeypatch.setattr("weenvfs.core.index_cache.check_tree", refuse)
+    with pytest.raises(FormatError):
+        load_index(Repository(env.store), env.manifest.groups[0].index, tmp_path / "node")
+    assert not (tmp_path / "node" / INDEX_DIR / env.manifest.groups[0].index).exists()
+
+
+def test_open_environment_keeps_its_indexes_on_the_node(env: Environment, tmp_path: Path):
+    cache = tmp_path / "node"
+    opened = open_environment(env.store, "env:t", cache_dir=cache)
+    assert [p.name for p in (cache / INDEX_DIR).iterdir()] == [env.manifest.groups[0].index]
+    assert opened.tree.groups[0].raw == env.tree.groups[0].raw
+
+
+def test_a_layout_is_derived_once_and_read_back_equal(env: Environment, tmp_path: Path,
+                                                      assert_logs, monkeypatch) -> None:
+    index, digest = env.tree.groups[0], env.manifest.groups[0].index
+    cache = tmp_path / "node"
+    fresh = DeviceLayout(index)
+    cached_layout(cache, digest, index)
+    path = cache / "erofs" / f"{digest}.layout"
+    assert path.exists()
+    derived: list[int] = []
+    real = DeviceLayout.__init__
+    monkeypatch.setattr(DeviceLayout, "__init__",
+                        lambda self, idx: (derived.append(1), real(self, idx))[1])
+    back = cached_layout(cache, digest, index)
+    assert derived == [] and back.size == fresh.size and back.files == fresh.files
+    rng = random.Random(3)
+    for _ in range(300):
+        offset, size = rng.randrange(0, fresh.size), rng.randrange(1, 3 * 4096)
+        assert back.pieces(offset, size) == fresh.pieces(offset, size)
+    # Damaged in place: derived again, and the copy replaced.
+    data = bytearray(path.read_bytes())
+    data[20] ^= 0x01
+    path.write_bytes(bytes(data))
+    with assert_logs("does not match its digest: deriving it again", count=1):
+        again = cached_layout(cache, digest, index)
+    assert derived == [1] and again.pieces(0, fresh.size) == fresh.pieces(0, fresh.size)
+    assert cached_layout(cache, digest, index).size == fresh.size and derived == [1]
+
+
+def test_saved_layouts_refuse_what_is_not_one(env: Environment) -> None:
+    saved = DeviceLayout(env.tree.groups[0]).to_bytes()
+    for bad in (b"", saved[:10], b"XXXXXXXX" + saved[8:], saved + b"\0", saved[:-1]):
+        with pytest.raises(ValueError):
+            DeviceLayout.from_bytes(bad)

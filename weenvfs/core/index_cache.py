@@ -1,0 +1,72 @@
+"""The node's copies of group indexes: fetched once, checked to be a tree once.
+
+A mount needs every index of its environment, verified against its digest and checked to be
+a tree (`format.validate.check_tree`: a shared directory or a cycle passes every per-record
+check). The tree check costs time that grows with the files (100k files: about 25 ms, at
+every mount), and fetching costs a store round trip, yet an index is immutable: its digest
+names it. So a mount keeps the stored object as `<cache>/indexes/<digest>`, still verifies
+its digest at every use (a millisecond or two for 4 MB), and records the tree check's verdict
+on the file (node_files.py): the next mount of an index only hashes and decompresses it.
+
+Must not: fetch anything but indexes, or keep what it did not verify.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from weenvfs.format.digest import digest_hex
+from weenvfs.format.index import GroupIndex
+from weenvfs.format.validate import check_tree
+from weenvfs.store.repository import Repository
+
+from .node_files import has_verdict, set_verdict, write_atomically
+
+log = logging.getLogger(__name__)
+
+INDEX_DIR = "indexes"
+# The verdict of `check_tree` on a node copy. Renamed whenever what `check_tree` refuses
+# changes, so that copies checked by an older validator are checked again.
+TREE_VERDICT = "user.weenv.tree-checked-1"
+
+
+def load_index(repo: Repository, digest: str, cache_dir: Path | None = None) -> GroupIndex:
+    """Index `digest`, verified and checked to be a tree: from the node's copy in `cache_dir`
+    when it is there and intact, else from `repo` (and then copied there)."""
+    if cache_dir is None:
+        return _checked(repo.get_object("indexes", digest))
+    path = cache_dir / INDEX_DIR / digest
+    data = _node_copy(path, digest)
+    if data is not None:
+        if has_verdict(path, TREE_VERDICT):
+            return GroupIndex.from_object(data)
+        index = _checked(data)
+        set_verdict(path, TREE_VERDICT)
+        return index
+    data = repo.get_object("indexes", digest)
+    index = _checked(data)
+    try:
+        write_atomically(path, data)
+        set_verdict(path, TREE_VERDICT)
+    except OSError as error:  # a full or read-only cache costs speed, never the mount
+        log.info("cannot keep index %s in %s: %s", digest[:12], path.parent, error)
+    return index
+
+
+def _node_copy(path: Path, digest: str) -> bytes | None:
+    """The node copy's bytes if it exists and still hashes to `digest`."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if digest_hex(data) == digest:
+        return data
+    log.warning("the node's copy of index %s is damaged: fetching it again", digest[:12])
+    return None
+
+
+def _checked(data: bytes) -> GroupIndex:
+    index = GroupIndex.from_object(data)
+    check_tree(index)
+    return index

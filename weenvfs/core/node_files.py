@@ -1,0 +1,46 @@
+"""Files the node keeps beside its chunk cache (group indexes, EROFS images, device layouts):
+written whole or not at all, and able to carry a verdict about their content.
+
+Each such file is checked against a digest every time it is used (hashing a few MB costs a
+millisecond or two), so damage, whether a torn write before a power loss or a change by hand,
+is never served. What costs more than a hash is a verdict about the content, such as "this
+index is a tree" (25 ms at 100k files): it is recorded on the file as an xattr whose name says
+which check gave it, and holds as long as the file still hashes to the same digest.
+
+Owns: atomic writes and verdict markers. Must not: decide what a file means or how it is
+checked (index_cache.py, kernel_image.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+
+def has_verdict(path: Path, name: str) -> bool:
+    """Whether `path` carries verdict `name` (False without xattr support)."""
+    try:
+        return os.getxattr(path, name) == b"1"
+    except OSError:
+        return False
+
+
+def set_verdict(path: Path, name: str) -> None:
+    """Record verdict `name` on `path` (best effort: without xattrs, the check runs again)."""
+    with contextlib.suppress(OSError):
+        os.setxattr(path, name, b"1")
+
+
+def write_atomically(path: Path, data: bytes | memoryview) -> None:
+    """Write `path` through a temporary file and a rename: a reader sees all of it or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
