@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from weenvfs.cli import UsageError, WeenvError, add_command
+from weenvfs.cli import add_command
 from weenvfs.cli_args import print_json
+from weenvfs.errors import UsageError, WeenvError
 from weenvfs.units import size_arg
 
 from .cgroup import ProvisionError, detect_driver
