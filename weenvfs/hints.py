@@ -32,7 +32,6 @@ from weenvfs.cli import add_command
 from weenvfs.cli_args import (
     add_ref_and_command,
     add_store,
-    is_url,
     print_json,
     split_command,
 )
@@ -47,7 +46,7 @@ from weenvfs.errors import RefNotFound, UsageError, WeenvError
 from weenvfs.format.digest import short
 from weenvfs.format.refs import DEFAULT_TAG
 from weenvfs.fuse import daemon
-from weenvfs.fuse.commands import mount_args
+from weenvfs.fuse.config import is_url, mount_args
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 

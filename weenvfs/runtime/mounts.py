@@ -52,7 +52,7 @@ from typing import Any
 
 from weenvfs.errors import UsageError, WeenvError
 from weenvfs.fuse import daemon, mountd
-from weenvfs.fuse.commands import mount_args
+from weenvfs.fuse.config import mount_args
 
 log = logging.getLogger(__name__)
 
