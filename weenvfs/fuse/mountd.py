@@ -263,9 +263,9 @@ def serve(idle: float, run: Callable[[list[str]], int],
 
     for name in PRELOAD:
         importlib.import_module(name)
-    from weenvfs.store import s3
+    from weenvfs.store import warm_up
 
-    s3.warm_up()
+    warm_up()
     if leave_cgroups:
         leave_caller_cgroups()
     path = socket_path()
