@@ -2,7 +2,7 @@
 
 Owns: their arguments, defaults and output (the daemon's command line is built by
 `config.mount_args`, which the runtime uses too). `mount` without
-`--foreground` starts the daemon (`daemon.spawn`), which checks the store before it mounts
+`--foreground` starts the daemon (`spawn.spawn`), which checks the store before it mounts
 (fail fast: its one-line error is reported by this process), and returns once the mount
 answers; with `--foreground` it loads the environment and serves it in this process
 (mount.py), reporting readiness on `--ready-fd` when a parent waits for it. `stats` reads the
@@ -239,6 +239,8 @@ def _has_entries(folder: Path) -> bool:
 
 
 def _cmd_mount(args: argparse.Namespace) -> int:
+    from .spawn import spawn  # imports mountd: only for a background mount, not umount/stats
+
     if args.foreground:
         return _mount_foreground(args)
     config = _config(args)
@@ -253,7 +255,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         record_replace=config.record_replace, coalesce=config.coalesce, layer=config.layer,
         path=config.path, verbose=args.verbose, nonempty=args.nonempty,
     )
-    pid = daemon.spawn(child, log_file)
+    pid = spawn(child, log_file)
     # Mounted: a Ctrl-C from now on would report "interrupted" over a mount that stays.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     log.info("mounted %s at %s (daemon %d, log %s)", args.ref, config.mountpoint, pid, log_file)
@@ -336,7 +338,7 @@ def _cmd_mountd(args: argparse.Namespace) -> int:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         argv = [*(["--log-file", args.log_file] if args.log_file else []), "mountd",
                 "--idle", repr(args.idle), "--leave-cgroups"]
-        pid = daemon.spawn(argv, log_file, use_server=False)
+        pid = daemon.start(argv, log_file)
         print(f"mount server {pid} listens on {mountd.socket_path()} (log {log_file})")
         return 0
     pipe = daemon.ReadyPipe(args.ready_fd)

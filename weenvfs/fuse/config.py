@@ -60,7 +60,7 @@ def mount_args(
     record_replace: bool = False, coalesce: bool = True, layer: int | None = None,
     path: str = "auto", verbose: int = 0, nonempty: bool = False,
 ) -> list[str]:
-    """The arguments of `weenv mount REF MOUNTPOINT --foreground` for `daemon.spawn`.
+    """The arguments of `weenv mount REF MOUNTPOINT --foreground` for `spawn.spawn`.
 
     Keywords are MountConfig's fields; None leaves an option to the daemon's default. The
     daemon runs in / (so that it pins no working directory): a store folder is made
