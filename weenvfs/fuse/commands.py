@@ -239,10 +239,10 @@ def _has_entries(folder: Path) -> bool:
 
 
 def _cmd_mount(args: argparse.Namespace) -> int:
-    from .spawn import spawn  # imports mountd: only for a background mount, not umount/stats
-
     if args.foreground:
         return _mount_foreground(args)
+    from .spawn import spawn  # loads the mount server's client: not for umount or stats
+
     config = _config(args)
     config.cache_dir.mkdir(parents=True, exist_ok=True)
     log_file = Path(args.log_file or _default_log_file(config)).absolute()
