@@ -1,4 +1,4 @@
-"""Running a mount in the background and stopping it: spawn, readiness, pid files, unmount.
+"""Running a mount in the background and stopping it: start, readiness, pid files, unmount.
 
 Owns:
 - `start`: start `python -m weenvfs mount --foreground ... --ready-fd N` as a daemon that is
