@@ -49,10 +49,10 @@ def _imported(*argv: str) -> tuple[int, set[str]]:
     [
         (("version",), set()),
         (("--version",), set()),
-        # runtime uses mount_args of the mount commands as a library (light: no trio)
-        (("run", "--help"), {"weenvfs.runtime.commands", "weenvfs.fuse.commands"}),
+        # the runtime takes mount_args from fuse/config.py, never from the mount commands
+        (("run", "--help"), {"weenvfs.runtime.commands"}),
         (("-v", "mount", "--help"), {"weenvfs.fuse.commands"}),
-        (("sandbox", "ls", "--help"), {"weenvfs.runtime.commands", "weenvfs.fuse.commands"}),
+        (("sandbox", "ls", "--help"), {"weenvfs.runtime.commands"}),
         (("inspect", "--help"), {"weenvfs.tools.cli_read"}),
     ],
 )

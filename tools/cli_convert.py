@@ -27,7 +27,8 @@ from weenvfs.units import format_size
 from .cli_build import add_chunk_arguments, chunk_options
 from .convert import ConvertOptions, ConvertResult, GroupSpec, convert_image
 from .hint_command import add_hint_command_argument, check_hint_command, record_hint
-from .image_source import SourceOptions, open_image_source
+from .image_source import SourceOptions
+from .image_transports import open_image_source
 from .layout import load_layout_order
 from .oci_docs import Platform, short_digest
 from .progress import Progress

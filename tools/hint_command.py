@@ -49,7 +49,7 @@ def check_hint_command(args: argparse.Namespace) -> None:
 def record_hint(store: str, digest: str, command: str, cache: Path | None) -> None:
     """Run `command` in a sandbox of environment `digest` of `store`, recording its hint;
     WeenvError if no hint was published."""
-    is_url = "://" in store or store[:5].lower() == "file:"  # as weenvfs.cli_args.is_url
+    is_url = "://" in store or store[:5].lower() == "file:"  # as weenvfs.fuse.config.is_url
     url = store if is_url else os.path.abspath(store)
     argv = [sys.executable, "-m", "weenvfs", "run", "--record-hint", "--store", url,
             *(["--cache", str(cache.absolute())] if cache is not None else []),

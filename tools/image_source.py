@@ -5,8 +5,8 @@ Owns: `Layer` (digest, media type, size, diff_id and an opener of the blob's byt
 (manifest and config digests, config, layers, provenance), `ImageSource`, the base class of
 the transports, whose `resolve` walks index -> manifest -> config the same way for all (the
 manifest digest checked when the reference names one, the config and nested manifests always),
-and `open_image_source(spec)`, which picks a transport by its skopeo-style prefix
-(`docker://`, `oci:`, `docker-archive:`). Documents are parsed by oci_docs.py.
+and `SourceOptions`. Documents are parsed by oci_docs.py; image_transports.py picks a
+transport.
 
 Must not: decompress or check layers (layers.py), talk HTTP (registry.py), or read layout
 files (oci_layout.py, docker_archive.py).
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, BinaryIO
 
-from weenvfs.errors import SourceError, UsageError
+from weenvfs.errors import SourceError
 
 from .oci_docs import (
     MANIFEST_TYPES,
@@ -216,26 +216,3 @@ class SourceOptions:
     insecure: bool = False
     insecure_remote: bool = False
     tmp_dir: str | None = None
-
-
-def open_image_source(spec: str, options: SourceOptions | None = None) -> ImageSource:
-    """The source named by `spec`: `docker://HOST/REPO[:TAG|@DIGEST]`, `oci:DIR[:TAG]` or
-    `docker-archive:PATH[:REF|@N]`."""
-    options = options or SourceOptions()
-    transport, sep, rest = spec.partition(":")
-    if transport == "docker" and rest.startswith("//"):
-        from .registry import RegistrySource
-
-        return RegistrySource(rest[2:], options)
-    if sep and transport == "oci":
-        from .oci_layout import OciLayoutSource
-
-        return OciLayoutSource.from_spec(rest)
-    if sep and transport == "docker-archive":
-        from .docker_archive import DockerArchiveSource
-
-        return DockerArchiveSource.from_spec(rest, options)
-    raise UsageError(
-        f"unknown image source {spec!r:.200}: use docker://HOST/REPO:TAG, oci:DIR[:TAG] "
-        "or docker-archive:PATH"
-    )

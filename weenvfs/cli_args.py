@@ -64,12 +64,6 @@ def add_store(p: argparse.ArgumentParser, *, required: bool = True) -> None:
                    help="store URL (file:///path, s3://bucket/prefix, http://...) or directory")
 
 
-def is_url(store: str) -> bool:
-    """Whether `--store` names a URL (`scheme://...`, or `file:/path` as RFC 8089 allows)
-    rather than a directory path, which callers make absolute for a daemon that runs in /."""
-    return "://" in store or store[:5].lower() == "file:"
-
-
 def print_json(document: Any) -> None:
     """Print `document` as indented JSON with sorted keys (every command's `--json`)."""
     print(json.dumps(document, indent=2, sort_keys=True))

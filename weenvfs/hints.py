@@ -32,7 +32,6 @@ from weenvfs.cli import add_command
 from weenvfs.cli_args import (
     add_ref_and_command,
     add_store,
-    is_url,
     print_json,
     split_command,
 )
@@ -47,7 +46,8 @@ from weenvfs.errors import RefNotFound, UsageError, WeenvError
 from weenvfs.format.digest import short
 from weenvfs.format.refs import DEFAULT_TAG
 from weenvfs.fuse import daemon
-from weenvfs.fuse.commands import mount_args
+from weenvfs.fuse.config import is_url, mount_args
+from weenvfs.fuse.spawn import spawn
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
@@ -160,7 +160,7 @@ def _record_in(
     cache.mkdir(parents=True, exist_ok=True)
     log_file = Path(args.log_file or cache / "logs" / f"hints-record-{os.getpid()}.log").absolute()
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    daemon.spawn(
+    spawn(
         mount_args(
             args.ref, mountpoint, store, cache, log_file=log_file, allow_other=True,
             hint="none", record_tag=args.tag, record_result=result, record_replace=args.replace,

@@ -26,6 +26,7 @@ from support.mount_server import mount_server, server_pid
 from weenvfs.errors import WeenvError
 from weenvfs.fuse import daemon, mountd
 from weenvfs.fuse.commands import mount_args
+from weenvfs.fuse.spawn import spawn as spawn_daemon
 
 pytestmark = pytest.mark.requires_fuse
 
@@ -54,7 +55,7 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 @pytest.fixture
 def spawned(tmp_path: Path) -> Iterator[Callable[..., Path]]:
-    """`spawned(ref, store, **mount options)`: daemon.spawn of a mount in this process; the
+    """`spawned(ref, store, **mount options)`: spawn.spawn of a mount in this process; the
     mount point. Everything is unmounted afterwards."""
     mountpoints: list[Path] = []
 
@@ -65,7 +66,7 @@ def spawned(tmp_path: Path) -> Iterator[Callable[..., Path]]:
         log = tmp_path / f"mount{len(mountpoints)}.log"
         argv = args if args is not None else mount_args(
             ref, mp, str(store), tmp_path / "cache", log_file=log)
-        daemon.spawn([a.replace("{MP}", str(mp)) for a in argv], log)
+        spawn_daemon([a.replace("{MP}", str(mp)) for a in argv], log)
         return mp
 
     try:
@@ -165,7 +166,7 @@ def test_a_client_in_a_private_mount_namespace_mounts_the_slow_way(
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from weenvfs.fuse import daemon, mountd\n"
+        "from weenvfs.fuse import daemon, mountd, spawn\n"
         "from weenvfs.fuse.commands import mount_args\n"
         f"mp, log = Path({str(mp)!r}), Path({str(tmp_path / 'm.log')!r})\n"
         f"args = mount_args({ref!r}, mp, {str(tmp_path / 'store')!r}, "
@@ -173,7 +174,7 @@ def test_a_client_in_a_private_mount_namespace_mounts_the_slow_way(
         "answers = []\n"
         "real = mountd.launch\n"
         "mountd.launch = lambda *a: answers.append(real(*a)) or answers[-1]\n"
-        "daemon.spawn(args, log)\n"
+        "spawn.spawn(args, log)\n"
         "print(answers, (mp / 'f').read_text())\n"
         "daemon.unmount(mp)\n"
     )
@@ -330,7 +331,7 @@ def test_a_mount_starts_the_node_service_outside_the_callers_cgroup(
     code = (
         "import os, sys\n"
         "from pathlib import Path\n"
-        "from weenvfs.fuse import daemon, mountd\n"
+        "from weenvfs.fuse import daemon, mountd, spawn\n"
         "from weenvfs.fuse.commands import mount_args\n"
         f"Path({str(group / 'cgroup.procs')!r}).write_text(str(os.getpid()))\n"
         "answers = []\n"
@@ -341,7 +342,7 @@ def test_a_mount_starts_the_node_service_outside_the_callers_cgroup(
         f"    log = Path({str(tmp_path)!r}) / f'm{{n}}.log'\n"
         f"    args = mount_args({ref!r}, Path(mp), {str(tmp_path / 'store')!r}, "
         f"Path({str(tmp_path / 'cache')!r}), log_file=log)\n"
-        "    daemon.spawn(args, log)\n"
+        "    spawn.spawn(args, log)\n"
         "    print(Path(mp, 'f').read_text())\n"
         "print(answers)\n"
     )

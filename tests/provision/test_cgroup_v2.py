@@ -23,12 +23,12 @@ from weenvfs.provision.cgroup import (
     Limits,
     ProvisionError,
     Write,
-    detect_driver,
     parse_keyed,
     parse_psi_total,
     read_mounts,
     v2_controllers,
 )
+from weenvfs.provision.cgroup_detect import detect_driver
 from weenvfs.provision.cgroup_v2 import CgroupV2Driver
 
 

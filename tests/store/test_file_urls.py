@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from weenvfs.cli_args import is_url
+from weenvfs.fuse.config import is_url
 from weenvfs.store import StoreError, open_store
 
 

@@ -1,8 +1,8 @@
 """The `weenv mount`, `weenv umount`, `weenv stats` and `weenv mountd` commands.
 
-Owns: their arguments, defaults and output, and `mount_args`, the one place that turns mount
-options back into the daemon's command line (also used by the runtime). `mount` without
-`--foreground` starts the daemon (`daemon.spawn`), which checks the store before it mounts
+Owns: their arguments, defaults and output (the daemon's command line is built by
+`config.mount_args`, which the runtime uses too). `mount` without
+`--foreground` starts the daemon (`spawn.spawn`), which checks the store before it mounts
 (fail fast: its one-line error is reported by this process), and returns once the mount
 answers; with `--foreground` it loads the environment and serves it in this process
 (mount.py), reporting readiness on `--ready-fd` when a parent waits for it. `stats` reads the
@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weenvfs.cli import add_command
-from weenvfs.cli_args import add_store, is_url, positive, print_json
+from weenvfs.cli_args import add_store, positive, print_json
 from weenvfs.errors import UsageError, WeenvError
 from weenvfs.units import parse_size, size_arg
 
 from . import STATS_XATTR, daemon
-from .config import PATHS
+from .config import PATHS, default_cache_dir, mount_args
 
 if TYPE_CHECKING:
     from .config import MountConfig
@@ -40,13 +40,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CACHE_SIZE = "10G"
 DEFAULT_DEADLINE = 30.0
-
-
-def default_cache_dir() -> Path:
-    """The node cache shared by every mount and `weenv cache` (core/cache.py decides)."""
-    from weenvfs.core.cache import default_cache_dir as cache_default
-
-    return cache_default()
 
 
 def _group_position(text: str) -> int:
@@ -252,6 +245,8 @@ def _has_entries(folder: Path) -> bool:
 def _cmd_mount(args: argparse.Namespace) -> int:
     if args.foreground:
         return _mount_foreground(args)
+    from .spawn import spawn  # loads the mount server's client: not for umount or stats
+
     config = _config(args)
     config.cache_dir.mkdir(parents=True, exist_ok=True)
     log_file = Path(args.log_file or _default_log_file(config)).absolute()
@@ -265,7 +260,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         neighbours=config.neighbours, layer=config.layer, path=config.path,
         verbose=args.verbose, nonempty=args.nonempty,
     )
-    pid = daemon.spawn(child, log_file)
+    pid = spawn(child, log_file)
     # Mounted: a Ctrl-C from now on would report "interrupted" over a mount that stays.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     log.info("mounted %s at %s (daemon %d, log %s)", args.ref, config.mountpoint, pid, log_file)
@@ -274,47 +269,6 @@ def _cmd_mount(args: argparse.Namespace) -> int:
 
 def _default_log_file(config: MountConfig) -> Path:
     return config.cache_dir / "logs" / (daemon.pid_file(config.mountpoint).stem + ".log")
-
-
-def mount_args(
-    ref: str, mountpoint: Path, store: str, cache_dir: Path, *, log_file: Path,
-    cache_size: int | None = None, deadline: float | None = None,
-    allow_other: bool | None = None, hint: str | None = None, fetch_all: bool = False,
-    record_tag: str | None = None, record_result: Path | None = None,
-    record_replace: bool = False, coalesce: bool = True, neighbours: bool = True,
-    layer: int | None = None, path: str = "auto", verbose: int = 0, nonempty: bool = False,
-) -> list[str]:
-    """The arguments of `weenv mount REF MOUNTPOINT --foreground` for `daemon.spawn`.
-
-    Keywords are MountConfig's fields; None leaves an option to the daemon's default. The
-    daemon runs in / (so that it pins no working directory): a store folder is made
-    absolute here, every other path must be absolute already."""
-    store = store if is_url(store) else os.path.abspath(store)
-    optional: list[str] = []
-    if cache_size is not None:
-        optional += ["--cache-size", str(cache_size)]
-    if deadline is not None:
-        optional += ["--deadline", repr(deadline)]
-    if allow_other is not None:
-        optional.append("--allow-other" if allow_other else "--no-allow-other")
-    if hint is not None:
-        optional += ["--hint", hint]
-    if layer is not None:
-        optional += ["--layer", str(layer)]
-    if path != "auto":
-        optional += ["--path", path]
-    return [
-        *(["-" + "v" * verbose] if verbose else []), "--log-file", str(log_file),
-        "mount", ref, str(mountpoint), "--store", store, "--cache", str(cache_dir),
-        "--foreground", *optional,
-        *(["--fetch-all"] if fetch_all else []),
-        *(["--record-hints", record_tag] if record_tag is not None else []),
-        *(["--record-result", str(record_result)] if record_result else []),
-        *(["--record-replace"] if record_replace else []),
-        *([] if coalesce else ["--no-coalesce"]),
-        *([] if neighbours else ["--no-neighbours"]),
-        *(["--nonempty"] if nonempty else []),
-    ]
 
 
 def _mount_foreground(args: argparse.Namespace) -> int:
@@ -389,7 +343,7 @@ def _cmd_mountd(args: argparse.Namespace) -> int:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         argv = [*(["--log-file", args.log_file] if args.log_file else []), "mountd",
                 "--idle", repr(args.idle), "--leave-cgroups"]
-        pid = daemon.spawn(argv, log_file, use_server=False)
+        pid = daemon.start(argv, log_file)
         print(f"mount server {pid} listens on {mountd.socket_path()} (log {log_file})")
         return 0
     pipe = daemon.ReadyPipe(args.ready_fd)

@@ -1,12 +1,13 @@
-"""Running a mount in the background and stopping it: spawn, readiness, pid files, unmount.
+"""Running a mount in the background and stopping it: start, readiness, pid files, unmount.
 
 Owns:
-- `spawn`: start `python -m weenvfs mount --foreground ... --ready-fd N` as a daemon that is
+- `start`: start `python -m weenvfs mount --foreground ... --ready-fd N` as a daemon that is
   not our child (`setsid --fork`: a new session, re-parented to init, so nobody ever has to
   reap it; working directory /, stdin /dev/null, stdout and stderr appended to the log file;
   every path in its arguments must be absolute), and wait, with a timeout, until it writes
   `ok` on the pipe (the mount answers) or an error line (reported as is). The daemon's first
-  line is its pid, which `spawn` returns; whoever unmounts waits for that pid to go;
+  line is its pid, which `start` returns; whoever unmounts waits for that pid to go
+  (spawn.py decides whether the node's mount server starts it instead of setsid);
 - `ReadyPipe`: the daemon's end of that pipe;
 - pid files, one per mount point, in `RUN_DIR` (`/run/weenv/mounts` for root, else under
   $XDG_RUNTIME_DIR or /tmp): JSON with pid, mount point, reference and log file, written once
@@ -29,7 +30,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,6 +41,8 @@ PID = "pid"  # the daemon's first line: `pid N`
 SPAWN_TIMEOUT = 60.0  # seconds for the daemon to mount and answer
 EXIT_TIMEOUT = 30.0  # seconds for a daemon to exit after its unmount
 _POLL = 0.05
+# Starts `python -m weenvfs ARGS` with readiness pipe and log file descriptors; True if it did.
+Launch = Callable[[list[str], int, int], bool]
 
 
 def run_dir() -> Path:
@@ -118,7 +121,7 @@ def process_alive(pid: int) -> bool:
 class ReadyPipe:
     """The write end of the readiness pipe a foreground daemon reports on (or nothing).
 
-    Making one tells the parent this process's pid: `spawn` starts the daemon through a fork
+    Making one tells the parent this process's pid: `start` starts the daemon through a fork
     it does not see, and needs the pid to return it or to stop a daemon that hangs."""
 
     def __init__(self, fd: int | None) -> None:
@@ -155,26 +158,23 @@ class ReadyPipe:
 # -- the parent's end -----------------------------------------------------------------------
 
 
-def spawn(args: Sequence[str], log_file: Path, timeout: float = SPAWN_TIMEOUT,
-          use_server: bool = True) -> int:
+def start(args: Sequence[str], log_file: Path, timeout: float = SPAWN_TIMEOUT,
+          launch: Launch | None = None) -> int:
     """Start `python -m weenvfs <args> --ready-fd N` as a daemon; return its pid once ready.
 
-    The node's mount server (mountd.py) forks the daemon from its warm interpreter when it
-    can; when none answers, it is started first (`mountd.start_server`: root, or the user's
-    own socket; WEENV_MOUNTD=off opts out); otherwise, or with `use_server` False (how the
-    server itself starts), `setsid --fork` starts a new interpreter. Either way the daemon is not a
+    `launch(args, ready_fd, log_fd)` may start it (True: it did; spawn.py passes the mount
+    server's `mountd.launch`); otherwise, or without `launch` (how the server itself starts),
+    `setsid --fork` starts a new interpreter. Either way the daemon is not a
     child of this process (see the module docstring): nothing to reap, ever. Raises
     WeenvError with the daemon's own error line, or naming the log file (a daemon that does
     not answer within `timeout` seconds is stopped first).
     """
-    from . import mountd
-
     read_end, write_end = os.pipe()
     seen: list[int] = []  # the daemon's pid once read, also when Ctrl-C cuts the wait short
     try:
         try:
             with open(log_file, "ab") as log:
-                if not (use_server and mountd.launch(list(args), write_end, log.fileno())):
+                if not (launch is not None and launch(list(args), write_end, log.fileno())):
                     _exec_detached(args, write_end, log)
             os.close(write_end)
             write_end = -1

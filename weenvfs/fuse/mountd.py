@@ -14,7 +14,7 @@ Owns:
   (0: never). A detached server first leaves its starter's cgroups (`leave_caller_cgroups`),
   and every HOUSEKEEPING_EVERY seconds it forks `weenv mounts evict --expired` (the idle
   bounds of the node's shared mounts, runtime/mounts.py).
-- `launch`: the client side used by `daemon.spawn`: True if the server forked the daemon,
+- `launch`: the client side used by `spawn.spawn`: True if the server forked the daemon,
   False when no server answers (after `start_server` tried to start one, when `may_start`:
   root or the user's own socket, from the node's own namespaces), or it declines (its code
   is older than the installed package, or it runs in another mount or network namespace
@@ -192,7 +192,7 @@ def start_server(idle: float = AUTO_IDLE) -> bool:
         log_file = _sibling(path, ".log")
         argv = ["--log-file", str(log_file), "mountd", "--idle", repr(idle), "--leave-cgroups"]
         try:
-            pid = daemon.spawn(argv, log_file, use_server=False)
+            pid = daemon.start(argv, log_file)
         except WeenvError as error:
             log.warning("could not start the node's mount server: %s", error)
             return False
@@ -263,9 +263,9 @@ def serve(idle: float, run: Callable[[list[str]], int],
 
     for name in PRELOAD:
         importlib.import_module(name)
-    from weenvfs.store import s3
+    from weenvfs.store import warm_up
 
-    s3.warm_up()
+    warm_up()
     if leave_cgroups:
         leave_caller_cgroups()
     path = socket_path()

@@ -1,7 +1,8 @@
 """Elastic CPU and memory limits for sandboxes, from observed usage (DESIGN.md: Provisioning).
 
 The room stands alone: it imports only the stdlib and trio. Its parts:
-- `cgroup` (the driver interface, `Limits`, `Sample`, detection), `cgroup_v1`, `cgroup_v2`;
+- `cgroup` (the driver interface, `Limits`, `Sample`), `cgroup_v1`, `cgroup_v2`, and
+  `cgroup_detect` (which driver this node needs);
 - `policy` and `budget`: pure sizing rules for a sandbox and for a node, tested on traces;
 - `sidecar`: the trio loop, one per node, and `status`: its event log and status file;
 - `registry`: how the runtime hands sandboxes to the sidecar (a spool folder);
@@ -21,8 +22,8 @@ from .cgroup import (
     NoCgroups,
     ProvisionError,
     Sample,
-    detect_driver,
 )
+from .cgroup_detect import detect_driver
 from .policy import PolicyConfig
 from .registry import (
     Registration,

@@ -3,7 +3,8 @@
 Owns: `Sample` (one reading of a sandbox cgroup), `Limits` (what the policy asks for), `Write`
 (one limit write, with the usage read just before it), `Cgroup` (a sandbox's directories),
 `CgroupDriver` (the interface the v1 and v2 drivers implement), the provisioner's errors,
-small parsers for cgroup files, and `detect_driver()`.
+small parsers for cgroup files, and reading the node's hierarchies (`read_mounts`);
+cgroup_detect.py picks the driver.
 Must not: decide limits (policy.py) or loop (sidecar.py). Nothing here does I/O at import.
 
 Every driver keeps one promise on its own, whatever the caller asks: it never writes a hard
@@ -325,23 +326,3 @@ def v2_controllers(root: Path) -> set[str]:
         return set((root / "cgroup.controllers").read_text(encoding="ascii").split())
     except OSError:
         return set()
-
-
-def detect_driver(mounts_file: str = "/proc/self/mounts") -> CgroupDriver:
-    """The driver for this node: cgroup v2 if a cgroup2 mount offers memory and cpu, else v1.
-
-    Raises NoCgroups when neither works.
-    """
-    from .cgroup_v1 import CgroupV1Driver
-    from .cgroup_v2 import CgroupV2Driver
-
-    mounts = read_mounts(mounts_file)
-    for root in mounts.v2:
-        if {"memory", "cpu"} <= v2_controllers(root):
-            return CgroupV2Driver(root)
-    if all(name in mounts.v1 for name in V1_CONTROLLERS):
-        return CgroupV1Driver(mounts.v1)
-    offered = {str(root): sorted(v2_controllers(root)) for root in mounts.v2}
-    raise NoCgroups(
-        f"no cgroup hierarchy with memory and cpu: v1 has {sorted(mounts.v1)}, v2 {offered}"
-    )

@@ -13,11 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from weenvfs.cli import UsageError, WeenvError, add_command
+from weenvfs.cli import add_command
 from weenvfs.cli_args import print_json
+from weenvfs.errors import UsageError, WeenvError
 from weenvfs.units import size_arg
 
-from .cgroup import ProvisionError, detect_driver
+from .cgroup import ProvisionError
+from .cgroup_detect import detect_driver
 from .history import history_dir
 from .policy import PolicyConfig
 from .registry import read_status, spool_dir, start_sidecar, stop_sidecar

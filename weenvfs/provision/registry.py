@@ -33,7 +33,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .cgroup import MIB, CgroupDriver, Limits, ProvisionError, detect_driver
+from .cgroup import MIB, CgroupDriver, Limits, ProvisionError
+from .cgroup_detect import detect_driver
 from .history import History, history_dir
 from .policy import PolicyConfig, initial_limits
 

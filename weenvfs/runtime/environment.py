@@ -38,7 +38,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from weenvfs.errors import WeenvError
-from weenvfs.fuse.commands import default_cache_dir
+from weenvfs.fuse.config import default_cache_dir
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 

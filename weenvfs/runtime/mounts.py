@@ -52,7 +52,8 @@ from typing import Any
 
 from weenvfs.errors import UsageError, WeenvError
 from weenvfs.fuse import daemon, mountd
-from weenvfs.fuse.commands import mount_args
+from weenvfs.fuse.config import mount_args
+from weenvfs.fuse.spawn import spawn
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +246,7 @@ def _mount(
     args = mount_args(env, mp, store_url, cache_dir, log_file=log_file, allow_other=True,
                       layer=layer, **recording)
     started = time.monotonic()
-    pid = daemon.spawn(args, log_file)
+    pid = spawn(args, log_file)
     log.info("mounted %s at %s in %.0f ms (daemon %d)", what, mp,
              (time.monotonic() - started) * 1000, pid)
     return {"store": store_url, "cache": str(cache_dir), "log_file": str(log_file), "pid": pid,

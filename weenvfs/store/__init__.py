@@ -75,6 +75,15 @@ STORE_SCHEMES: dict[str, StoreFactory] = {
 }
 
 
+def warm_up() -> None:
+    """Load now what the S3 backend loads on first use (boto3's service model), so that the
+    processes a mount server forks afterwards start warm. The mount server calls it: the fuse
+    package reaches the store through this package only."""
+    from weenvfs.store import s3
+
+    s3.warm_up()
+
+
 def open_store(url: str, *, create: bool = False) -> Store:
     """Open the store at `url`: `scheme://...` picks a backend from `STORE_SCHEMES` (and
     `file:/path` is `file:///path`, RFC 8089); a string without a scheme is a local directory
@@ -118,4 +127,5 @@ __all__ = [
     "read_verified",
     "validate_key",
     "validate_prefix",
+    "warm_up",
 ]
