@@ -22,7 +22,8 @@ from weenvfs.errors import RefNotFound
 from weenvfs.fuse.commands import read_stats
 from weenvfs.runtime import mounts
 from weenvfs.runtime.environment import Environment
-from weenvfs.runtime.lowers import DEFAULT_LOWER, plan_lowers
+from weenvfs.runtime.lower_modes import DEFAULT_LOWER
+from weenvfs.runtime.lowers import plan_lowers
 from weenvfs.runtime.recording import SWITCH_ENV, recording_key
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository

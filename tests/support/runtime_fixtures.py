@@ -19,7 +19,8 @@ from support.runtime import (
     sample_store,
 )
 from weenvfs.format.manifest import RuntimeConfig
-from weenvfs.runtime.lowers import DEFAULT_LOWER, plan_lowers
+from weenvfs.runtime.lower_modes import DEFAULT_LOWER
+from weenvfs.runtime.lowers import plan_lowers
 from weenvfs.runtime.recording import recording_key
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository

@@ -35,7 +35,7 @@ from weenvfs.cli_args import (
 from weenvfs.errors import Terminated, UsageError
 from weenvfs.units import size_arg
 
-from .lowers import DEFAULT_LOWER, LOWER_MODES
+from .lower_modes import DEFAULT_LOWER, LOWER_MODES
 
 if TYPE_CHECKING:
     from .elastic import NodeView

@@ -45,7 +45,7 @@ from weenvfs.store.repository import Repository
 from . import recording, rootfs, safe_paths
 from .cgroups import DEFAULT_PIDS, Limits
 from .launcher import check_args, parse_exec_failure
-from .lowers import DEFAULT_LOWER
+from .lower_modes import DEFAULT_LOWER
 from .sandbox import CommandNotFound, EnvSource, Sandbox, SandboxOptions
 
 if TYPE_CHECKING:

@@ -35,12 +35,11 @@ from typing import Any
 from weenvfs.errors import UsageError
 
 from . import mounts
+from .lower_modes import LOWER_MODES
 from .recording import recording_key
 
 log = logging.getLogger(__name__)
 
-LOWER_MODES = ("layers", "merged")
-DEFAULT_LOWER = "layers"
 # Mount points are ~86 bytes (/run/weenv/envs/<64 hex>/root): 32 of them and the upper and
 # work paths fit the 4 KiB the kernel takes for overlay options.
 MAX_LAYERS = 32

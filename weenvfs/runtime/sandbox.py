@@ -50,7 +50,8 @@ from weenvfs.fuse import daemon
 from . import cgroups, disk, elastic, mounts, rootfs, safe_paths, seccomp
 from .cgroups import Limits, cgroup_pids, remove_cgroup
 from .launcher import DEFAULT_CAPS, Launcher, LaunchSpec, ProcessSpec, default_launcher
-from .lowers import DEFAULT_LOWER, LOWER_MODES, acquire_lowers, plan_lowers, release_lowers
+from .lower_modes import DEFAULT_LOWER, LOWER_MODES
+from .lowers import acquire_lowers, plan_lowers, release_lowers
 
 log = logging.getLogger(__name__)
 
