@@ -18,6 +18,9 @@ runs, in turns (who goes first rotates), with the page cache dropped before each
 - extract .tar.zst: `tar -I 'zstd -T0' -xf` of the tree's archive into an empty folder, then
   the command there: what pulling the image costs at the very least (no network, no
   registry, no layer verification).
+- the README's commands from SeaweedFS (readme_runs.py; --no-readme leaves them out): `weenv
+  run` cold with no hint (its first run, which records one), cold with a hint, and warm, and
+  the Python API cold: what issue 13's budgets are about.
 The weenv software itself (Python, trio, pyfuse3) is read once after each cache drop, before
 the clock starts: a node keeps it warm, as it keeps Docker's daemon; only the environment's
 data is cold. The store is a local folder (its blobs are cold too).
@@ -71,6 +74,7 @@ from _mounting import (
 )
 from docker_peer import Dockerd, Registry, docker_unavailable
 from docker_tree import ColdDockerRun, push_tree
+from readme_runs import ReadmeRuns, readme_steps
 from stargz_peer import ColdContainerdRun, ColdStargzRun, StargzPeer, stargz_unavailable
 
 from weenvfs.tools.sample import sample_tree
@@ -109,6 +113,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="skip the .tar.zst extraction contender")
     parser.add_argument("--no-peers", action="store_true",
                         help="leave out Docker, eStargz and containerd")
+    parser.add_argument("--no-readme", action="store_true",
+                        help="leave out the README's commands from SeaweedFS (`weenv run`, "
+                        "the Python API: readme_runs.py)")
     parser.add_argument("--stargz-optimized", action="store_true",
                         help="add eStargz with the workload's accesses recorded at conversion")
     return parser.parse_args(argv)
@@ -186,6 +193,14 @@ class Rounds:
 
     def _time(self, name: str, seconds: float) -> None:
         self.samples.setdefault(name, []).append(seconds)
+
+    def record(self, samples: dict[str, float]) -> None:
+        """Times by contender, and `bytes: CONTENDER` (readme_runs.py)."""
+        for name, value in samples.items():
+            if name.startswith("bytes: "):
+                self.peer_bytes.setdefault(name[len("bytes: "):], []).append(int(value))
+            else:
+                self._time(name, value)
 
     def weenv_cold(self) -> None:
         shutil.rmtree(self.cache, ignore_errors=True)  # an empty node cache
@@ -307,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     skipped = {"peers": "--no-peers"} if args.no_peers else {}
     try:
         with contextlib.ExitStack() as stack:
+            if not args.no_readme:
+                readme = ReadmeRuns(stack, pub, profile, code, work)
+                steps += readme_steps(readme, rounds.record)
             if not args.no_peers:
                 runs, skipped = start_peers(stack, profile, tree, code, work,
                                             args.stargz_optimized)
@@ -322,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     report(results, repeats)
     params = {"quick": args.quick, "repeats": repeats, "profile": profile, "command": code,
               "extract": tar_zst is not None, "peers": not args.no_peers,
+              "readme": not args.no_readme,
               "stargz_optimized": args.stargz_optimized}
     path = write_json(NAME, args.out, params, results)
     print(f"\nwrote {path}")

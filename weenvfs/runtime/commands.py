@@ -66,6 +66,7 @@ def register(subparsers: Sub) -> None:
     _register_rm(sub)
     _register_ls(sub)
     _register_gc(sub)
+    _register_resolve(sub)
 
 
 def _add_sandbox_options(p: argparse.ArgumentParser, *, store_required: bool) -> None:
@@ -210,6 +211,49 @@ def _register_ls(sub: Sub) -> None:
         func=_cmd_ls,
     )
     p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _register_resolve(sub: Sub) -> None:
+    p = add_command(
+        sub, "resolve",
+        help="show what a sandbox of REF would mount and run",
+        description="Resolve REF in the store and print what a sandbox of it gets: the "
+        "manifest digest, its groups' index digests, the command (entrypoint + cmd), "
+        "environment, working directory and user, and whether its run would record the "
+        "prefetch hint. `weenv run` asks the node service for this when the store is remote.",
+        examples=["weenv sandbox resolve py:3.11 --store /srv/weenv",
+                  "weenv sandbox resolve py:3.11 --store s3://bucket/envs --json | jq .digest"],
+        func=_cmd_resolve,
+    )
+    p.add_argument("ref", metavar="REF", help="environment NAME[:TAG] or manifest digest")
+    add_store(p, required=True)
+    p.add_argument("--cache", type=Path, metavar="DIR",
+                   help="node chunk cache (default: as `weenv mount`)")
+    p.add_argument("--no-record-hint", dest="record_hint", action="store_false", default=None,
+                   help="as `weenv run --no-record-hint`")
+    p.add_argument("--record-hint", dest="record_hint", action="store_true",
+                   help="as `weenv run --record-hint`")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    # Passed by the node service when it runs this command for `weenv run` (unused).
+    p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+
+
+def _cmd_resolve(args: argparse.Namespace) -> int:
+    from .environment import resolve_source
+    from .node_resolve import source_to_json
+
+    if args.ready_fd is not None:
+        os.close(args.ready_fd)
+    source = resolve_source(args.ref, args.store, args.cache, args.record_hint,
+                            node_service=False)
+    document = source_to_json(source)
+    if args.json:
+        print_json(document)
+        return 0
+    for key, value in document.items():
+        shown = " ".join(value) if isinstance(value, list) else value
+        print(f"{key:<12} {shown}")
+    return 0
 
 
 def _register_gc(sub: Sub) -> None:

@@ -42,7 +42,7 @@ from weenvfs.fuse.config import default_cache_dir
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
-from . import recording, rootfs, safe_paths
+from . import node_resolve, recording, rootfs, safe_paths
 from .cgroups import DEFAULT_PIDS, Limits
 from .launcher import check_args, parse_exec_failure
 from .lower_modes import DEFAULT_LOWER
@@ -75,16 +75,22 @@ class ExecResult:
 
 
 def resolve_source(ref: str, store: str | Path, cache: str | Path | None,
-                   record_hint: bool | None = None) -> EnvSource:
+                   record_hint: bool | None = None, *, node_service: bool = True) -> EnvSource:
     """Resolve `ref` (NAME[:TAG] or a manifest digest) in `store` to what a sandbox needs.
     `record_hint`: None records the environment's hint when it has none yet and the store
-    is writable, True always (merged into the existing one), False never (recording.py)."""
+    is writable, True always (merged into the existing one), False never (recording.py).
+    A remote store is resolved by the node service when that is faster (node_resolve.py),
+    unless `node_service` is False."""
+    cache_dir = Path(cache).absolute() if cache is not None else default_cache_dir()
+    if node_service and node_resolve.worth_asking(str(store)):
+        source = node_resolve.resolve_by_node_service(ref, str(store), cache_dir, record_hint)
+        if source is not None:
+            return source
     with open_store(str(store)) as opened:
         opened.check()  # fail fast, before anything is mounted
         digest, manifest = Repository(opened).resolve_env(ref)
         url = opened.url
         record = recording.decide(opened, digest, manifest, record_hint)
-    cache_dir = Path(cache).absolute() if cache is not None else default_cache_dir()
     config = manifest.config
     return EnvSource(ref, digest, url, cache_dir, tuple(config.env), config.cwd, config.user,
                      (*config.entrypoint, *config.cmd), tuple(g.index for g in manifest.groups),

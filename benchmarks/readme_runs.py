@@ -1,0 +1,171 @@
+"""The README's commands in coldstart_ref.py: `weenv run` and the Python API, from SeaweedFS.
+
+What a user runs (issue 13's budgets are for this path): a new process per command, the
+environment in an S3 store (SeaweedFS on 127.0.0.1, its data kept in BENCH_DIR/seaweed-ref),
+a sandbox around the command, the node service (`weenv mountd`, started by this benchmark
+with its own socket, as a node keeps it running) forking the mount daemons. Contenders:
+
+- `weenv run`, cold, first run: no hint in the store; the run records one and publishes it
+  (the default) and the recording is removed again afterwards;
+- `weenv run`, cold, hint: the hint recorded once at setup (`weenv hints record`) is the
+  environment's `latest`, as it is after a first run anywhere;
+- `weenv run`, warm: the same command again at once (the node service keeps the mount warm);
+- Python API, cold, first run: `Environment.open` + `exec` + `close` in a new interpreter.
+
+Cold means: the benchmark's shared mounts evicted, the node cache emptied, the page cache
+dropped and the weenv software read back (a node keeps it warm, as Docker's daemon).
+Must not: time anything but these contenders, or touch the node's own mounts and service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from _mounting import BENCH_DIR, Published, drop_caches, mount_server, weenv
+from weenv_peer import mirror, start_seaweed
+
+from weenvfs.errors import RefNotFound
+from weenvfs.store import open_store
+from weenvfs.store.repository import Repository
+
+HINT_TAG = "bench-readme"
+API_SCRIPT = """
+import sys
+from weenvfs.runtime import Environment
+with Environment.open(sys.argv[1], store=sys.argv[2], cache=sys.argv[3]) as env:
+    result = env.exec(["/usr/bin/python3", "-c", sys.argv[4]], timeout=900)
+sys.exit(result.exit_code)
+"""
+
+
+def weenv_command() -> list[str]:
+    """`weenv` as the README runs it: the installed entry point next to this interpreter."""
+    script = Path(sys.executable).parent / "weenv"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "weenvfs"]
+
+
+class ReadmeRuns:
+    """The contenders above, for environment `pub` mirrored into SeaweedFS."""
+
+    def __init__(self, stack: contextlib.ExitStack, pub: Published, profile: str, code: str,
+                 work: Path) -> None:
+        self.code, self.work = code, work
+        self.cache = work / "readme-cache"
+        server = start_seaweed(BENCH_DIR / "seaweed-ref")
+        stack.callback(server.stop)
+        self.url = server.url(f"ref-{profile}")
+        copied = mirror(str(pub.store), self.url)
+        if copied:
+            print(f"copied {copied / 1e6:.0f} MB of {pub.ref} into SeaweedFS", flush=True)
+        self.ref = pub.ref
+        os.environ["WEENV_ENVS_ROOT"] = str(work / "envs")  # our shared mounts only
+        stack.enter_context(mount_server(work / "mountd"))
+        stack.callback(self._evict)
+        with open_store(self.url) as store:
+            self.env_digest, _ = Repository(store).resolve_env(self.ref)
+        self.hint = self._recorded_hint()
+
+    def _recorded_hint(self) -> str:
+        """The hint of the workload (recorded once, kept under HINT_TAG)."""
+        with open_store(self.url) as store:
+            repo = Repository(store)
+            with contextlib.suppress(RefNotFound):
+                return repo.get_tag("hints", self.env_digest, HINT_TAG)
+        print(f"recording the hint of {self.ref} (once)", flush=True)
+        weenv("hints", "record", "--store", self.url, "--cache", str(self.cache), "--tag",
+              HINT_TAG, self.ref, "/usr/bin/python3", "-c", self.code)
+        self._evict()
+        with open_store(self.url) as store:
+            return Repository(store).get_tag("hints", self.env_digest, HINT_TAG)
+
+    def _set_hint(self, enabled: bool) -> None:
+        with open_store(self.url) as store:
+            repo = Repository(store)
+            if enabled:
+                repo.set_tag("hints", self.env_digest, "latest", self.hint)
+            else:
+                with contextlib.suppress(RefNotFound):
+                    repo.delete_tag("hints", self.env_digest, "latest")
+
+    def _evict(self) -> None:
+        subprocess.run([*weenv_command(), "mounts", "evict", "--all", "--force", "--quiet"],
+                       check=False, capture_output=True, timeout=300)
+
+    def _cold(self) -> None:
+        self._evict()
+        shutil.rmtree(self.cache, ignore_errors=True)
+        drop_caches()
+        subprocess.run([sys.executable, "-c", "import weenvfs.cli, weenvfs.runtime.commands, "
+                        "weenvfs.runtime.environment, weenvfs.fuse.mount, boto3"], check=True)
+
+    def _time(self, argv: list[str]) -> float:
+        start = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
+        seconds = time.perf_counter() - start
+        if done.returncode != 0:
+            sys.exit(f"{' '.join(argv[:4])} ... failed ({done.returncode}): "
+                     f"{done.stderr.strip()[-1500:]}")
+        return seconds
+
+    def _run_argv(self) -> list[str]:
+        return [*weenv_command(), "run", "--store", self.url, "--cache", str(self.cache),
+                self.ref, "/usr/bin/python3", "-c", self.code]
+
+    def run_first(self) -> dict[str, float]:
+        """`weenv run`, cold, with no hint in the store (the run records one)."""
+        self._set_hint(False)
+        self._cold()
+        seconds = self._time(self._run_argv())
+        name = "weenv run (README), cold, first run"
+        fetched = self.fetched()  # the recording mount is gone by now: 0 if nothing else
+        self._set_hint(False)  # what this run published: the next first run finds none
+        return {name: seconds, **({f"bytes: {name}": fetched} if fetched else {})}
+
+    def run_hint(self) -> dict[str, float]:
+        """`weenv run`, cold, with the recorded hint; then the same again, warm."""
+        self._set_hint(True)
+        self._cold()
+        seconds = self._time(self._run_argv())
+        fetched = self.fetched()
+        warm = self._time(self._run_argv())
+        name = "weenv run (README), cold, hint"
+        return {name: seconds, f"bytes: {name}": fetched, "weenv run (README), warm": warm}
+
+    def api_first(self) -> dict[str, float]:
+        """`Environment.open` + `exec` in a new interpreter, cold, no hint in the store."""
+        self._set_hint(False)
+        self._cold()
+        seconds = self._time([sys.executable, "-c", API_SCRIPT, self.ref, self.url,
+                              str(self.cache), self.code])
+        self._set_hint(False)
+        return {"Python API, cold, first run": seconds}
+
+    def fetched(self) -> int:
+        """Bytes the node's mounts fetched so far (`weenv stats` of each shared mount)."""
+        listed = subprocess.run([*weenv_command(), "mounts", "--json"], capture_output=True,
+                                text=True, check=False, timeout=120)
+        total = 0
+        with contextlib.suppress(ValueError):
+            for mount in json.loads(listed.stdout or "[]"):
+                stats = subprocess.run([*weenv_command(), "stats", "--json",
+                                        mount["mountpoint"]], capture_output=True, text=True,
+                                       check=False, timeout=120)
+                with contextlib.suppress(ValueError, KeyError):
+                    total += json.loads(stats.stdout)["fetch"]["bytes_fetched"]
+        return total
+
+
+def readme_steps(runs: ReadmeRuns, record: Callable[[dict[str, float]], None]
+                 ) -> list[Callable[[], None]]:
+    """The steps coldstart_ref.py rotates through: each hands its samples to `record` (times
+    by contender; `bytes: CONTENDER` the bytes its mounts fetched)."""
+    return [lambda: record(runs.run_first()), lambda: record(runs.run_hint()),
+            lambda: record(runs.api_first())]

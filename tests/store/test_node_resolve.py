@@ -1,0 +1,109 @@
+"""Resolving an environment of an S3 store through the node service (runtime/node_resolve.py):
+a process that has not loaded boto3 gets the same `EnvSource` as an in-process resolution
+without loading it, and falls back to resolving in-process, with the usual error, when the
+service cannot answer or the resolution fails.
+
+Real parts: the session's SeaweedFS, a real node service on a socket of the test's own
+(support/mount_server.py), `weenv` and Python in subprocesses.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import s3_store
+from support import trees
+from support.mount_server import mount_server
+
+from weenvfs.runtime.environment import resolve_source
+from weenvfs.runtime.node_resolve import source_to_json
+from weenvfs.tools.builder import build_group, open_source
+from weenvfs.tools.publish import compose_env
+
+RESOLVE = """
+import json, sys
+from weenvfs.runtime.environment import resolve_source
+from weenvfs.runtime.node_resolve import source_to_json
+source = resolve_source(sys.argv[1], sys.argv[2], sys.argv[3], None)
+print(json.dumps(source_to_json(source)))
+print("boto3 loaded" if "boto3" in sys.modules else "boto3 not loaded", file=sys.stderr)
+"""
+
+
+@pytest.fixture
+def published(seaweed: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A small environment `tiny:1` in a prefix of its own; the server's keys in this
+    process's environment (and so the subprocesses' and the node service's requests)."""
+    for key, value in seaweed.env().items():
+        monkeypatch.setenv(key, value)
+    url = seaweed.url(f"resolve-{tmp_path.name}")
+    src = trees.make_tree(tmp_path / "src", trees.file("etc/hostname", b"tiny\n"))
+    store = s3_store(seaweed, url)
+    try:
+        from weenvfs.store.repository import Repository
+
+        repo = Repository(store)
+        build_group(open_source(src), repo, "tiny-os", "1")
+        compose_env(repo, "tiny", "1", ["tiny-os:1"])
+    finally:
+        store.close()
+    return url
+
+
+def _resolve_in_subprocess(ref: str, url: str, cache: Path) -> tuple[dict[str, Any], str]:
+    done = subprocess.run([sys.executable, "-c", RESOLVE, ref, url, str(cache)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), done.stderr
+
+
+def test_the_node_service_resolves_without_boto3_here(published: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "cache"
+    expected = source_to_json(resolve_source("tiny:1", published, cache, None,
+                                             node_service=False))
+    with mount_server(tmp_path / "mountd" / "mountd.sock", monkeypatch):
+        got, stderr = _resolve_in_subprocess("tiny:1", published, cache)
+    assert got == expected
+    assert "boto3 not loaded" in stderr
+
+
+def test_without_the_node_service_it_resolves_in_process(published: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WEENV_MOUNTD", "off")
+    cache = tmp_path / "cache"
+    got, stderr = _resolve_in_subprocess("tiny:1", published, cache)
+    assert got["ref"] == "tiny:1" and len(got["groups"]) == 1
+    assert "boto3 loaded" in stderr
+
+
+def test_a_failed_resolution_gives_the_usual_error(published: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    with mount_server(tmp_path / "mountd" / "mountd.sock", monkeypatch):
+        done = subprocess.run(
+            [sys.executable, "-m", "weenvfs", "run", "--store", published, "tiny:2", "true"],
+            capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no environment tiny:2" in lines[0], done.stderr
+    assert "did you mean tiny:1" in lines[0]
+
+
+def test_sandbox_resolve_prints_the_source(published: str, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    done = subprocess.run([sys.executable, "-m", "weenvfs", "sandbox", "resolve", "tiny:1",
+                           "--store", published, "--cache", str(cache), "--json"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    expected = source_to_json(resolve_source("tiny:1", published, cache, None,
+                                             node_service=False))
+    assert json.loads(done.stdout) == expected
+    text = subprocess.run([sys.executable, "-m", "weenvfs", "sandbox", "resolve", "tiny:1",
+                           "--store", published, "--cache", str(cache)],
+                          capture_output=True, text=True, timeout=300, check=True).stdout
+    assert f"digest       {expected['digest']}" in text

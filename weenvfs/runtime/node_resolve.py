@@ -1,0 +1,117 @@
+"""Resolving an environment in a remote store through the node service, not in this process.
+
+Resolving a reference in an S3 store costs the calling process boto3: about 0.35 s of imports
+and client set-up on this machine, more than the rest of a warm `weenv run` (issue 13). The
+node service (`weenv mountd`, fuse/mountd.py) has boto3 loaded already, so a process that has
+not imported it asks the service to fork `weenv sandbox resolve REF --json` instead, its
+output on a pipe, and reads the `EnvSource` back. Any failure (no service, a declined request,
+an error of the resolution itself) returns None: the caller then resolves in-process, which
+reports the error with its usual one-line message. A process that has boto3 already (a
+harness that opened environments before) resolves in-process: that is cheaper than a fork.
+
+Must not: interpret what a resolution means (environment.py `resolve_source`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from weenvfs.fuse import mountd
+
+from .sandbox import EnvSource
+
+log = logging.getLogger(__name__)
+
+# A remote store a fork of the node service resolves faster than this process would.
+REMOTE_SCHEMES = ("s3://",)
+# The resolution's own store round trips take milliseconds; past this, resolve in-process.
+ANSWER_TIMEOUT = 30.0
+MAX_ANSWER = 1 << 20
+
+
+def worth_asking(store: str) -> bool:
+    """Whether `store` is remote and this process has not paid for its client yet."""
+    return store.startswith(REMOTE_SCHEMES) and "boto3" not in sys.modules and mountd.enabled()
+
+
+def resolve_by_node_service(ref: str, store: str, cache_dir: Path,
+                            record_hint: bool | None) -> EnvSource | None:
+    """The resolution of `ref` by a fork of the node service, or None (see the module)."""
+    argv = ["sandbox", "resolve", ref, "--store", store, "--cache", str(cache_dir), "--json"]
+    if record_hint is not None:
+        argv.append("--record-hint" if record_hint else "--no-record-hint")
+    out_read, out_write = os.pipe()
+    ready_read, ready_write = os.pipe()
+    try:
+        try:
+            launched = mountd.launch(argv, ready_write, out_write)
+        finally:
+            os.close(out_write)
+            os.close(ready_write)
+        if not launched:
+            return None
+        return _source(_read_all(out_read))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        log.debug("the node service did not resolve %s: %s", ref, error)
+        return None
+    finally:
+        os.close(out_read)
+        os.close(ready_read)
+
+
+def _read_all(fd: int) -> bytes:
+    """Everything written to the pipe `fd` until its writer exits (ValueError: too slow or
+    too much)."""
+    deadline = time.monotonic() + ANSWER_TIMEOUT
+    data = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise ValueError("no answer in time")
+        part = os.read(fd, 65536)
+        if not part:
+            return data
+        data += part
+        if len(data) > MAX_ANSWER:
+            raise ValueError("answer too long")
+
+
+def _source(output: bytes) -> EnvSource | None:
+    """The EnvSource printed by `weenv sandbox resolve --json` (None: it printed an error)."""
+    with contextlib.suppress(ValueError):
+        document: dict[str, Any] = json.loads(output)
+        if isinstance(document, dict) and "digest" in document:
+            return source_from_json(document)
+    log.debug("the node service's resolution failed: %s", output[-500:].decode(errors="replace"))
+    return None
+
+
+def source_to_json(source: EnvSource) -> dict[str, Any]:
+    """`source` as `weenv sandbox resolve --json` prints it."""
+    return {"ref": source.ref, "digest": source.digest, "store_url": source.store_url,
+            "cache_dir": str(source.cache_dir), "env": list(source.env), "cwd": source.cwd,
+            "user": source.user, "command": list(source.command), "groups": list(source.groups),
+            "record_hint": source.record_hint}
+
+
+def source_from_json(document: dict[str, Any]) -> EnvSource:
+    """The EnvSource `source_to_json` printed (KeyError/TypeError/ValueError if it is not)."""
+    def strings(key: str) -> tuple[str, ...]:
+        value = document[key]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise TypeError(f"{key}: not a list of strings")
+        return tuple(value)
+
+    text = {key: str(document[key]) for key in ("ref", "digest", "store_url", "cwd", "user")}
+    return EnvSource(text["ref"], text["digest"], text["store_url"],
+                     Path(str(document["cache_dir"])), strings("env"), text["cwd"],
+                     text["user"], strings("command"), strings("groups"),
+                     bool(document["record_hint"]))
