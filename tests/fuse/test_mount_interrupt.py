@@ -49,6 +49,16 @@ def _daemons_of(mountpoint: Path) -> list[int]:
     return found
 
 
+def _clean_up(proc: subprocess.Popen[bytes], mp: Path) -> None:
+    """Whatever a failed test left: the command, the mount and its daemon."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    force_unmount(mp)
+    for pid in _daemons_of(mp):
+        stop_daemon(pid, mp)
+
+
 @pytest.fixture(scope="module")
 def env_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     root = tmp_path_factory.mktemp("interrupt")
@@ -82,12 +92,7 @@ def test_interrupted_mount_leaves_nothing(env_store: tuple[str, Path], tmp_path:
             assert daemons == [], f"daemon left running after: {err!r}"
             assert daemon.read_pid_file(mp) is None
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        force_unmount(mp)
-        for pid in _daemons_of(mp):
-            stop_daemon(pid, mp)
+        _clean_up(proc, mp)
 
 
 # A Ctrl-C still unanswered after this waited for the daemon's stop (or spawn) to time out.
@@ -119,9 +124,4 @@ def test_interrupted_while_the_store_stalls(env_store: tuple[str, Path], tmp_pat
             assert not daemon.is_mounted(mp)
             assert _daemons_of(mp) == []
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            force_unmount(mp)
-            for pid in _daemons_of(mp):
-                stop_daemon(pid, mp)
+            _clean_up(proc, mp)

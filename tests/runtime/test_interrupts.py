@@ -9,16 +9,20 @@ kind until the test ends, and the signal goes once the proxy has seen it:
 - resolve: the command fetches the environment's tag or manifest;
 - mount: a mount daemon fetches a group index (the daemon runs in a session of its own and
   gets no SIGINT: the command must stop it);
-- setup: the first chunk read, which the sandbox's setup makes through its overlay (the
-  user lookup, the rootfs checks) or, on the kernel path, the start of the command;
-- exec: the command runs (it said so on stdout).
+- setup: the first chunk read, which the sandbox's set-up makes through its overlay (the
+  user lookup in /etc/passwd) before the init starts;
+- exec: the command runs (it created a file in its sandbox);
+- node service: no mount server answers, and the command's first mount starts one; the
+  signal goes once that server's process exists (it may have answered by then: it then
+  stays, as the node's resident service is meant to).
 
 After each: exit 130 with one line `weenv: interrupted` and no traceback (the Python API
 raises KeyboardInterrupt), and `node_clean` (conftest) finds nothing left: no sandbox state
 folder, runc container, cgroup, mount, upper dir, loop device or process; and no mount daemon
 of the environment runs. The node's mount server (`weenv mountd`) is resident by design and
-stays. A hang guard fails a command that does not end until the stalled request would have
-timed out on its own (not a timing check: the stall never ends while the command runs).
+stays. A hang guard fails a command that does not end before a timeout of its own (the
+daemon's spawn or stop) could have ended it; not a timing check: the stall never ends while
+the command runs.
 """
 
 from __future__ import annotations
