@@ -319,3 +319,25 @@ def test_gc_unregisters_an_elastic_sandbox_whose_controller_was_killed(
     assert sandbox_id not in provisioner.status()["sandboxes"]
     assert provisioner.runs(py_env.digest) == 1
     assert not cgroups.cgroup_dirs(f"/weenv/{sandbox_id}")
+
+
+def test_the_command_that_starts_the_provisioner_says_so_once(
+    py_env: EnvRef, provisioner: Provisioner
+) -> None:
+    """--elastic with no sidecar running starts one that outlives the command: one stderr line
+    says so, with its pid and how to stop it; the next elastic command, which finds it
+    running, says nothing."""
+    notice = "weenv: started the node's provisioner (pid {pid}); it keeps running for " \
+             "elastic sandboxes: stop it with `weenv provision stop`"
+    assert registry.running_pid(provisioner.spool) is None
+    first = run_weenv("sandbox", "create", py_env.ref, "--store", str(py_env.store),
+                      "--cache", str(py_env.cache), "--elastic")
+    provisioner.ids.append(first.stdout.decode().strip())
+    pid = registry.running_pid(provisioner.spool)
+    assert pid is not None
+    assert notice.format(pid=pid) in first.stderr.decode().splitlines()
+    second = run_weenv("sandbox", "create", py_env.ref, "--store", str(py_env.store),
+                       "--cache", str(py_env.cache), "--elastic")
+    provisioner.ids.append(second.stdout.decode().strip())
+    assert "provisioner" not in second.stderr.decode()
+    assert registry.running_pid(provisioner.spool) == pid

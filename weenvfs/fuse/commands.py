@@ -276,18 +276,20 @@ def _mount_foreground(args: argparse.Namespace) -> int:
 
     from .mount import STOP_SIGNALS, load, serve
 
-    # SIGTERM/SIGINT wait until the main loop can tear down what is already mounted (a
-    # signal that killed the daemon mid-mount left the mount behind); mount.py unblocks them.
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     pipe = daemon.ReadyPipe(args.ready_fd)
     if args.ready_fd is not None:
         _log_to_file_only()
     try:
         config = _config(args)
+        # Nothing is mounted yet: a SIGTERM while the store is read (a stalled store, a
+        # Ctrl-C'd `weenv mount`) ends the daemon at once.
         env = load(args.store, args.ref, config.layer, config.cache_dir)
     except Exception as error:
         pipe.failed(str(error) or type(error).__name__)
         raise
+    # From here SIGTERM/SIGINT wait until the main loop can tear down what is already mounted
+    # (a signal that killed the daemon mid-mount left the mount behind); mount.py unblocks them.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     info = {"ref": args.ref, "manifest": env.digest, "log_file": args.log_file,
             "layer": config.layer}
 

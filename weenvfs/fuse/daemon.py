@@ -28,9 +28,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -43,6 +44,9 @@ EXIT_TIMEOUT = 30.0  # seconds for a daemon to exit after its unmount
 _POLL = 0.05
 # Starts `python -m weenvfs ARGS` with readiness pipe and log file descriptors; True if it did.
 Launch = Callable[[list[str], int, int], bool]
+# A Ctrl-C reaches the main thread only; a thread that starts daemons for it (runtime's
+# lowers.py) is told through this event instead (`cancelled_by`).
+_CANCEL = threading.local()
 
 
 def run_dir() -> Path:
@@ -158,6 +162,18 @@ class ReadyPipe:
 # -- the parent's end -----------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def cancelled_by(event: threading.Event) -> Iterator[None]:
+    """While inside, `event` interrupts a `start` of this thread as Ctrl-C interrupts one of
+    the main thread (the daemon stopped, KeyboardInterrupt raised): for worker threads, which
+    never see SIGINT."""
+    _CANCEL.event = event
+    try:
+        yield
+    finally:
+        _CANCEL.event = None
+
+
 def start(args: Sequence[str], log_file: Path, timeout: float = SPAWN_TIMEOUT,
           launch: Launch | None = None) -> int:
     """Start `python -m weenvfs <args> --ready-fd N` as a daemon; return its pid once ready.
@@ -245,6 +261,11 @@ def _await_ready(
         left = deadline - time.monotonic()
         if left <= 0:
             return pid, None
+        cancel = getattr(_CANCEL, "event", None)
+        if cancel is not None:
+            if cancel.is_set():
+                raise KeyboardInterrupt  # the spawn's own handler stops the daemon
+            left = min(left, _POLL)
         readable, _, _ = select.select([fd], [], [], left)
         if not readable:
             continue
@@ -258,7 +279,8 @@ def _abandon(fd: int, args: Sequence[str], timeout: float, pid: int | None) -> N
     """Undo a spawn interrupted by Ctrl-C: wait (further Ctrl-Cs ignored) for the daemon's
     pid, or for the pipe to close (no daemon), stop the daemon, and unmount its mount point
     if it died mounted (a SIGTERM before its signal handler was installed)."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
     try:
         if pid is None:
             pid = _await_pid(fd, timeout)
@@ -273,7 +295,8 @@ def _abandon(fd: int, args: Sequence[str], timeout: float, pid: int | None) -> N
             with contextlib.suppress(OSError, WeenvError):
                 release_kernel_leftovers(mountpoint)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if main:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _await_pid(fd: int, timeout: float) -> int | None:

@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from weenvfs.errors import UsageError
+from weenvfs.fuse import daemon
 
 from . import mounts
 from .lower_modes import LOWER_MODES
@@ -86,20 +88,43 @@ def acquire_lowers(
 ) -> list[Path]:
     """Take every mount of `planned` for `holder` (mounting those missing, in parallel: each
     one starts a daemon); their mount points in the same order. All or nothing: on an
-    error, the mounts already taken are released and the first error is raised."""
-    def take(mount: LowerMount) -> Path:
-        return mounts.acquire(mount.key, holder, store_url=store_url, cache_dir=cache_dir,
-                              is_live=is_live, env=env, layer=mount.layer,
-                              record=mount.record)
+    error, the mounts already taken are released and the first error is raised. An
+    interrupt (Ctrl-C reaches this thread, not the workers) stops the daemons still starting
+    before the mounts taken are released and it is raised."""
+    cancel = threading.Event()
 
+    def take(mount: LowerMount) -> Path:
+        with daemon.cancelled_by(cancel):
+            return mounts.acquire(mount.key, holder, store_url=store_url, cache_dir=cache_dir,
+                                  is_live=is_live, env=env, layer=mount.layer,
+                                  record=mount.record)
+
+    interrupted: BaseException | None = None
     with ThreadPoolExecutor(max_workers=len(planned), thread_name_prefix="lower") as pool:
         futures = [pool.submit(take, mount) for mount in planned]
+        try:
+            wait(futures)
+        except BaseException as error:  # Ctrl-C or SIGTERM, which only this thread sees
+            interrupted = error
+            cancel.set()  # the workers stop the daemons they start, then end
+            _settle(futures)
     errors = [f.exception() for f in futures if f.exception() is not None]
-    if errors:
+    if interrupted is not None or errors:
         taken = [m.key for m, f in zip(planned, futures, strict=True) if f.exception() is None]
         release_lowers(taken, holder)
-        raise errors[0]
+        raise interrupted or errors[0]
     return [f.result() for f in futures]
+
+
+def _settle(futures: Sequence[Future[Path]]) -> None:
+    """Wait for every one of `futures` to end; further interrupts only wait again (the
+    workers are stopping what they started, and must be let finish)."""
+    while True:
+        try:
+            wait(futures)
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 def release_lowers(

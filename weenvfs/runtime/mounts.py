@@ -219,8 +219,13 @@ def acquire(
         info = _read_info(folder)
         if not _alive_mount(mp):
             mp.mkdir(exist_ok=True)
-            info = _mount(env or key, mp, store_url, cache_dir, layer,
-                          folder / RESULT_FILE if record else None)
+            try:
+                info = _mount(env or key, mp, store_url, cache_dir, layer,
+                              folder / RESULT_FILE if record else None)
+            except BaseException:
+                if not _holders(folder):  # nobody else uses the folder: leave nothing
+                    _teardown(folder)
+                raise
         _stop_timer(info)
         info.pop("warm_until", None)
         info.pop("idle_since", None)
@@ -260,6 +265,8 @@ def release(key: str, holder: str, keep_warm: float | None = None) -> dict[str, 
     nothing (a sandbox whose build stopped before taking it must not unmount what others
     keep warm). Returns what a recording mount published when this release unmounted it
     (its hint.json; a recording mount is never kept warm), else None."""
+    if not (env_dir(key) / "holders" / holder).exists():
+        return None  # not a holder (and `locked` would make the folder of a mount never made)
     policy = WarmPolicy.from_env()
     seconds = policy.seconds if keep_warm is None else keep_warm
     with locked(key) as folder:
