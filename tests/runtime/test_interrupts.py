@@ -41,7 +41,8 @@ from rt_support import EnvRef
 
 from weenvfs.fuse import daemon, mountd
 from weenvfs.runtime import sandbox
-from weenvfs.runtime.lowers import DEFAULT_LOWER, plan_lowers
+from weenvfs.runtime.lower_modes import DEFAULT_LOWER
+from weenvfs.runtime.lowers import plan_lowers
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
