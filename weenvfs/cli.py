@@ -39,6 +39,7 @@ COMMANDS: dict[str, str | None] = {
     "build": "weenvfs.tools.cli_build",
     "compose": "weenvfs.tools.cli_build",
     "convert": "weenvfs.tools.cli_convert",
+    "push": "weenvfs.tools.cli_push",
     "ls": "weenvfs.tools.cli_read",
     "inspect": "weenvfs.tools.cli_read",
     "verify": "weenvfs.tools.cli_read",
