@@ -55,12 +55,16 @@ RULES: dict[str, Rule] = {
     "runtime": _rule({"trio"}, {"core", "fuse", "store", "provision", "errors", "units"}),
     "tools": _rule({"requests", "urllib3"} | CODEC, {"format", "store", "errors", "units"}),
     "provision": _rule({"trio"}, {"units"}),
+    # containerd's remote snapshotter (DESIGN.md: on top of runtime, like the CLI): gRPC and
+    # protobuf for containerd's API; WeEnv layers mount through the runtime's shared mounts.
+    "snapshotter": _rule({"grpc", "google"}, {"format", "store", "runtime", "fuse", "errors",
+                                              "units"}),
     "errors": _rule(set(), set()),
     "units": _rule(set(), set()),  # byte sizes for humans: stdlib only, shared by every room
     # weenvfs/__init__.py, __main__.py, cli.py and other top-level modules: the top of the graph.
     "top": Rule(frozenset({"*"}), frozenset({"*"})),
 }
-NODE_ROOMS = {"store", "core", "fuse", "runtime", "provision"}
+NODE_ROOMS = {"store", "core", "fuse", "runtime", "provision", "snapshotter"}
 # A room's `commands.py` (or `cli_*.py`) registers its subcommands through
 # weenvfs.cli.add_command; only those modules of a room may import the CLI (lazily imported by
 # cli, so no cycle).

@@ -56,6 +56,7 @@ COMMANDS: dict[str, str | None] = {
     "sandbox": "weenvfs.runtime.commands",
     "mounts": "weenvfs.runtime.cli_mounts",
     "provision": "weenvfs.provision.commands",
+    "snapshotter": "weenvfs.snapshotter.commands",
     "demo": "weenvfs.demo",
 }
 # The modules that register subcommands, in the order they appear in --help.
