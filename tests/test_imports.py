@@ -55,10 +55,11 @@ RULES: dict[str, Rule] = {
     "runtime": _rule({"trio"}, {"core", "fuse", "store", "provision", "errors", "units"}),
     "tools": _rule({"requests", "urllib3"} | CODEC, {"format", "store", "errors", "units"}),
     "provision": _rule({"trio"}, {"units"}),
-    # containerd's remote snapshotter (DESIGN.md: on top of runtime, like the CLI): gRPC and
-    # protobuf for containerd's API; WeEnv layers mount through the runtime's shared mounts.
-    "snapshotter": _rule({"grpc", "google"}, {"format", "store", "runtime", "fuse", "errors",
-                                              "units"}),
+    # containerd's remote snapshotter (DESIGN.md: on top of runtime and tools, like the CLI):
+    # gRPC and protobuf for containerd's API; WeEnv layers mount through the runtime's shared
+    # mounts; `weenv pull` reads images through the tools' registry client.
+    "snapshotter": _rule({"grpc", "google"}, {"format", "store", "runtime", "fuse", "tools",
+                                              "errors", "units"}),
     "errors": _rule(set(), set()),
     "units": _rule(set(), set()),  # byte sizes for humans: stdlib only, shared by every room
     # weenvfs/__init__.py, __main__.py, cli.py and other top-level modules: the top of the graph.

@@ -57,6 +57,7 @@ COMMANDS: dict[str, str | None] = {
     "mounts": "weenvfs.runtime.cli_mounts",
     "provision": "weenvfs.provision.commands",
     "snapshotter": "weenvfs.snapshotter.commands",
+    "pull": "weenvfs.snapshotter.commands",
     "demo": "weenvfs.demo",
 }
 # The modules that register subcommands, in the order they appear in --help.

@@ -10,14 +10,16 @@ import argparse
 from pathlib import Path
 
 from weenvfs.cli import add_command
+from weenvfs.cli_args import print_json
 
 from .server import DEFAULT_ROOT, DEFAULT_SOCKET
 
 PLUGIN = "weenv"
+CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `snapshotter`."""
+    """Add `snapshotter` and `pull`."""
     p = add_command(
         subparsers,
         "snapshotter",
@@ -52,6 +54,41 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "(default: the node's policy, $WEENV_KEEP_WARM)")
     p.add_argument("--print-config", action="store_true",
                    help="print containerd's configuration for this snapshotter and exit")
+    _register_pull(subparsers)
+
+
+def _register_pull(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_command(
+        subparsers,
+        "pull",
+        help="pull a WeEnv image into containerd, its groups mounted lazily",
+        description=(
+            "Pull image REF (HOST/REPO[:TAG], pushed by `weenv push`) into containerd for the\n"
+            "snapshotter `weenv`: each WeEnv layer is prepared with its annotations as\n"
+            "snapshot labels (as Kubernetes' CRI does), so the snapshotter mounts its group\n"
+            "and containerd neither downloads nor unpacks it; then `ctr images pull` records\n"
+            "the image and unpacks any ordinary layer. Run it with `ctr run --snapshotter\n"
+            "weenv REF ...`. Registry auth as `weenv convert` (docker config, --creds)."
+        ),
+        examples=[
+            "weenv pull 127.0.0.1:5000/py-env:v1 --insecure",
+            "weenv pull registry.example.com/team/py-env:v1 --containerd-socket "
+            "/run/containerd/containerd.sock --namespace k8s.io",
+        ],
+        func=_cmd_pull,
+    )
+    p.add_argument("ref", metavar="REF", help="HOST/REPO[:TAG]")
+    p.add_argument("--containerd-socket", type=Path, default=CONTAINERD_SOCKET, metavar="PATH",
+                   help=f"containerd's socket (default {CONTAINERD_SOCKET})")
+    p.add_argument("--namespace", default="default", help="containerd namespace (default "
+                   "default; Kubernetes uses k8s.io)")
+    p.add_argument("--snapshotter", default=PLUGIN,
+                   help=f"the proxy plugin's name in containerd (default {PLUGIN})")
+    p.add_argument("--creds", metavar="USER:PASS",
+                   help="registry credentials (default: docker config)")
+    p.add_argument("--insecure", action="store_true",
+                   help="plain HTTP (loopback registries only)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
 def containerd_config(socket: Path) -> str:
@@ -79,3 +116,27 @@ def _cmd_snapshotter(args: argparse.Namespace) -> int:
     options = ServerOptions(args.socket.absolute(), args.root.absolute(), tuple(args.stores),
                             (args.cache or default_cache_dir()).absolute(), args.keep_warm)
     return serve(options)
+
+
+def _cmd_pull(args: argparse.Namespace) -> int:
+    from weenvfs.tools.image_source import SourceOptions
+    from weenvfs.tools.registry_auth import parse_creds
+
+    from .pull import Containerd, pull, resolve
+
+    creds = parse_creds(args.creds) if args.creds else None
+    image = resolve(args.ref, SourceOptions(creds=creds, insecure=args.insecure))
+    containerd = Containerd(args.containerd_socket, args.namespace, args.snapshotter,
+                            args.insecure, creds)
+    try:
+        result = pull(args.ref, image, containerd)
+    finally:
+        containerd.close()
+    if args.json:
+        print_json({"image": args.ref, "chain_ids": result.chain_ids,
+                    "weenv_layers": result.weenv_layers, "present": result.present})
+    else:
+        print(f"pulled {args.ref}: {len(result.chain_ids)} layers, "
+              f"{len(result.weenv_layers)} WeEnv layers mounted lazily, "
+              f"{len(result.present)} already present")
+    return 0
