@@ -11,11 +11,14 @@ import json
 import subprocess
 from pathlib import Path
 
-from conftest import Node
+import pytest
 from support import trees
+from support.containerd import Node
 
 from weenvfs.fuse.commands import read_stats
 from weenvfs.runtime import mounts
+
+pytestmark = pytest.mark.usefixtures("containerd_requirements")
 
 
 def _push(node: Node, env: str, tag: str, *extra: str) -> str:
