@@ -195,7 +195,9 @@ def _publish(tmp: Path) -> tuple[Path, dict[str, str]]:
         repo = Repository(opened)
         build_group(open_source(_task_group(tmp / "task")), repo, "task", "t")
         config = RuntimeConfig(env=("PATH=/usr/sbin:/usr/bin:/sbin:/bin", "TASK=1"),
-                               cwd="/work", cmd=("/bin/sh", "-c", "cat task.txt | wc -l"))
+                               # Exits 0 only in the task's cwd with the task's env.
+                               cwd="/work", cmd=("/bin/sh", "-c",
+                                                 'test "$TASK" = 1 && test -s task.txt'))
         one = compose_env(repo, "one", "v1", ["minbase:t"], None, {})
         two = compose_env(repo, "two", "v1", ["minbase:t", "task:t"], config, {})
     return store, {"one": one, "two": two}

@@ -1,7 +1,8 @@
-"""The `weenv snapshotter` command: containerd's remote snapshotter for WeEnv images.
+"""The `weenv snapshotter` and `weenv pull` commands: WeEnv images under containerd.
 
 Owns: the arguments and their defaults, and the containerd configuration it prints
-(`--print-config`, the snippet of docs/containerd.md). Must not: serve (server.py).
+(`--print-config`, the snippet of docs/containerd.md). Must not: serve (server.py) or pull
+(pull.py); both are imported only when their command runs (grpc is heavy for `weenv --help`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from pathlib import Path
 from weenvfs.cli import add_command
 from weenvfs.cli_args import print_json
 
-from .server import DEFAULT_ROOT, DEFAULT_SOCKET
-
 PLUGIN = "weenv"
+DEFAULT_SOCKET = Path("/run/weenv/snapshotter.sock")
+DEFAULT_ROOT = Path("/var/lib/weenv/snapshotter")
 CONTAINERD_SOCKET = Path("/run/containerd/containerd.sock")
 
 

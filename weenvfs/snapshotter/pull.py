@@ -89,7 +89,8 @@ class Containerd:
             raise WeenvError(f"ctr {args[0]} {args[1] if len(args) > 1 else ''}: {detail}")
         return done.stdout
 
-    def _call(self, method: str, **fields: object) -> object:
+    def call(self, method: str, **fields: object) -> object:
+        """Snapshots API `method` of containerd, for our snapshotter (and lease, if any)."""
         request, response, _ = api.METHODS[method]
         call = self._channel.unary_unary(
             f"/{api.SERVICE}/{method}",
@@ -103,7 +104,7 @@ class Containerd:
 
     def exists(self, key: str) -> bool:
         try:
-            self._call("Stat", key=key)
+            self.call("Stat", key=key)
         except grpc.RpcError as error:
             if error.code() == grpc.StatusCode.NOT_FOUND:
                 return False
@@ -114,12 +115,12 @@ class Containerd:
         """Prepare a WeEnv layer: the snapshotter must answer AlreadyExists."""
         key = f"extract-weenv-{uuid.uuid4().hex[:12]} {chain}"
         try:
-            self._call("Prepare", key=key, parent=parent, labels=labels)
+            self.call("Prepare", key=key, parent=parent, labels=labels)
         except grpc.RpcError as error:
             if error.code() == grpc.StatusCode.ALREADY_EXISTS:
                 return
             raise _failed("prepare", chain, error) from None
-        self._call("Remove", key=key)
+        self.call("Remove", key=key)
         raise WeenvError(f"snapshotter {self.snapshotter!r} did not take WeEnv layer {chain}: "
                          "is it `weenv snapshotter`?")
 

@@ -33,8 +33,6 @@ from .state import SnapshotState
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SOCKET = Path("/run/weenv/snapshotter.sock")
-DEFAULT_ROOT = Path("/var/lib/weenv/snapshotter")
 STOP_GRACE = 10.0  # seconds for calls in flight at SIGTERM
 WORKERS = 8  # concurrent calls (a WeEnv Prepare waits for a mount daemon to answer)
 
