@@ -62,7 +62,7 @@ def _rule(third_party: set[str], rooms: set[str], **only: set[str]) -> Rule:
     )
 
 
-NODE_ROOMS = {"store", "core", "fuse", "runtime", "provision"}
+NODE_ROOMS = {"store", "core", "fuse", "runtime", "provision", "snapshotter"}
 RULES: dict[str, Rule] = {
     "format": _rule({"zstandard", "blake3"}, set()),
     "store": _rule(
@@ -76,6 +76,11 @@ RULES: dict[str, Rule] = {
     "runtime": _rule({"trio"}, {"core", "fuse", "store", "provision", "errors", "units"}),
     "tools": _rule({"requests", "urllib3"} | CODEC, {"format", "store", "errors", "units"}),
     "provision": _rule({"trio"}, {"units"}),
+    # containerd's remote snapshotter (DESIGN.md: on top of runtime and tools, like the CLI):
+    # gRPC and protobuf for containerd's API; WeEnv layers mount through the runtime's shared
+    # mounts; `weenv pull` reads images through the tools' registry client.
+    "snapshotter": _rule({"grpc", "google"}, {"format", "store", "runtime", "fuse", "tools",
+                                              "errors", "units"}),
     "errors": _rule(set(), set()),
     "units": _rule(set(), set()),  # byte sizes for humans: stdlib only, shared by every room
     # weenvfs/__init__.py: the version only; importing it must not pull in anything.

@@ -59,6 +59,7 @@ class Layer:
     diff_id: str | None
     open: Callable[[], BinaryIO] = field(repr=False, compare=False)
     verified: bool = False
+    annotations: dict[str, str] = field(default_factory=dict, compare=False)  # descriptor's
 
     @property
     def label(self) -> str:
@@ -202,6 +203,7 @@ class ImageSource(ABC):
                 config.diff_ids[n] if config.diff_ids else None,
                 self.layer_opener(d),
                 self.layers_verified,
+                dict(d.annotations),
             )
             for n, d in enumerate(descs)
         )

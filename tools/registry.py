@@ -133,9 +133,11 @@ class RegistryClient:
         return session
 
     def request(
-        self, method: str, url: str, headers: dict[str, str] | None = None, stream: bool = False
+        self, method: str, url: str, headers: dict[str, str] | None = None, stream: bool = False,
+        data: bytes | None = None,
     ) -> requests.Response:
-        """Send with retries; answer one 401 with credentials/a token."""
+        """Send (with body `data`, for uploads) with retries; answer one 401 with
+        credentials/a token."""
         answered = False
         delay = BACKOFF
         for attempt in range(RETRIES):
@@ -144,7 +146,7 @@ class RegistryClient:
                 hdrs["Authorization"] = self._authorization
             try:
                 resp = self._session().request(
-                    method, url, headers=hdrs, stream=stream, timeout=TIMEOUT
+                    method, url, headers=hdrs, stream=stream, timeout=TIMEOUT, data=data
                 )
             except (requests.ConnectionError, requests.Timeout) as e:
                 if attempt == RETRIES - 1:
@@ -168,7 +170,7 @@ class RegistryClient:
             delay *= 2
         raise AssertionError("unreachable")
 
-    def _fail(self, resp: requests.Response, what: str) -> SourceError:
+    def fail(self, resp: requests.Response, what: str) -> SourceError:
         if resp.status_code in (401, 403):
             creds = self._auth.creds
             if resp.status_code == 401 and creds and self._auth.scheme == "basic":
@@ -193,7 +195,7 @@ class RegistryClient:
         resp = self.request("GET", url, headers, stream=True)
         with resp:
             if resp.status_code != 200:
-                raise self._fail(resp, what)
+                raise self.fail(resp, what)
             parts, got = [], 0
             for part in resp.iter_content(_CHUNK):
                 got += len(part)
@@ -232,7 +234,7 @@ class RegistryClient:
                     elif resp.status_code not in (200, 206) or (
                         resp.status_code == 206 and not _range_starts(resp, have)
                     ):
-                        raise self._fail(resp, f"blob {desc.digest}")
+                        raise self.fail(resp, f"blob {desc.digest}")
                     try:
                         for part in resp.iter_content(_DOWNLOAD_CHUNK):
                             if self.closing.is_set():

@@ -39,6 +39,7 @@ COMMANDS: dict[str, str | None] = {
     "build": "weenvfs.tools.cli_build",
     "compose": "weenvfs.tools.cli_build",
     "convert": "weenvfs.tools.cli_convert",
+    "push": "weenvfs.tools.cli_push",
     "ls": "weenvfs.tools.cli_read",
     "inspect": "weenvfs.tools.cli_read",
     "verify": "weenvfs.tools.cli_read",
@@ -55,6 +56,8 @@ COMMANDS: dict[str, str | None] = {
     "sandbox": "weenvfs.runtime.commands",
     "mounts": "weenvfs.runtime.cli_mounts",
     "provision": "weenvfs.provision.commands",
+    "snapshotter": "weenvfs.snapshotter.commands",
+    "pull": "weenvfs.snapshotter.commands",
     "demo": "weenvfs.demo",
 }
 # The modules that register subcommands, in the order they appear in --help.

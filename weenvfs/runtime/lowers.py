@@ -73,13 +73,21 @@ def plan_lowers(
         log.info("environment %s has %d groups (over %d): mounting it merged", digest[:12],
                  len(groups), MAX_LAYERS)
         return [LowerMount(digest, None)]
+    keys = layer_keys(groups, store_url, cache_dir)
+    return [LowerMount(key, position) for position, key in enumerate(keys)][::-1]
+
+
+def layer_keys(groups: Sequence[str], store_url: str, cache_dir: Path) -> list[str]:
+    """The mount key of each group of `groups` (index digests, lowest first) as an overlay
+    layer served from `store_url` through `cache_dir`: group N's key is the digest of the
+    groups 0..N, so every environment (or containerd image) on the same groups shares it."""
     stack = hashlib.sha256(b"weenv layer stack\n%s\n%s" % (
         store_url.encode(), bytes(cache_dir.absolute())))
-    planned = []
-    for position, index in enumerate(groups):
+    keys = []
+    for index in groups:
         stack.update(b"\n" + index.encode())
-        planned.append(LowerMount(stack.hexdigest(), position))
-    return planned[::-1]
+        keys.append(stack.hexdigest())
+    return keys
 
 
 def acquire_lowers(

@@ -8,14 +8,17 @@ Owns the folder `/run/weenv/envs/<key>/`:
     root/           the mount point (`weenv mount <manifest digest> [--layer N]`, daemon
                     started by fuse/daemon.py; it is not our child, so whichever process
                     unmounts only waits for its pid)
-    holders/<id>    one empty file per sandbox that uses the mount: the reference count
+    holders/<id>    one file per user of the mount (a sandbox, a containerd snapshot): the
+                    reference count; empty, or the path of the user's anchor folder
     mount.json      store URL, cache folder, log file, daemon pid, and `idle_since` /
                     `warm_until` (/ `timer_pid`) while the mount is kept warm with no holder
     hint.json       a recording mount's outcome (what its daemon published on unmount)
 
 The count is the set of holder files, not a number, so a crashed process can never leave it
 wrong: a holder whose sandbox folder is gone is stale, and `prune_holders` (run by every
-acquire and by `weenv sandbox gc`) drops it.
+acquire and by `weenv sandbox gc`) drops it. A holder that is no sandbox (a snapshot of
+`weenv snapshotter`) names its anchor folder in its file: it is live while that folder exists,
+whatever liveness test the pruning process knows.
 
 Mounts outlive the sandboxes that made them: when the last holder releases, the mount stays
 mounted, idle, for `keep_warm` seconds (default `WarmPolicy`: $WEENV_KEEP_WARM, 600; 0
@@ -207,12 +210,13 @@ def _alive_mount(mp: Path) -> bool:
 def acquire(
     key: str, holder: str, *, store_url: str, cache_dir: Path,
     is_live: Callable[[str], bool], env: str | None = None, layer: int | None = None,
-    record: bool = False,
+    record: bool = False, anchor: Path | None = None,
 ) -> Path:
     """Register `holder` as a user of mount `key`, mounting it if needed; return the mount
-    point. `is_live(holder_id)` tells stale holders (crashed sandboxes) apart. The mount is
-    of environment `env` (default: `key`, a manifest digest), or of its group `layer`; with
-    `record` it records what is read and publishes it as the hint when unmounted."""
+    point. `is_live(holder_id)` tells stale holders (crashed sandboxes) apart; a holder with
+    an `anchor` folder is live while that folder exists. The mount is of environment `env`
+    (default: `key`, a manifest digest), or of its group `layer`; with `record` it records
+    what is read and publishes it as the hint when unmounted."""
     with locked(key) as folder:
         prune_holders(folder, is_live)
         mp = folder / "root"
@@ -231,7 +235,10 @@ def acquire(
         info.pop("idle_since", None)
         _write_info(folder, info)
         (folder / "holders").mkdir(exist_ok=True)
-        (folder / "holders" / holder).touch()
+        if anchor is None:
+            (folder / "holders" / holder).touch()
+        else:
+            (folder / "holders" / holder).write_text(str(anchor.absolute()))
         return mp
 
 
@@ -372,12 +379,23 @@ def _daemon_memory(pid: int | None) -> int:
 
 
 def prune_holders(folder: Path, is_live: Callable[[str], bool]) -> list[str]:
-    """Remove holder files of sandboxes that no longer exist; return their ids."""
-    stale = [h for h in _holders(folder) if not is_live(h)]
+    """Remove holder files of sandboxes that no longer exist (and of anchored holders whose
+    anchor is gone); return their ids."""
+    stale = [h for h in _holders(folder) if not _anchored(folder / "holders" / h, is_live)]
     for holder in stale:
         (folder / "holders" / holder).unlink(missing_ok=True)
         log.info("dropped stale holder %s of environment %s", holder, folder.name[:12])
     return stale
+
+
+def _anchored(path: Path, is_live: Callable[[str], bool]) -> bool:
+    """Whether holder file `path` is live: its anchor folder exists, or (none named)
+    `is_live` says so."""
+    try:
+        anchor = path.read_text().strip()
+    except OSError:
+        return False
+    return Path(anchor).is_dir() if anchor else is_live(path.name)
 
 
 def expire(key: str, is_live: Callable[[str], bool], now: float | None = None) -> bool:

@@ -1,0 +1,154 @@
+"""containerd's snapshots API v1 as protobuf messages, built at import from this table.
+
+The table mirrors `api/services/snapshots/v1/snapshots.proto` and `api/types/mount.proto` of
+containerd 1.6 (field names, numbers and types; the gogoproto options change only Go code).
+Why not generated code or protoc at install time: the .proto files import gogoproto, which no
+Python package ships, and production nodes have no Go sources to compile from; the wire
+format is fixed by names and numbers, which this table states and
+tests/snapshotter/test_api.py checks against the .proto files Debian's
+golang-github-containerd-containerd-dev installs (docs/design-notes.md).
+
+Owns: the message classes (`message(name)`), the service's full name and method table. Must
+not: implement any method (service.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf import (
+    descriptor_pb2,
+    descriptor_pool,
+    empty_pb2,
+    field_mask_pb2,
+    timestamp_pb2,
+)
+from google.protobuf.message_factory import GetMessageClass
+
+SERVICE = "containerd.services.snapshots.v1.Snapshots"
+PACKAGE = "containerd.services.snapshots.v1"
+TYPES_PACKAGE = "containerd.types"
+
+STRING, INT64, ENUM, MESSAGE = "string", "int64", "enum", "message"
+# message -> fields (name, number, type, repeated, message/enum type name)
+Field = tuple[str, int, str, bool, str]
+MOUNT: dict[str, list[Field]] = {
+    "Mount": [("type", 1, STRING, False, ""), ("source", 2, STRING, False, ""),
+              ("target", 3, STRING, False, ""), ("options", 4, STRING, True, "")],
+}
+_LABELS = ("labels", 4, MESSAGE, True, "LabelsEntry")  # map<string, string>
+_MOUNTS = ("mounts", 1, MESSAGE, True, ".containerd.types.Mount")
+MESSAGES: dict[str, list[Field]] = {
+    "PrepareSnapshotRequest": [("snapshotter", 1, STRING, False, ""),
+                               ("key", 2, STRING, False, ""),
+                               ("parent", 3, STRING, False, ""), _LABELS],
+    "PrepareSnapshotResponse": [_MOUNTS],
+    "ViewSnapshotRequest": [("snapshotter", 1, STRING, False, ""),
+                            ("key", 2, STRING, False, ""),
+                            ("parent", 3, STRING, False, ""), _LABELS],
+    "ViewSnapshotResponse": [_MOUNTS],
+    "MountsRequest": [("snapshotter", 1, STRING, False, ""), ("key", 2, STRING, False, "")],
+    "MountsResponse": [_MOUNTS],
+    "RemoveSnapshotRequest": [("snapshotter", 1, STRING, False, ""),
+                              ("key", 2, STRING, False, "")],
+    "CommitSnapshotRequest": [("snapshotter", 1, STRING, False, ""),
+                              ("name", 2, STRING, False, ""),
+                              ("key", 3, STRING, False, ""), _LABELS],
+    "StatSnapshotRequest": [("snapshotter", 1, STRING, False, ""),
+                            ("key", 2, STRING, False, "")],
+    "Info": [("name", 1, STRING, False, ""), ("parent", 2, STRING, False, ""),
+             ("kind", 3, ENUM, False, "Kind"),
+             ("created_at", 4, MESSAGE, False, ".google.protobuf.Timestamp"),
+             ("updated_at", 5, MESSAGE, False, ".google.protobuf.Timestamp"),
+             ("labels", 6, MESSAGE, True, "LabelsEntry")],
+    "StatSnapshotResponse": [("info", 1, MESSAGE, False, "Info")],
+    "UpdateSnapshotRequest": [("snapshotter", 1, STRING, False, ""),
+                              ("info", 2, MESSAGE, False, "Info"),
+                              ("update_mask", 3, MESSAGE, False, ".google.protobuf.FieldMask")],
+    "UpdateSnapshotResponse": [("info", 1, MESSAGE, False, "Info")],
+    "ListSnapshotsRequest": [("snapshotter", 1, STRING, False, ""),
+                             ("filters", 2, STRING, True, "")],
+    "ListSnapshotsResponse": [("info", 1, MESSAGE, True, "Info")],
+    "UsageRequest": [("snapshotter", 1, STRING, False, ""), ("key", 2, STRING, False, "")],
+    "UsageResponse": [("size", 1, INT64, False, ""), ("inodes", 2, INT64, False, "")],
+    "CleanupRequest": [("snapshotter", 1, STRING, False, "")],
+}
+KINDS = {"UNKNOWN": 0, "VIEW": 1, "ACTIVE": 2, "COMMITTED": 3}
+# method -> (request, response, server streaming)
+METHODS: dict[str, tuple[str, str, bool]] = {
+    "Prepare": ("PrepareSnapshotRequest", "PrepareSnapshotResponse", False),
+    "View": ("ViewSnapshotRequest", "ViewSnapshotResponse", False),
+    "Mounts": ("MountsRequest", "MountsResponse", False),
+    "Commit": ("CommitSnapshotRequest", "google.protobuf.Empty", False),
+    "Remove": ("RemoveSnapshotRequest", "google.protobuf.Empty", False),
+    "Stat": ("StatSnapshotRequest", "StatSnapshotResponse", False),
+    "Update": ("UpdateSnapshotRequest", "UpdateSnapshotResponse", False),
+    "List": ("ListSnapshotsRequest", "ListSnapshotsResponse", True),
+    "Usage": ("UsageRequest", "UsageResponse", False),
+    "Cleanup": ("CleanupRequest", "google.protobuf.Empty", False),
+}
+_TYPES = {STRING: descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+          INT64: descriptor_pb2.FieldDescriptorProto.TYPE_INT64,
+          ENUM: descriptor_pb2.FieldDescriptorProto.TYPE_ENUM,
+          MESSAGE: descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE}
+
+
+def _add_message(file: descriptor_pb2.FileDescriptorProto, name: str,
+                 fields: list[Field]) -> None:
+    msg = file.message_type.add(name=name)
+    for fname, number, kind, repeated, type_name in fields:
+        field = msg.field.add(name=fname, number=number, type=_TYPES[kind], json_name=fname)
+        field.label = (descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED if repeated
+                       else descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+        if type_name == "LabelsEntry":
+            field.type_name = f".{PACKAGE}.{name}.LabelsEntry"
+            entry = msg.nested_type.add(name="LabelsEntry")
+            entry.options.map_entry = True
+            for key, num in (("key", 1), ("value", 2)):
+                entry.field.add(name=key, number=num, type=_TYPES[STRING], json_name=key,
+                                label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+        elif type_name:
+            field.type_name = type_name if type_name.startswith(".") else (
+                f".{PACKAGE}.{type_name}")
+
+
+def _build_pool() -> descriptor_pool.DescriptorPool:
+    pool = descriptor_pool.DescriptorPool()
+    for module in (empty_pb2, field_mask_pb2, timestamp_pb2):
+        proto = descriptor_pb2.FileDescriptorProto()
+        module.DESCRIPTOR.CopyToProto(proto)
+        pool.Add(proto)
+    types = descriptor_pb2.FileDescriptorProto(
+        name="github.com/containerd/containerd/api/types/mount.proto",
+        package=TYPES_PACKAGE, syntax="proto3")
+    _add_message(types, "Mount", MOUNT["Mount"])
+    pool.Add(types)
+    snaps = descriptor_pb2.FileDescriptorProto(
+        name="github.com/containerd/containerd/api/services/snapshots/v1/snapshots.proto",
+        package=PACKAGE, syntax="proto3",
+        dependency=["google/protobuf/empty.proto", "google/protobuf/field_mask.proto",
+                    "google/protobuf/timestamp.proto", types.name])
+    kind = snaps.enum_type.add(name="Kind")
+    for name, number in KINDS.items():
+        kind.value.add(name=name, number=number)
+    for name, fields in MESSAGES.items():
+        _add_message(snaps, name, fields)
+    pool.Add(snaps)
+    return pool
+
+
+_POOL = _build_pool()
+_CLASSES: dict[str, Any] = {}
+
+
+def message(name: str) -> Any:
+    """The message class `name` (of the snapshots package, or a full name with dots)."""
+    if name not in _CLASSES:
+        full = name if "." in name else f"{PACKAGE}.{name}"
+        _CLASSES[name] = GetMessageClass(_POOL.FindMessageTypeByName(full))
+    return _CLASSES[name]
+
+
+def mount(kind: str, source: str, options: list[str]) -> Any:
+    """A containerd.types.Mount."""
+    return message(f"{TYPES_PACKAGE}.Mount")(type=kind, source=source, options=options)

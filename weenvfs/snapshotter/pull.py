@@ -1,0 +1,179 @@
+"""`weenv pull`: pull a WeEnv image into containerd, passing its layers' annotations.
+
+What CRI (and any client pulling with `WithPullUnpack`) does for every layer, done here for
+`ctr` users, as `ctr-remote image rpull` does for stargz: through containerd's own snapshots
+service (the namespaced one, so containerd records the snapshots), Prepare each WeEnv layer
+with its annotations as labels and `containerd.io/snapshot.ref` = its chain ID; the
+snapshotter mounts the group and answers AlreadyExists, and containerd then has the layer
+without downloading or unpacking anything. Then `ctr images pull` creates the image record
+and does the rest (ordinary layers, the garbage-collection labels that keep the snapshots),
+finding the WeEnv layers' snapshots present. A lease holds the new snapshots until then.
+
+Owns: the chain IDs, the calls to containerd's snapshots API, the `ctr` commands. Must not:
+mount anything (the snapshotter does), or parse images (tools/ does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from weenvfs.errors import UsageError, WeenvError
+from weenvfs.format.errors import FormatError
+from weenvfs.format.oci_layer import from_labels
+from weenvfs.tools.image_source import Image, Layer, SourceOptions, open_image_source
+from weenvfs.tools.oci_docs import Platform
+
+from . import api
+from .snapshots import TARGET_LABEL
+
+log = logging.getLogger(__name__)
+
+INHERITED_PREFIX = "containerd.io/snapshot/"  # what containerd passes on as snapshot labels
+CTR_TIMEOUT = 600.0  # seconds for `ctr images pull`
+CALL_TIMEOUT = 120.0  # seconds for one snapshots call (a Prepare mounts a group)
+LEASE_EXPIRES = "1h"  # what is left if we die before deleting the lease
+
+
+@dataclass
+class PullResult:
+    """What `pull` did: the image's chain IDs and which layers came from WeEnv groups."""
+
+    chain_ids: list[str] = field(default_factory=list)
+    weenv_layers: list[int] = field(default_factory=list)  # prepared through their labels
+    present: list[int] = field(default_factory=list)  # already in containerd
+
+
+def chain_ids(diff_ids: list[str]) -> list[str]:
+    """OCI chain IDs: ChainID(L0) = DiffID(L0); ChainID(Ln) = sha256(ChainID(Ln-1) + " " +
+    DiffID(Ln))."""
+    out: list[str] = []
+    for diff_id in diff_ids:
+        out.append(diff_id if not out else
+                   "sha256:" + hashlib.sha256(f"{out[-1]} {diff_id}".encode()).hexdigest())
+    return out
+
+
+def resolve(ref: str, options: SourceOptions) -> Image:
+    """The image `ref` (HOST/REPO[:TAG]) for this machine's platform: manifest and config."""
+    with open_image_source("docker://" + ref.removeprefix("docker://"), options) as source:
+        return source.resolve(Platform.host())
+
+
+class Containerd:
+    """The calls `pull` makes to one containerd: `ctr` and the snapshots API."""
+
+    def __init__(self, socket: Path, namespace: str, snapshotter: str, plain_http: bool,
+                 creds: tuple[str, str] | None = None) -> None:
+        if shutil.which("ctr") is None:
+            raise UsageError("ctr not found (Debian package containerd)")
+        if not socket.exists():
+            raise UsageError(f"no containerd socket at {socket}")
+        self.socket, self.namespace, self.snapshotter = socket, namespace, snapshotter
+        self.plain_http, self.creds = plain_http, creds
+        self.lease: str | None = None
+        self._channel = grpc.insecure_channel(f"unix:{socket}")
+
+    def ctr(self, *args: str, timeout: float = CALL_TIMEOUT) -> str:
+        done = subprocess.run(["ctr", "-a", str(self.socket), "-n", self.namespace, *args],
+                              capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            detail = " ".join((done.stderr or done.stdout).split())[-500:]
+            raise WeenvError(f"ctr {args[0]} {args[1] if len(args) > 1 else ''}: {detail}")
+        return done.stdout
+
+    def call(self, method: str, **fields: object) -> object:
+        """Snapshots API `method` of containerd, for our snapshotter (and lease, if any)."""
+        request, response, _ = api.METHODS[method]
+        call = self._channel.unary_unary(
+            f"/{api.SERVICE}/{method}",
+            request_serializer=api.message(request).SerializeToString,
+            response_deserializer=api.message(response).FromString)
+        metadata = [("containerd-namespace", self.namespace)]
+        if self.lease:
+            metadata.append(("containerd-lease", self.lease))
+        return call(api.message(request)(snapshotter=self.snapshotter, **fields),
+                    metadata=metadata, timeout=CALL_TIMEOUT)
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.call("Stat", key=key)
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.NOT_FOUND:
+                return False
+            raise _failed("stat", key, error) from None
+        return True
+
+    def prepare_remote(self, chain: str, parent: str, labels: dict[str, str]) -> None:
+        """Prepare a WeEnv layer: the snapshotter must answer AlreadyExists."""
+        key = f"extract-weenv-{uuid.uuid4().hex[:12]} {chain}"
+        try:
+            self.call("Prepare", key=key, parent=parent, labels=labels)
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.ALREADY_EXISTS:
+                return
+            raise _failed("prepare", chain, error) from None
+        self.call("Remove", key=key)
+        raise WeenvError(f"snapshotter {self.snapshotter!r} did not take WeEnv layer {chain}: "
+                         "is it `weenv snapshotter`?")
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def _failed(what: str, key: str, error: grpc.RpcError) -> WeenvError:
+    return WeenvError(f"containerd {what} {key[:19]}: {error.details()}")  # type: ignore[attr-defined]
+
+
+def _labels(layer: Layer, chain: str) -> dict[str, str] | None:
+    """The snapshot labels of a WeEnv layer (None for another layer)."""
+    try:
+        if from_labels(layer.annotations) is None:
+            return None
+    except FormatError as error:
+        raise WeenvError(f"layer {layer.index}: {error}") from None
+    labels = {k: v for k, v in layer.annotations.items() if k.startswith(INHERITED_PREFIX)}
+    labels[TARGET_LABEL] = chain
+    return labels
+
+
+def pull(ref: str, image: Image, containerd: Containerd) -> PullResult:
+    """Prepare the image's WeEnv layers through their labels, then `ctr images pull`."""
+    diff_ids = [layer.diff_id for layer in image.layers]
+    if any(d is None for d in diff_ids):
+        raise WeenvError(f"{ref}: the image config lists no diff IDs")
+    result = PullResult(chain_ids([d for d in diff_ids if d is not None]))
+    containerd.lease = containerd.ctr("leases", "create", "--expires", LEASE_EXPIRES).strip()
+    try:
+        parent = ""
+        for layer, chain in zip(image.layers, result.chain_ids, strict=True):
+            if containerd.exists(chain):
+                result.present.append(layer.index)
+            else:
+                labels = _labels(layer, chain)
+                if labels is None:
+                    break  # an ordinary layer: `ctr images pull` unpacks it and those above
+                containerd.prepare_remote(chain, parent, labels)
+                result.weenv_layers.append(layer.index)
+            parent = chain
+        args = ["images", "pull", "--snapshotter", containerd.snapshotter]
+        if containerd.plain_http:
+            args.append("--plain-http")
+        if containerd.creds:
+            args += ["--user", ":".join(containerd.creds)]
+        containerd.ctr(*args, ref.removeprefix("docker://"), timeout=CTR_TIMEOUT)
+    finally:
+        lease, containerd.lease = containerd.lease, None
+        try:
+            containerd.ctr("leases", "delete", lease)
+        except WeenvError as error:
+            log.warning("lease %s not deleted (it expires in %s): %s", lease, LEASE_EXPIRES,
+                        error)
+    return result

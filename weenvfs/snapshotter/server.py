@@ -1,0 +1,103 @@
+"""Serving the snapshotter: a gRPC server on a unix socket that containerd's proxy plugin
+dials (docs/containerd.md has the configuration).
+
+Start: take the root (one snapshotter per root), restore every WeEnv snapshot's group mount
+(snapshots.restore), then listen: the socket (mode 0600, root's) appears only once the
+snapshots answer. Stop (SIGTERM, SIGINT): stop answering, wait up to STOP_GRACE seconds for
+calls in flight, remove the socket. Mounts are left as they are: they belong to the node
+(runtime/mounts.py), containers keep running on them, and the next start takes them again.
+
+Owns: the server's life. Must not: implement calls (snapshots.py) or parse arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from weenvfs.errors import UsageError
+
+from .remote import Groups
+from .service import handler
+from .snapshots import Snapshots
+from .state import SnapshotState
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE = 10.0  # seconds for calls in flight at SIGTERM
+WORKERS = 8  # concurrent calls (a WeEnv Prepare waits for a mount daemon to answer)
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Where the snapshotter listens and keeps state, and what it may mount."""
+
+    socket: Path
+    root: Path
+    stores: tuple[str, ...]
+    cache_dir: Path
+    keep_warm: float | None = None
+
+
+def serve(options: ServerOptions, ready: Callable[[], None] | None = None) -> int:
+    """Serve until SIGTERM/SIGINT; 0."""
+    if not options.stores:
+        raise UsageError("give at least one --store: WeEnv layers are mounted only from "
+                         "the stores the snapshotter is configured with")
+    options.root.mkdir(parents=True, exist_ok=True)
+    state = SnapshotState(options.root)
+    try:
+        groups = Groups(list(options.stores), options.cache_dir, options.root, options.keep_warm)
+        snaps = Snapshots(state, groups)
+        restored, failed = snaps.restore()
+        for line in failed:
+            log.error("could not restore a WeEnv snapshot: %s", line)
+        log.info("snapshotter: %d snapshots in %s, %d WeEnv mounts restored",
+                 len(state.by_key), options.root, restored)
+        return _listen(options.socket, snaps, ready)
+    finally:
+        state.close()
+
+
+def _listen(path: Path, snaps: Snapshots, ready: Callable[[], None] | None) -> int:
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS,
+                                            thread_name_prefix="snapshotter"))
+    server.add_generic_rpc_handlers((handler(snaps),))
+    old_mask = os.umask(0o177)
+    try:
+        if server.add_insecure_port(f"unix:{path}") == 0:
+            raise UsageError(f"cannot listen on {path}")
+        server.start()
+    finally:
+        os.umask(old_mask)
+    log.info("snapshotter %d listening on %s", os.getpid(), path)
+    try:
+        if ready is not None:
+            ready()
+        while not stop.wait(1.0):
+            pass
+        log.info("snapshotter stopping")
+    finally:
+        server.stop(STOP_GRACE).wait()
+        with contextlib.suppress(OSError):
+            path.unlink()
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+    return 0
