@@ -28,7 +28,8 @@ import grpc
 from weenvfs.errors import UsageError, WeenvError
 from weenvfs.format.errors import FormatError
 from weenvfs.format.oci_layer import from_labels
-from weenvfs.tools.image_source import Image, Layer, SourceOptions, open_image_source
+from weenvfs.tools.image_source import Image, Layer, SourceOptions
+from weenvfs.tools.image_transports import open_image_source
 from weenvfs.tools.oci_docs import Platform
 
 from . import api
