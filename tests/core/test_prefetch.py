@@ -237,3 +237,41 @@ def test_fetch_all_retries_what_failed(env: Environment, tmp_path: Path, monkeyp
     run(prefetcher.run, lambda: None)
     assert prefetcher.progress()["fetch_all"]["passes"] == 2
     assert all(cache.contains(loc.digest) for loc in all_locs(env.tree.groups))
+
+
+def test_no_neighbourhoods_while_a_hint_is_replayed(env: Environment, tmp_path: Path) -> None:
+    """A hint names what will be read: a miss during its replay fetches only itself; once
+    the replay is done, misses fetch their neighbourhoods again (core/neighbours.py)."""
+    from weenvfs.core.neighbours import Neighbours
+
+    gate = Gate(env.store, hold=lambda offset: True)
+    fetcher = Fetcher(gate, ChunkCache(tmp_path / "c", 1 << 30))
+    around = Neighbours(env.tree.groups, 1 << 30).around
+    asked: list[ChunkLoc] = []
+
+    def spy(loc: ChunkLoc) -> list[ChunkLoc]:
+        asked.append(loc)
+        return around(loc)
+
+    fetcher.neighbours = spy
+    prefetcher = Prefetcher(env.tree.groups, fetcher)
+    index = env.tree.groups[0]
+    hinted = found(env, [HintRecord(0, 0, 0)])
+    demand = chunk_loc(index, index.header.chunk_count - 1)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(fetcher.serve)
+            nursery.start_soon(prefetcher.run, lambda: hinted)
+            await gate.arrivals(1)  # the replay's request is held: replaying now
+            assert fetcher.neighbours is None
+            nursery.start_soon(fetcher.read, [(demand, 0, demand.ulen)])
+            await gate.arrivals(2)
+            gate.open()
+            with trio.fail_after(20):
+                while prefetcher.state != "done":
+                    await trio.sleep(0.002)
+            nursery.cancel_scope.cancel()
+
+    run(main)
+    assert asked == [] and fetcher.neighbours is spy

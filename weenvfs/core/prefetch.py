@@ -143,7 +143,13 @@ class Prefetcher:
         self.state = "replaying"
         log.info("replaying hint %s (%s): %d chunks, %d bytes stored", short(found.digest),
                  found.source, len(self.hinted), sum(c.clen for c in self.hinted))
-        await self._prefetch(self.hinted, self._hint_window_done)
+        # The hint names what the workload reads: fetching the neighbourhoods of misses
+        # meanwhile (core/neighbours.py) would only compete with it for the prefetch slots.
+        neighbours, self.fetcher.neighbours = self.fetcher.neighbours, None
+        try:
+            await self._prefetch(self.hinted, self._hint_window_done)
+        finally:
+            self.fetcher.neighbours = neighbours
         log.info("hint %s replayed: %d of %d chunks not cached", short(found.digest),
                  self.hint_missing, len(self.hinted))
 
