@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from _mounting import BENCH_DIR, Published, drop_caches, mount_server, weenv
-from weenv_peer import mirror, start_seaweed
+from weenv_peer import evict_shared_mounts, mirror, start_seaweed
 
 from weenvfs.errors import RefNotFound
 from weenvfs.store import open_store
@@ -68,7 +68,7 @@ class ReadmeRuns:
         self.ref = pub.ref
         os.environ["WEENV_ENVS_ROOT"] = str(work / "envs")  # our shared mounts only
         stack.enter_context(mount_server(work / "mountd"))
-        stack.callback(self._evict)
+        stack.callback(evict_shared_mounts)
         with open_store(self.url) as store:
             self.env_digest, _ = Repository(store).resolve_env(self.ref)
         self.hint = self._recorded_hint()
@@ -82,7 +82,7 @@ class ReadmeRuns:
         print(f"recording the hint of {self.ref} (once)", flush=True)
         weenv("hints", "record", "--store", self.url, "--cache", str(self.cache), "--tag",
               HINT_TAG, self.ref, "/usr/bin/python3", "-c", self.code)
-        self._evict()
+        evict_shared_mounts()
         with open_store(self.url) as store:
             return Repository(store).get_tag("hints", self.env_digest, HINT_TAG)
 
@@ -95,12 +95,8 @@ class ReadmeRuns:
                 with contextlib.suppress(RefNotFound):
                     repo.delete_tag("hints", self.env_digest, "latest")
 
-    def _evict(self) -> None:
-        subprocess.run([*weenv_command(), "mounts", "evict", "--all", "--force", "--quiet"],
-                       check=False, capture_output=True, timeout=300)
-
     def _cold(self) -> None:
-        self._evict()
+        evict_shared_mounts()
         shutil.rmtree(self.cache, ignore_errors=True)
         drop_caches()
         subprocess.run([sys.executable, "-c", "import weenvfs.cli, weenvfs.runtime.commands, "

@@ -255,6 +255,13 @@ class FetchMeter:
         return self.peer.fetched(envs)
 
 
+def evict_shared_mounts() -> None:
+    """`weenv mounts evict --all --force`: every shared mount of $WEENV_ENVS_ROOT (a
+    benchmark sets its own, so this never touches the node's other mounts)."""
+    subprocess.run([sys.executable, "-m", "weenvfs", "mounts", "evict", "--all", "--force",
+                    "--quiet"], check=True, capture_output=True, timeout=600)
+
+
 class WeenvPeer:
     """WeEnv through its Python API (`Environment`), node cache `cache`, with or without
     replaying hints, sandboxes over a mount per group or one merged mount (`lower`)."""
@@ -273,8 +280,9 @@ class WeenvPeer:
         set_hints(self.url, self.images, self.hints)
 
     def reset_cold(self) -> None:
-        """Empty the node cache (every environment of ours is closed by then: each mount
-        ends with its last sandbox)."""
+        """Unmount the shared mounts the node service keeps warm after their last sandbox,
+        then empty the node cache."""
+        evict_shared_mounts()
         shutil.rmtree(self.cache, ignore_errors=True)
 
     def start(self, image: str) -> Environment:
