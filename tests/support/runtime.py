@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -158,8 +159,27 @@ def _ours(kind: str, item: object, digests: set[str]) -> bool:
         return served[:4] == ("/", "run", "weenv", "envs") and served[4] in digests
     if kind == "mounts" and parts[3] != "sandboxes":  # another area's
         return False
-    digest = _digest_of(_sandbox_id(kind, item))
+    sandbox_id = _sandbox_id(kind, item)
+    digest = _digest_of(sandbox_id)
+    if digest is None and kind == "sandboxes":
+        digest = _settled_digest(sandbox_id)
     return digest is None or digest in digests
+
+
+def _settled_digest(sandbox_id: str, wait: float = 3.0) -> str | None:
+    """The digest of a sandbox folder seen without a state: another job's sandbox may be
+    between its folder and its first state (create) or between its state and the folder's
+    removal (destroy); everything else of a sandbox lives while its state does. None only if
+    the folder stays stateless for `wait` seconds (a leak); "" once it is gone."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        if not (sandbox.SANDBOXES_ROOT / sandbox_id).exists():
+            return ""
+        digest = _digest_of(sandbox_id)
+        if digest is not None:
+            return digest
+    return None
 
 
 def leaks(before: NodeSnapshot, after: NodeSnapshot, digests: set[str]) -> dict[str, list[object]]:
