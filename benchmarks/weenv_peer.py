@@ -37,10 +37,11 @@ from typing import Any
 
 from workloads import IMAGE_ENV, Family
 
-from weenvfs.errors import RefNotFound, StoreError
+from weenvfs.errors import RefNotFound, StoreError, WeenvError
 from weenvfs.format.manifest import RuntimeConfig
 from weenvfs.fuse.commands import read_stats
 from weenvfs.runtime.environment import Environment
+from weenvfs.runtime.mounts import list_mounts
 from weenvfs.store import open_store
 from weenvfs.store.base import Store
 from weenvfs.store.repository import Repository
@@ -247,12 +248,19 @@ class FetchMeter:
 
     def __init__(self, peer: WeenvPeer) -> None:
         self.peer = peer
+        self.before: dict[str, int] = {}
 
     def begin(self) -> None:
-        """Nothing: each batch mounts afresh, so its mounts' counters start at zero."""
+        """What the shared mounts already on the node (kept warm by the node service since
+        an earlier batch) have fetched so far: the batch counts only what it adds."""
+        self.before = {}
+        for mount in list_mounts():
+            with contextlib.suppress(WeenvError, OSError, KeyError, ValueError):
+                stats = read_stats(str(mount.mountpoint))
+                self.before[str(mount.mountpoint)] = int(stats["fetch"]["bytes_fetched"])
 
     def read(self, envs: Sequence[tuple[str, Environment]]) -> dict[str, Any]:
-        return self.peer.fetched(envs)
+        return self.peer.fetched(envs, self.before)
 
 
 def evict_shared_mounts() -> None:
@@ -300,8 +308,12 @@ class WeenvPeer:
     def stop(self, env: Environment) -> None:
         env.close()
 
-    def fetched(self, envs: Sequence[tuple[str, Environment]]) -> dict[str, Any]:
-        """Bytes fetched by the mounts of `envs` ((image, env) pairs) so far."""
+    def fetched(self, envs: Sequence[tuple[str, Environment]],
+                before: dict[str, int] | None = None) -> dict[str, Any]:
+        """Bytes fetched by the mounts of `envs` ((image, env) pairs) so far; a mount in
+        `before` (mount point -> bytes fetched then) counts only what it fetched since, and
+        not the metadata it loaded when it was made."""
+        before = before or {}
         seen: dict[str, str] = {}  # every mount of the batch (shared ones once)
         for image, env in envs:
             for mountpoint in env.sandbox.lowers:
@@ -309,7 +321,9 @@ class WeenvPeer:
         chunks = meta = 0
         for mountpoint, image in seen.items():
             stats = read_stats(mountpoint)
-            chunks += int(stats["fetch"]["bytes_fetched"])
+            chunks += int(stats["fetch"]["bytes_fetched"]) - before.get(mountpoint, 0)
+            if mountpoint in before:
+                continue
             layer = stats["mount"].get("layer")
             # A merged mount loads what the mount of the top group does.
             meta += self.layer_meta[image][-1 if layer is None else layer]
