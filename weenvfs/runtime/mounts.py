@@ -153,7 +153,12 @@ def locked(key: str) -> Iterator[Path]:
     file it locked and starts over otherwise (as the chunk cache's locks do)."""
     folder = env_dir(key)
     while True:
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # a teardown removed it between mkdir's EEXIST and its check
+            if folder.exists() and not folder.is_dir():
+                raise
+            continue
         path = folder / "lock"
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
