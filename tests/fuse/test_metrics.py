@@ -23,12 +23,14 @@ from pathlib import Path
 
 import pytest
 from mounts import Mounter, force_unmount, publish, run_weenv
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from support.mount_server import mount_server
 
 from weenvfs.errors import WeenvError
 from weenvfs.fuse import daemon, exporter, mountd
-from weenvfs.fuse.metrics import COUNTERS
+from weenvfs.fuse.metrics import COUNTERS, NodeCollector
+from weenvfs.fuse.stats_channel import exits_path
 
 pytestmark = pytest.mark.requires_fuse
 
@@ -90,9 +92,10 @@ def _stop(pid: int) -> None:
         pytest.fail(f"the exporter {pid} outlived its server")
 
 
-def scrape(sock: Path) -> Samples:
-    """Every sample of the endpoint, parsed by prometheus_client: (name, labels) -> value."""
-    address = exporter.read_address(sock)
+def scrape(sock: Path, address: str | None = None) -> Samples:
+    """Every sample of the endpoint of the server of `sock` (or at `address`), parsed by
+    prometheus_client: (name, labels) -> value."""
+    address = address or exporter.read_address(sock)
     assert address is not None and address.startswith("127.0.0.1:")
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=60) as answer:
         text = answer.read().decode()
@@ -257,6 +260,48 @@ def test_a_dead_exporter_is_started_again_and_counts_the_live_mounts(
         before, "weenv_metrics_start_time_seconds")
     assert value(after, "weenv_served_bytes_total") == BIG  # the live mount, from its start
     assert value(after, "weenv_mounts", path="fuse") == 2
+
+
+def test_a_malformed_exit_report_is_ignored_and_logged(
+        env: tuple[str, Path, bytes], server: Path, mounter: Mounter) -> None:
+    ref, store, _ = env
+    mounter.path = "fuse"
+    mount = mounter.mount(ref, store)
+    assert (mount.mountpoint / "small").read_bytes() == SMALL
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as conn:
+        for garbage in (b"{not json", b'{"pid": "1", "start": "2", "stats": {}}'):
+            with mountd.addressable(exits_path(server)) as address:
+                conn.sendto(garbage, address)
+    samples = scrape(server)
+    assert value(samples, "weenv_served_bytes_total") == len(SMALL)
+    assert value(samples, "weenv_mount_daemons_exited_total", final="reported") == 0
+    log = server.with_suffix(".log").read_text()
+    assert log.count("ignored a malformed exit report") == 2
+
+
+def test_a_second_collector_serves_the_live_mounts_from_another_process(
+        env: tuple[str, Path, bytes], server: Path, mounter: Mounter) -> None:
+    """How the containerd snapshotter registers the node's metrics next to its own: a
+    NodeCollector of the same node service, served by `serve_registry` from a thread. The
+    server's exporter keeps the exit reports (`start` says it does not get them)."""
+    ref, store, big = env
+    mounter.path = "fuse"
+    mount = mounter.mount(ref, store)
+    assert (mount.mountpoint / "big").read_bytes() == big
+    collector = NodeCollector(server)
+    assert not collector.start()
+    registry = CollectorRegistry()
+    registry.register(collector)
+    httpd = exporter.serve_registry(registry, exporter.Address("127.0.0.1", 0))
+    try:
+        samples = scrape(server, f"127.0.0.1:{httpd.server_port}")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        collector.close()
+    assert value(samples, "weenv_served_bytes_total") == BIG
+    assert value(samples, "weenv_mounts", path="fuse") == 1
+    assert value(scrape(server), "weenv_served_bytes_total") == BIG  # the node's own, too
 
 
 # -- the address ----------------------------------------------------------------------------

@@ -5,7 +5,8 @@ Owns: their arguments, defaults and output (the daemon's command line is built b
 `--foreground` starts the daemon (`spawn.spawn`), which checks the store before it mounts
 (fail fast: its one-line error is reported by this process), and returns once the mount
 answers; with `--foreground` it loads the environment and serves it in this process
-(mount.py), reporting readiness on `--ready-fd` when a parent waits for it. `stats` reads the
+(mount.py), reporting readiness on `--ready-fd` when a parent waits for it, and sends its
+final statistics to the node's exporter when it exits (stats_channel.py). `stats` reads the
 virtual xattr `user.weenv.stats` of the mount's root (see ops.py). Must not: serve requests
 or manage processes itself.
 

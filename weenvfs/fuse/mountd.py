@@ -22,6 +22,9 @@ Owns:
   daemon the slow way.
 - `stop`: end the server of `socket_path()` (by the pid it recorded).
 
+With an `exporter` (exporter.py, `weenv mountd --metrics`), the server forks a child that
+serves the node's Prometheus metrics while it runs, and starts it again if it dies.
+
 The server stays single-threaded (fork and threads do not mix) and never serves a FUSE
 request itself. $WEENV_MOUNTD_SOCKET moves the socket (tests, several servers on one node);
 WEENV_MOUNTD=off makes `launch` neither use nor start a server.
