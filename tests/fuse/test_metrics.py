@@ -316,6 +316,16 @@ def test_a_bad_address_is_a_usage_error(address: str) -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_a_bad_address_in_the_environment_is_one_line(tmp_path: Path) -> None:
+    env = _server_env(tmp_path, **{exporter.ENV: "localhost"})
+    done = subprocess.run([sys.executable, "-m", "weenvfs", "mountd"], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("weenv: error: $WEENV_METRICS: expected HOST:PORT or off, "
+                                   "got 'localhost'")
+    assert not Path(env[mountd.SOCKET_ENV]).exists()
+
+
 def _server_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """This process's environment with a socket of the test's own, $WEENV_METRICS unset
     (the suite sets it off), then `extra`."""
@@ -342,7 +352,7 @@ def stop_after(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Path]]:
 
 
 def test_a_taken_address_someone_chose_fails_the_server_in_one_line(
-        tmp_path: Path, stop_after: list[Path]) -> None:
+        tmp_path: Path, stop_after: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -357,7 +367,8 @@ def test_a_taken_address_someone_chose_fails_the_server_in_one_line(
         done = _run_server({**env, exporter.ENV: f"127.0.0.1:{port}"})
         assert done.returncode != 0 and "Address already in use" in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
-    with pytest.raises(WeenvError):
+    monkeypatch.setenv(mountd.SOCKET_ENV, env[mountd.SOCKET_ENV])
+    with pytest.raises(WeenvError):  # no server was left running
         mountd.check_running()
 
 

@@ -52,23 +52,25 @@ class Address:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
-def parse_address(text: str) -> Address | None:
+def parse_address(text: str, what: str = "--metrics") -> Address | None:
     """HOST:PORT ([V6]:PORT for IPv6; port 0: any free port), or None for `off`; UsageError
-    (one line) for anything else."""
+    (one line, naming `what` was wrong) for anything else."""
     if text.strip().lower() in OFF:
         return None
     host, sep, port = text.strip().rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise UsageError(f"--metrics: expected HOST:PORT or off, got {text!r}")
+        raise UsageError(f"{what}: expected HOST:PORT or off, got {text!r}")
     return Address(host, int(port))
 
 
 def choose(flag: str | None) -> tuple[Address | None, bool]:
     """The address to serve on and whether someone chose it (the flag, else $WEENV_METRICS)
     rather than it being the built-in default."""
-    chosen = flag if flag is not None else os.environ.get(ENV)
-    return parse_address(chosen or DEFAULT_METRICS), chosen is not None
+    if flag is not None:
+        return parse_address(flag), True
+    chosen = os.environ.get(ENV)
+    return parse_address(chosen or DEFAULT_METRICS, f"${ENV}"), chosen is not None
 
 
 def address_file(server_socket: Path) -> Path:
