@@ -165,6 +165,8 @@ def test_counters_are_the_sums_of_what_the_mounts_counted(
     assert value(later, "weenv_mounts", path="fuse") == 2
     for path, name, _ in COUNTERS:  # every counter is the sum of what `weenv stats` shows
         assert value(later, f"{name}_total") == counter_sum(docs, path), name
+    waits = value(later, "weenv_read_wait_seconds_count")
+    assert waits == counter_sum(docs, ("read_waits", "count")) > 0  # the cold reads waited
     buckets = [v for (name, labels), v in sorted(later.items(), key=_le)
                if name == "weenv_fetch_latency_seconds_bucket"]
     assert buckets == sorted(buckets) and buckets[-1] == requests  # cumulative

@@ -52,9 +52,15 @@ log = logging.getLogger(__name__)
 Identity = tuple[int, str]  # (pid, start time): one daemon, never a reused pid
 READ_TIMEOUT = 5.0  # seconds a scrape waits for the daemons' statistics
 FINISHED_MEMORY = 1 << 16  # daemons whose exit report arrived, remembered (bounded)
-# The histogram's buckets: the core histogram's doublings from 10 us to 2**25 * 10 us (335 s);
-# longer requests count in +Inf only.
+# The histograms' buckets: the core histogram's doublings from 10 us to 2**25 * 10 us (335 s);
+# longer durations count in +Inf only.
 LATENCY_BOUNDS = [doubling_bound(k) for k in range(26)]
+# Histograms of a statistics document's "fetch" part (core LatencyHistogram summaries).
+HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
+    ("fetch_latency", "weenv_fetch_latency_seconds", "Duration of successful store requests"),
+    ("read_waits", "weenv_read_wait_seconds",
+     "How long demand reads waited for a fetch (their own or one in flight)"),
+)
 
 # Counters of a statistics document's "fetch" part: (key path, metric name, help).
 COUNTERS: tuple[tuple[tuple[str, ...], str, str], ...] = (
@@ -82,15 +88,39 @@ COUNTERS: tuple[tuple[tuple[str, ...], str, str], ...] = (
 )
 
 
+class Histogram:
+    """Sums of core LatencyHistogram summaries: counts per doubling, count, total."""
+
+    def __init__(self) -> None:
+        self.doublings: list[int] = []
+        self.count = 0
+        self.seconds = 0.0
+
+    def add(self, doublings: list[int], count: int, seconds: float) -> None:
+        for k, n in enumerate(doublings):
+            if k >= len(self.doublings):
+                self.doublings.extend([0] * (k + 1 - len(self.doublings)))
+            self.doublings[k] += int(n)
+        self.count += count
+        self.seconds += seconds
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative (le, count) pairs over LATENCY_BOUNDS, then +Inf."""
+        out, seen = [], 0
+        for k, bound in enumerate(LATENCY_BOUNDS):
+            seen += self.doublings[k] if k < len(self.doublings) else 0
+            out.append((repr(bound), float(seen)))
+        out.append(("+Inf", float(self.count)))
+        return out
+
+
 class Totals:
-    """Sums of statistics documents: the counters, errors by kind, latency per doubling."""
+    """Sums of statistics documents: the counters, errors by kind, the histograms."""
 
     def __init__(self) -> None:
         self.counters: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
-        self.doublings: list[int] = []
-        self.latency_count = 0
-        self.latency_seconds = 0.0
+        self.histograms = {name: Histogram() for _, name, _ in HISTOGRAMS}
         self.unused_prefetched = 0  # prefetched chunks no read used (yet)
 
     def add(self, document: dict[str, Any]) -> None:
@@ -105,13 +135,11 @@ class Totals:
                 self.counters[name] += value
         for kind, n in (fetch.get("errors") or {}).items():
             self.errors[str(kind)] += int(n)
-        latency = fetch.get("fetch_latency") or {}
-        for k, n in enumerate(latency.get("per_doubling") or ()):
-            if k >= len(self.doublings):
-                self.doublings.extend([0] * (k + 1 - len(self.doublings)))
-            self.doublings[k] += int(n)
-        self.latency_count += int(latency.get("count") or 0)
-        self.latency_seconds += float(latency.get("total_ms") or 0.0) / 1000.0
+        for key, name, _ in HISTOGRAMS:
+            summary = fetch.get(key) or {}
+            self.histograms[name].add(list(summary.get("per_doubling") or ()),
+                                      int(summary.get("count") or 0),
+                                      float(summary.get("total_ms") or 0.0) / 1000.0)
         self.unused_prefetched += int((fetch.get("prefetch") or {}).get("waste") or 0)
 
     def plus(self, other: Totals) -> Totals:
@@ -120,23 +148,11 @@ class Totals:
         for part in (self, other):
             out.counters.update(part.counters)
             out.errors.update(part.errors)
-            out.latency_count += part.latency_count
-            out.latency_seconds += part.latency_seconds
             out.unused_prefetched += part.unused_prefetched
-            for k, n in enumerate(part.doublings):
-                if k >= len(out.doublings):
-                    out.doublings.append(0)
-                out.doublings[k] += n
+            for name, histogram in part.histograms.items():
+                out.histograms[name].add(histogram.doublings, histogram.count,
+                                         histogram.seconds)
         return out
-
-    def latency_buckets(self) -> list[tuple[str, float]]:
-        """Cumulative (le, count) pairs over LATENCY_BOUNDS, then +Inf."""
-        buckets, seen = [], 0
-        for k, bound in enumerate(LATENCY_BOUNDS):
-            seen += self.doublings[k] if k < len(self.doublings) else 0
-            buckets.append((repr(bound), float(seen)))
-        buckets.append(("+Inf", float(self.latency_count)))
-        return buckets
 
 
 class NodeCollector(Collector):
@@ -331,9 +347,10 @@ def _families(totals: Totals, unused: int, wasted: int) -> Iterator[Any]:
     for kind, n in sorted(totals.errors.items()):
         errors.add_metric([kind], n)
     yield errors
-    yield HistogramMetricFamily(
-        "weenv_fetch_latency_seconds", "Duration of successful store requests",
-        buckets=totals.latency_buckets(), sum_value=totals.latency_seconds)
+    for _, name, text in HISTOGRAMS:
+        histogram = totals.histograms[name]
+        yield HistogramMetricFamily(name, text, buckets=histogram.buckets(),
+                                    sum_value=histogram.seconds)
     yield GaugeMetricFamily("weenv_prefetch_unused_chunks", "Chunks prefetch brought in that "
                             "no read has used yet, in the live mounts", value=unused)
     yield CounterMetricFamily("weenv_prefetch_wasted_chunks", "Chunks prefetch brought in "

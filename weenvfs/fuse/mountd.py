@@ -49,14 +49,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from weenvfs.errors import WeenvError
 
 from . import daemon
-
-if TYPE_CHECKING:
-    from .exporter import Exporter
 
 log = logging.getLogger(__name__)
 
@@ -249,6 +246,19 @@ def _is_server(pid: int) -> bool:
 
 
 # -- server ---------------------------------------------------------------------------------
+
+
+class Exporter(Protocol):
+    """What the server needs of its metrics exporter (exporter.Exporter, which imports this
+    module: a protocol here keeps the imports one way)."""
+
+    @property
+    def socket(self) -> socket.socket | None:
+        """The listening socket, which every other forked child closes."""
+
+    def start(self, held: tuple[Any, ...]) -> bool: ...
+    def poll(self, held: tuple[Any, ...]) -> None: ...
+    def stop(self) -> None: ...
 
 
 class _Stop(Exception):
