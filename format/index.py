@@ -369,6 +369,8 @@ class GroupIndex:
     def xattrs(self, ino: int) -> list[tuple[bytes, bytes]]:
         """The extended attributes of `ino` as (key, value), sorted by key."""
         rec = self.inode(ino)
+        if not rec.xattr_count:
+            return []
         if rec.xattr_count > C.MAX_INODE_XATTRS:  # every key has a byte at least
             raise FormatError(f"inode {ino} xattrs", f"{rec.xattr_count} records")
         start = self.header.xattr_offset + rec.xattr_first * C.XATTR.size
