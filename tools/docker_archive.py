@@ -47,7 +47,7 @@ from .oci_docs import (
 )
 from .oci_layout import LayoutReader, short_image_name
 from .regular_file import open_regular
-from .staging import Staging, open_staging
+from .staging import Staging
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class DockerArchiveSource(ImageSource):
             return str(path)
         # Compressed archives are read by offset, so decompress once into a temporary file,
         # in a staging folder (staging.py) that the next conversion or gc removes if we die.
-        self._staging = open_staging(options.tmp_dir, "archive")
+        self._staging = Staging(options.tmp_dir, "archive")
         out = os.path.join(self._staging.path, "archive.tar")
         log.info("%s: decompressing the archive into %s", self.label, out)
         try:

@@ -44,7 +44,7 @@ from .oci_docs import (
 )
 from .progress import Progress
 from .registry_auth import Authenticator, config_creds, is_loopback
-from .staging import open_staging
+from .staging import Staging
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +287,7 @@ class RegistrySource(ImageSource):
         self.client = RegistryClient(self.ref, options)
         # Locked and named by our pid (staging.py): if we are killed, the next conversion
         # or `weenv gc` finds the downloads and removes them.
-        self._staging = open_staging(options.tmp_dir, "pull")
+        self._staging = Staging(options.tmp_dir, "pull")
         self._pool: ThreadPoolExecutor | None = None
         self._downloads: dict[str, Future[Path]] = {}
         self._progress: dict[str, int] = {}

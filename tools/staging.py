@@ -1,16 +1,16 @@
 """Where builds and conversions stage their files, and finding the stagings of ones that died.
 
-Owns: `Staging` folders (`open_staging`, or the context manager `staging_dir`): each creates
-`weenv-<kind>-<pid>-<random>` in the staging folder (`tmp_dir`, default the system's temp
-folder), holds an exclusive flock on the directory while its owner runs and is removed however
-the owner ends (short of SIGKILL). The kinds: `build` and `convert` (blob files), `pull` (layers
-downloaded from a registry) and `archive` (a compressed docker archive, decompressed). And
-`stale_stagings` / `remove_stale`, which find and remove the folders of owners that can no
-longer clean up after themselves. A staging folder is stale when
-its owner pid is not alive *and* its lock is free (the lock also covers builds in another pid
-namespace that share the folder), or, for the older folders without a pid, when it is older
-than the grace period. Every build and conversion sweeps its staging folder, and `weenv gc` lists
-and removes them in the system's temp folder.
+Owns: `Staging`, a folder `weenv-<kind>-<pid>-<random>` in the staging folder (`tmp_dir`,
+default the system's temp folder), locked (an exclusive flock) while its owner runs and
+removed by `close()` however the owner ends (short of SIGKILL); `staging_dir` is the context
+manager. The kinds: `build` and `convert` (blob files), `pull` (layers downloaded from a
+registry) and `archive` (a compressed docker archive, decompressed). And `stale_stagings` /
+`remove_stale`, which find and remove the folders of owners that can no longer clean up after
+themselves. A staging folder is stale when its owner pid is not alive *and* its lock is free
+(the lock also covers owners in another pid namespace that share the folder), or, for the
+older folders without a pid, when it is older than the grace period. Every build and
+conversion sweeps its staging folder, and `weenv gc` lists and removes them in the system's
+temp folder.
 
 Must not: touch anything in the folder whose name does not match, or follow symlinks.
 """
@@ -74,11 +74,6 @@ class Staging:
         shutil.rmtree(self.path, ignore_errors=True)
         os.close(self._fd)
         self._fd = None
-
-
-def open_staging(tmp_dir: Path | str | None, kind: str) -> Staging:
-    """A fresh, locked staging folder of `kind` in `tmp_dir`; the caller closes it."""
-    return Staging(tmp_dir, kind)
 
 
 @contextmanager
