@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -99,6 +100,12 @@ class _Server(ThreadingHTTPServer):
     ignore_range: bool
     chunked: bool
     requests: list[tuple[str, str, str | None]]
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that stops reading midway (a bounded read refusing a body) is expected;
+        anything else is printed as usual."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class RangeHTTPServer:
