@@ -10,6 +10,7 @@ import threading
 
 import zstandard
 
+from .constants import max_frame_size
 from .digest import digest_bytes
 from .errors import DigestMismatch, FormatError
 
@@ -72,7 +73,11 @@ def decode_chunk(frame: bytes | memoryview, digest: bytes, length: int) -> bytes
 
 
 def decompress_object(data: bytes | memoryview, what: str, limit: int) -> bytes:
-    """Decompress a whole zstd-compressed object (an index or a hint) of at most `limit` bytes."""
+    """Decompress a whole zstd-compressed object (an index, a hint, an image) of at most
+    `limit` bytes; the stored object itself may be at most `max_frame_size(limit)` bytes."""
+    stored = max_frame_size(limit)
+    if len(data) > stored:
+        raise FormatError(what, f"{len(data)} stored bytes exceed the limit {stored}")
     if bytes(data[:4]) != _ZSTD_MAGIC:  # also refuses a skippable frame, which holds no data
         raise FormatError(what, "not a zstd frame (bad magic)")
     try:

@@ -68,8 +68,11 @@ MAX_NAME = 255
 MAX_SYMLINK = 4095
 MAX_XATTR_KEY = 255
 MAX_XATTR_VALUE = 65536
-MAX_INDEX_SIZE = 1 << 32  # uncompressed index bytes
-MAX_CHUNK_SIZE = 64 << 20
+# Key and value bytes of all of one inode's xattrs: about what one EROFS inode can hold (its
+# i_xattr_icount reaches some 256 KiB). Records may share strings, so without this a small
+# index could make every getxattr or image of an inode materialize gigabytes.
+MAX_INODE_XATTRS = 256 << 10
+MAX_CHUNK_SIZE = 64 << 20  # largest chunk_size and chunk ulen (64x the default chunk size)
 MAX_BLOB_OFFSET = 1 << 63  # a chunk frame ends at or below this byte of its blob
 MIN_CHUNK_SIZE = 4 << 10
 DEFAULT_CHUNK_SIZE = 1 << 20
@@ -94,6 +97,36 @@ MAX_HINT_RECORDS = 1 << 22
 MANIFEST_SCHEMA = 1
 MANIFEST_SCHEMA_EROFS = 2  # schema 1 plus groups[].erofs (SPEC.md 8.1, 15.9)
 MANIFEST_MEDIA_TYPE = "application/vnd.weenv.manifest.v1+json"
-MAX_MANIFEST_SIZE = 4 << 20
-MAX_IMAGE_SIZE = 1 << 31  # uncompressed bytes of a published EROFS image (SPEC.md 15.9)
 MAX_GROUPS = 128
+
+# -- object size limits (SPEC.md 12.1) ------------------------------------------------------
+# Every reader bounds an object by its kind BEFORE it reads it whole or decompresses it, so a
+# hostile store cannot make a node allocate more than these; writers never exceed them.
+
+TAG_SIZE = 65  # a tag is exactly "<64 hex digits>\n" (SPEC.md 10): nothing longer is read
+MAX_MANIFEST_SIZE = 4 << 20  # 128 groups and a runtime config fit in well under 100 KiB
+# Raw (decompressed) bytes of one index: about 130 bytes per entry (measured: 46,733 entries,
+# 6.0 MB), so some 2 million files; a mount holds its indexes in memory.
+MAX_INDEX_SIZE = 256 << 20
+MAX_HINT_SIZE = 48 + 12 * MAX_HINT_RECORDS  # a full hint: header and MAX_HINT_RECORDS records
+assert HINT_HEADER.size + MAX_HINT_RECORDS * HINT_RECORD.size == MAX_HINT_SIZE
+# Raw bytes of an EROFS image (published, or derived by a node from an index): about the size
+# of its index for real trees (the one above: 6.0 MB), so twice MAX_INDEX_SIZE.
+MAX_IMAGE_SIZE = 2 * MAX_INDEX_SIZE
+# A zstd frame of n content bytes is at most n + n/128 + FRAME_SLACK bytes: twice zstd's own
+# worst case (ZSTD_compressBound: n + n/256 + 64) and far above raw blocks (3 bytes per
+# 128 KiB, a header of at most 18 and a checksum of 4).
+FRAME_SLACK = 1024
+
+
+def max_frame_size(content: int) -> int:
+    """The largest stored zstd frame of `content` bytes that a reader accepts: a chunk
+    record's `clen` for its `ulen`, a compressed object for its kind's raw limit."""
+    return content + (content >> 7) + FRAME_SLACK
+
+
+# The most bytes a reader reads of a whole stored object, by store kind (blobs are only ever
+# read by ranges: one frame, at most max_frame_size(MAX_CHUNK_SIZE), or a coalesced request).
+MAX_STORED_INDEX_SIZE = max_frame_size(MAX_INDEX_SIZE)
+MAX_STORED_HINT_SIZE = max_frame_size(MAX_HINT_SIZE)
+MAX_STORED_IMAGE_SIZE = max_frame_size(MAX_IMAGE_SIZE)

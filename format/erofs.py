@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import blake3
 
 from . import erofs_layout as L
+from .constants import MAX_IMAGE_SIZE
 from .errors import FormatError
 
 BLOCK_SIZE = 1 << L.EROFS_BLKSZBITS
@@ -33,8 +34,9 @@ _U32 = 1 << 32
 _S_IFMT = 0o170000
 _VERSION = L.EROFS_INODE_EXTENDED_VERSION
 _MIN_NS, _MAX_NS = -(1 << 63) * 10**9, (1 << 63) * 10**9  # i_mtime is a signed 64-bit second
-_INODE_SIZE = L.EROFS_INODE_EXTENDED.size
-_DIRENT_SIZE = L.EROFS_DIRENT.size
+INODE_SIZE = L.EROFS_INODE_EXTENDED.size
+DIRENT_SIZE = L.EROFS_DIRENT.size
+CHUNK_INDEX_SIZE = L.EROFS_CHUNK_INDEX.size
 _MAX_NAME = 255  # EROFS_NAME_LEN, also Linux NAME_MAX and XATTR_NAME_MAX
 _MAX_SYMLINK = 4095  # PATH_MAX - 1
 _MAX_XATTR_VALUE = 0xFFFF  # e_value_size is a u16
@@ -119,6 +121,8 @@ def write_image(inodes: Sequence[ErofsInode], device_blocks: int, device_tag: by
             plan.i_u, next_block = next_block, next_block + plan.blocks
     if next_block >= _U32:
         raise FormatError("image", f"{next_block} blocks exceed 32-bit block addresses")
+    if next_block * BLOCK_SIZE > MAX_IMAGE_SIZE:  # before allocating it
+        raise FormatError("image", f"{next_block * BLOCK_SIZE} bytes exceed {MAX_IMAGE_SIZE}")
     buf = bytearray(next_block * BLOCK_SIZE)
     ftypes = [_FTYPE[stat.S_IFMT(node.mode)] for node in inodes]
     nids = [plan.nid for plan in plans]
@@ -145,7 +149,7 @@ def write_image(inodes: Sequence[ErofsInode], device_blocks: int, device_tag: by
             node.nlink,
         )
         body = plan.body
-        start = pos + _INODE_SIZE
+        start = pos + INODE_SIZE
         if body:
             buf[start : start + len(body)] = body
         if plan.dirents is not None:
@@ -284,7 +288,7 @@ def _split_dirents(dirents: list[tuple[bytes, int]]) -> tuple[list[int], int]:
     splits = [0]
     used = 0
     for k, (name, _) in enumerate(dirents):
-        need = _DIRENT_SIZE + len(name)
+        need = DIRENT_SIZE + len(name)
         if used + need > BLOCK_SIZE:
             splits.append(k)
             used = 0
@@ -327,7 +331,7 @@ def _plan(i: int, node: ErofsInode, parents: list[int], device_blocks: int) -> _
         if not count:
             return _Plan(L.EROFS_INODE_FLAT_PLAIN, 0, 0, icount, xattrs)
         chunks = node.chunks
-        pad = b"\0" * (-(_INODE_SIZE + len(xattrs)) % L.EROFS_CHUNK_INDEX.size)
+        pad = b"\0" * (-(INODE_SIZE + len(xattrs)) % L.EROFS_CHUNK_INDEX.size)
         if count == 1 and chunks[0] != HOLE:
             indexes = L.EROFS_CHUNK_INDEX.pack(0, L.EROFS_DATA_DEVICE_ID, chunks[0])
         else:
@@ -346,7 +350,7 @@ def _plan(i: int, node: ErofsInode, parents: list[int], device_blocks: int) -> _
             raise FormatError("target", f"symlink {i} target of {size} bytes (1..4095 allowed)")
     blocks = -(-size // BLOCK_SIZE)
     tail = size - (blocks - 1) * BLOCK_SIZE
-    if _INODE_SIZE + len(xattrs) + tail > BLOCK_SIZE:  # the last block cannot follow the inode
+    if INODE_SIZE + len(xattrs) + tail > BLOCK_SIZE:  # the last block cannot follow the inode
         return _Plan(L.EROFS_INODE_FLAT_PLAIN, 0, size, icount, xattrs, 0, blocks, dirents, splits)
     if dirents is None:
         return _Plan(L.EROFS_INODE_FLAT_INLINE, 0, size, icount, xattrs + node.target)
@@ -365,8 +369,8 @@ def _place(plans: list[_Plan]) -> int:
     for plan in plans:
         pos += -pos % L.EROFS_ISLOT
         off = pos % BLOCK_SIZE
-        length = _INODE_SIZE + len(plan.body) + plan.tail
-        span = length if plan.layout == inline else _INODE_SIZE
+        length = INODE_SIZE + len(plan.body) + plan.tail
+        span = length if plan.layout == inline else INODE_SIZE
         if off + span > BLOCK_SIZE:
             pos += BLOCK_SIZE - off
         plan.nid = pos // L.EROFS_ISLOT
@@ -398,10 +402,10 @@ def _dir_bytes(plan: _Plan, nids: list[int], ftypes: list[int]) -> list[bytes]:
     bounds = [*splits, len(dirents)]
     for b in range(len(splits)):
         group = dirents[bounds[b] : bounds[b + 1]]
-        block = bytearray(_DIRENT_SIZE * len(group))
+        block = bytearray(DIRENT_SIZE * len(group))
         nameoff = len(block)
         for k, (name, child) in enumerate(group):
-            pack_into(block, k * _DIRENT_SIZE, nids[child], nameoff, ftypes[child])
+            pack_into(block, k * DIRENT_SIZE, nids[child], nameoff, ftypes[child])
             nameoff += len(name)
         block += b"".join(name for name, _ in group)
         out.append(bytes(block))

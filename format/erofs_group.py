@@ -23,7 +23,7 @@ import stat
 from typing import NamedTuple
 
 from . import erofs
-from .constants import CHUNK, CHUNK_ZERO
+from .constants import CHUNK, CHUNK_ZERO, MAX_IMAGE_SIZE
 from .device_layout import BLOCK_SIZE, DeviceLayout
 from .errors import FormatError
 from .index import ROOT_INODE, GroupIndex, Inode
@@ -74,6 +74,7 @@ class GroupImage:
         self.bits = chunk_bits(index.chunk_size)
         self._records: dict[int, Inode] = {}
         self._zero: bytes | None = None
+        self._bytes = 0  # a lower bound of the image's size so far (`_spend`)
 
     # -- the hooks ------------------------------------------------------------------------
 
@@ -119,6 +120,7 @@ class GroupImage:
             handle, position = pending.pop()
             view = self.directory(handle)
             entries, subdirs = [], 0
+            self._spend(erofs.INODE_SIZE + sum(len(v) + 4 for _, v in view.xattrs))
             for name, ino in self.index.entries(self.own(handle)):
                 rec = self.record(ino)
                 if rec.is_dir:
@@ -133,6 +135,7 @@ class GroupImage:
                     if n is None:
                         n = leaves[ino] = len(out)
                         out.append(self._leaf(ino, rec))
+                self._spend(erofs.DIRENT_SIZE + len(name))
                 entries.append((name, n))
             # nlink: exact within this layer (2 + subdirectories), as local file systems say.
             out[position] = erofs.ErofsInode(
@@ -141,12 +144,24 @@ class GroupImage:
         assert all(inode is not None for inode in out)
         return out  # type: ignore[return-value]
 
+    def _spend(self, size: int) -> None:
+        """Count `size` more bytes the image will hold at least; refuse past MAX_IMAGE_SIZE.
+
+        Index records may share strings and chunk ranges, so a small index can describe a
+        huge image: the refusal comes before the inodes that would hold it are built."""
+        self._bytes += size
+        if self._bytes > MAX_IMAGE_SIZE:
+            raise FormatError("EROFS image", f"would exceed {MAX_IMAGE_SIZE} bytes")
+
     def _leaf(self, ino: int, rec: Inode) -> erofs.ErofsInode:
+        self._spend(erofs.INODE_SIZE)
         if rec.whiteout:  # overlayfs' whiteout: a character device 0/0
             return erofs.ErofsInode(mode=WHITEOUT_MODE, uid=0, gid=0, nlink=1,
                                     mtime_ns=rec.mtime_ns)
         xattrs = own_xattrs(self.index.xattrs(ino)) if rec.xattr_count else ()
+        self._spend(sum(len(v) + 4 for _, v in xattrs))
         if rec.is_lnk:
+            self._spend(rec.data_count)  # the target's length
             return erofs.ErofsInode(rec.mode, rec.uid, rec.gid, rec.nlink, rec.mtime_ns,
                                     xattrs=xattrs, target=self.index.readlink(ino))
         if not rec.is_reg:
@@ -171,6 +186,7 @@ class GroupImage:
             return whole_file_bits(size), (erofs.HOLE if zero[first] else start,)
         if self.bits is None:  # chunks EROFS cannot mirror: one extent, zeros served
             return whole_file_bits(size), (start,)
+        self._spend(count * erofs.CHUNK_INDEX_SIZE)  # before building `count` block numbers
         step = 1 << self.bits
         return self.bits, tuple(erofs.HOLE if zero[first + k] else start + k * step
                                 for k in range(count))

@@ -45,8 +45,7 @@ def encode_hint(hint: Hint) -> bytes:
 
 def decode_hint(data: bytes) -> Hint:
     """Parse a stored hint, validating its header and size."""
-    limit = C.HINT_HEADER.size + C.MAX_HINT_RECORDS * C.HINT_RECORD.size
-    raw = decompress_object(data, "hint", limit)
+    raw = decompress_object(data, "hint", C.MAX_HINT_SIZE)
     if len(raw) < C.HINT_HEADER.size:
         raise FormatError("hint header", f"need {C.HINT_HEADER.size} bytes, got {len(raw)}")
     magic, version, _, manifest, count = C.HINT_HEADER.unpack_from(raw, 0)

@@ -241,6 +241,14 @@ class GroupIndex:
             )
         if rec.ulen > C.MAX_CHUNK_SIZE:
             raise FormatError(f"chunk {n} length", f"{rec.ulen} exceeds {C.MAX_CHUNK_SIZE}")
+        if rec.clen > C.max_frame_size(rec.ulen):
+            # Every reader fetches `clen` bytes before it can look at the frame: bound it by
+            # the plaintext it must hold, so a record cannot make one read allocate gigabytes.
+            raise FormatError(
+                f"chunk {n} clen",
+                f"{rec.clen} exceeds {C.max_frame_size(rec.ulen)}, the most a frame of "
+                f"{rec.ulen} bytes may take",
+            )
         return rec
 
     def blob_digest(self, n: int) -> str:
@@ -361,15 +369,25 @@ class GroupIndex:
     def xattrs(self, ino: int) -> list[tuple[bytes, bytes]]:
         """The extended attributes of `ino` as (key, value), sorted by key."""
         rec = self.inode(ino)
-        out = []
-        for n in range(rec.xattr_first, rec.xattr_first + rec.xattr_count):
-            koff, klen, voff, vlen = C.XATTR.unpack_from(
-                self._mv, self.header.xattr_offset + n * C.XATTR.size
-            )
+        if not rec.xattr_count:
+            return []
+        if rec.xattr_count > C.MAX_INODE_XATTRS:  # every key has a byte at least
+            raise FormatError(f"inode {ino} xattrs", f"{rec.xattr_count} records")
+        start = self.header.xattr_offset + rec.xattr_first * C.XATTR.size
+        table = self._mv[start : start + rec.xattr_count * C.XATTR.size]
+        # Lengths first, then strings: records may share strings, so refuse before copying.
+        records = list(C.XATTR.iter_unpack(table))
+        total = 0
+        for n, (_, klen, _, vlen) in enumerate(records, rec.xattr_first):
             if not 0 < klen <= C.MAX_XATTR_KEY or vlen > C.MAX_XATTR_VALUE:
                 raise FormatError(f"xattr {n}", f"key length {klen} or value length {vlen}")
-            out.append((self._string(koff, klen, "xattr key"), self._string(voff, vlen, "xattr")))
-        return out
+            total += klen + vlen
+        if total > C.MAX_INODE_XATTRS:
+            raise FormatError(f"inode {ino} xattrs", f"{total} bytes exceed {C.MAX_INODE_XATTRS}")
+        return [
+            (self._string(koff, klen, "xattr key"), self._string(voff, vlen, "xattr"))
+            for koff, klen, voff, vlen in records
+        ]
 
     def file_chunks(self, ino: int) -> range:
         """The chunk numbers holding regular file `ino`'s data, in file order.

@@ -144,7 +144,7 @@ def _check_chunks(node: Node, chunk_size: int) -> None:
             raise FormatError("chunk ref", "a zero chunk has no offset or compressed length")
         if c.blob is not None:
             check_digest(c.blob, "chunk ref blob")
-        if not (0 <= c.offset < _U64 and 0 <= c.clen < _U32):
+        if not (0 <= c.offset < _U64 and 0 <= c.clen <= C.max_frame_size(c.ulen)):
             raise FormatError("chunk ref", f"offset {c.offset} or length {c.clen} out of range")
     if not chunks:
         bad = node.size != 0 and stat.S_ISREG(node.mode)
@@ -189,6 +189,9 @@ def _check_node(node: Node, chunk_size: int) -> None:
     for key, value in node.xattrs.items():
         if not 0 < len(key) <= C.MAX_XATTR_KEY or len(value) > C.MAX_XATTR_VALUE:
             raise FormatError("xattr", f"key or value too long: {key!r:.80}")
+    total = sum(len(key) + len(value) for key, value in node.xattrs.items())
+    if total > C.MAX_INODE_XATTRS:
+        raise FormatError("xattrs", f"{total} bytes on one entry exceed {C.MAX_INODE_XATTRS}")
 
 
 def encode_index(root: Node, chunk_size: int = C.DEFAULT_CHUNK_SIZE) -> bytes:

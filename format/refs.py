@@ -15,10 +15,21 @@ from __future__ import annotations
 
 import re
 
+from . import constants as C
 from .digest import check_digest
 from .errors import FormatError
 
 KINDS = ("blobs", "indexes", "manifests", "hints", "erofs")
+# The most bytes a reader reads of a whole stored object of each kind (SPEC.md 12.1). Blobs
+# have none: readers fetch ranges of frames, whose length the index bounds, and hash a whole
+# blob streamed (no reader of this project holds one in memory).
+STORED_LIMITS: dict[str, int | None] = {
+    "blobs": None,
+    "indexes": C.MAX_STORED_INDEX_SIZE,
+    "manifests": C.MAX_MANIFEST_SIZE,
+    "hints": C.MAX_STORED_HINT_SIZE,
+    "erofs": C.MAX_STORED_IMAGE_SIZE,
+}
 TAG_KINDS = ("groups", "envs", "hints")
 DEFAULT_TAG = "latest"
 
@@ -34,6 +45,14 @@ def object_key(kind: str, digest: str) -> str:
     if kind not in KINDS:
         raise ValueError(f"unknown object kind {kind!r}")
     return f"{kind}/{check_digest(digest)}"
+
+
+def stored_limit(kind: str) -> int | None:
+    """The most bytes of a whole object of `kind` (one of KINDS) a reader reads: a larger
+    one is refused unread. None for blobs."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown object kind {kind!r}")
+    return STORED_LIMITS[kind]
 
 
 def check_name(name: str, what: str = "name") -> str:
@@ -86,6 +105,8 @@ def encode_tag(digest: str) -> bytes:
 
 def decode_tag(data: bytes) -> str:
     """The digest a stored tag points at."""
+    if len(data) > C.TAG_SIZE:
+        raise FormatError("tag", f"{len(data)} bytes, more than the {C.TAG_SIZE} of a tag")
     try:
         text = data.decode("ascii")
     except UnicodeDecodeError:

@@ -69,9 +69,11 @@ RULES: dict[str, Rule] = {
         {"boto3", "botocore", "requests", "urllib3"} | CODEC, {"format", "errors", "units"}
     ),
     "core": _rule({"trio"} | CODEC, {"format", "store", "errors", "units"}),
+    # prometheus_client: the node's metrics (fuse/metrics.py, fuse/exporter.py), which the
+    # node service and, above the runtime, the containerd snapshotter serve.
     "fuse": _rule(
-        {"pyfuse3", "trio", "setproctitle"}, {"core", "store", "errors", "units"},
-        store={"weenvfs.store"},
+        {"pyfuse3", "trio", "setproctitle", "prometheus_client"},
+        {"core", "store", "errors", "units"}, store={"weenvfs.store"},
     ),
     "runtime": _rule({"trio"}, {"core", "fuse", "store", "provision", "errors", "units"}),
     "tools": _rule({"requests", "urllib3"} | CODEC, {"format", "store", "errors", "units"}),
@@ -423,6 +425,8 @@ def test_cycle_check_catches_a_cycle_held_by_a_lazy_import() -> None:
         ("fuse", "weenvfs.fuse.mountd", "def f():\n    from weenvfs.store import s3", ["only"]),
         ("fuse", "weenvfs.fuse.mount", "from weenvfs import store", []),
         ("fuse", "weenvfs.fuse.mount", "import boto3", ["third-party 'boto3'"]),
+        ("fuse", "weenvfs.fuse.metrics", "from prometheus_client import core", []),
+        ("core", "weenvfs.core.stats", "import prometheus_client", ["'prometheus_client'"]),
         ("runtime", "weenvfs.runtime.env", "import boto3", ["third-party 'boto3'"]),
         # The Python API must not depend on the CLI: no command module of another package.
         ("runtime", "weenvfs.runtime.mounts", "from weenvfs.fuse.commands import mount_args",

@@ -33,6 +33,7 @@ from .layout import load_layout_order
 from .oci_docs import Platform, short_digest
 from .progress import Progress
 from .registry_auth import parse_creds
+from .staging import remove_stale
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -159,6 +160,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         tmp_dir=str(args.tmp_dir) if args.tmp_dir else None,
     )
     progress = Progress.quiet() if args.quiet or args.json else Progress()
+    # What a killed conversion left (downloads, a decompressed archive, blobs), before this
+    # one stages anything: even a conversion that reuses every group cleans up.
+    remove_stale(args.tmp_dir)
     with open_image_source(args.source, source_options) as source:
         assert options.platform is not None
         image = source.resolve(options.platform)  # auth and manifest before any write

@@ -381,7 +381,7 @@ def _gc_lines(report: gc_mod.GcReport, url: str, delete: bool) -> Iterator[str]:
         yield f"{verb:<12} {path}: a stale temp file ({format_size(size)})"
     for staging in report.stale_staging:
         yield (
-            f"{verb:<12} {staging.path}: the staging of a build that died "
+            f"{verb:<12} {staging.path}: the staging of a build or conversion that died "
             f"({format_size(staging.size)})"
         )
     if report.young:

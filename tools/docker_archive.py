@@ -27,7 +27,6 @@ import posixpath
 import re
 import shutil
 import tarfile
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -48,6 +47,7 @@ from .oci_docs import (
 )
 from .oci_layout import LayoutReader, short_image_name
 from .regular_file import open_regular
+from .staging import Staging
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class DockerArchiveSource(ImageSource):
         label = f"docker-archive:{path}" + (f":{ref}" if ref else "")
         super().__init__(label)
         self.ref = ref
-        self._tmpdir: str | None = None
+        self._staging: Staging | None = None
         self._path = self._plain_tar(path, options or SourceOptions())
         self._members = self._index()
         self.layout = LayoutReader(label, self._open_member, self._member_size)
@@ -118,9 +118,10 @@ class DockerArchiveSource(ImageSource):
             raise SourceError(f"{self.label}: cannot open {path}: {e.strerror}") from None
         if head[:2] != b"\x1f\x8b" and head != b"\x28\xb5\x2f\xfd":
             return str(path)
-        # Compressed archives are read by offset, so decompress once into a temporary file.
-        self._tmpdir = tempfile.mkdtemp(prefix="weenv-archive-", dir=options.tmp_dir)
-        out = os.path.join(self._tmpdir, "archive.tar")
+        # Compressed archives are read by offset, so decompress once into a temporary file,
+        # in a staging folder (staging.py) that the next conversion or gc removes if we die.
+        self._staging = Staging(options.tmp_dir, "archive")
+        out = os.path.join(self._staging.path, "archive.tar")
         log.info("%s: decompressing the archive into %s", self.label, out)
         try:
             with open_regular(path, follow=True) as raw, open(out, "wb") as dst:
@@ -177,9 +178,9 @@ class DockerArchiveSource(ImageSource):
         return io.BufferedReader(_Slice(self._path, m.offset_data, m.size), 1 << 20)
 
     def close(self) -> None:
-        if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
 
     # -- ImageSource ----------------------------------------------------------------------------
 

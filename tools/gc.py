@@ -24,8 +24,9 @@ under blobs/, indexes/, manifests/ and hints/, and the safety rules:
 - Deletion goes top-down (manifests, hints, indexes, then blobs), so an interrupted gc never
   leaves a manifest whose indexes are gone. Stale temp files of crashed writers older than
   `grace` are listed when the store offers `stale_temp(max_age)` (local stores) and, with
-  `delete=True`, removed by its `cleanup_temp(max_age)`. The staging folders of builds that
-  died (staging.py) in the system's temp folder are listed and, with `delete=True`, removed.
+  `delete=True`, removed by its `cleanup_temp(max_age)`. The staging folders of builds and
+  conversions that died (staging.py: blobs, registry downloads, decompressed archives) in the
+  system's temp folder are listed and, with `delete=True`, removed.
 
 Keys under those prefixes that are not digests are never touched (reported as unknown).
 Must not: delete tags, or anything when the mark phase failed.
@@ -48,7 +49,7 @@ from weenvfs.store.base import Store
 from weenvfs.store.local import LocalStore
 from weenvfs.store.repository import Repository
 
-from .staging import LEGACY_GRACE, Staging, remove_stale, stale_stagings
+from .staging import LEGACY_GRACE, StaleStaging, remove_stale, stale_stagings
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class GcReport:
     deleted: int = 0
     temp_removed: int | None = None
     stale_temp: list[tuple[str, int]] = field(default_factory=list)  # (path in the store, size)
-    stale_staging: list[Staging] = field(default_factory=list)
+    stale_staging: list[StaleStaging] = field(default_factory=list)
 
     @property
     def unreferenced_bytes(self) -> int:

@@ -19,8 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +44,7 @@ from .oci_docs import (
 )
 from .progress import Progress
 from .registry_auth import Authenticator, config_creds, is_loopback
+from .staging import Staging
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +285,9 @@ class RegistrySource(ImageSource):
         self.ref = Reference.parse(text)
         super().__init__(str(self.ref))
         self.client = RegistryClient(self.ref, options)
-        self._tmpdir = tempfile.mkdtemp(prefix="weenv-pull-", dir=options.tmp_dir)
+        # Locked and named by our pid (staging.py): if we are killed, the next conversion
+        # or `weenv gc` finds the downloads and removes them.
+        self._staging = Staging(options.tmp_dir, "pull")
         self._pool: ThreadPoolExecutor | None = None
         self._downloads: dict[str, Future[Path]] = {}
         self._progress: dict[str, int] = {}
@@ -314,7 +315,7 @@ class RegistrySource(ImageSource):
         return verify_bytes(data, desc.digest, f"{self.ref} blob")
 
     def _download(self, desc: Descriptor) -> Path:
-        dest = Path(self._tmpdir) / desc.digest.replace(":", "-")
+        dest = self._staging.path / desc.digest.replace(":", "-")
 
         def count(n: int) -> None:
             with self._lock:
@@ -378,4 +379,4 @@ class RegistrySource(ImageSource):
         self.client.closing.set()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
-        shutil.rmtree(self._tmpdir, ignore_errors=True)
+        self._staging.close()

@@ -1,15 +1,16 @@
-"""Where builds and conversions stage their blob files, and finding the stagings of ones that
-died.
+"""Where builds and conversions stage their files, and finding the stagings of ones that died.
 
-Owns: `staging_dir`, a context manager that creates `weenv-build-<pid>-<random>` (or
-`weenv-convert-...`) in the staging folder (`tmp_dir`, default the system's temp folder),
-holds an exclusive flock on the directory while the build runs and removes it however the
-build ends (short of SIGKILL); and `stale_stagings` / `remove_stale`, which find and remove the
-folders of builds that can no longer clean up after themselves. A staging folder is stale when
-its owner pid is not alive *and* its lock is free (the lock also covers builds in another pid
-namespace that share the folder), or, for the older folders without a pid, when it is older
-than the grace period. Every build and conversion sweeps its staging folder, and `weenv gc` lists
-and removes them in the system's temp folder.
+Owns: `Staging`, a folder `weenv-<kind>-<pid>-<random>` in the staging folder (`tmp_dir`,
+default the system's temp folder), locked (an exclusive flock) while its owner runs and
+removed by `close()` however the owner ends (short of SIGKILL); `staging_dir` is the context
+manager. The kinds: `build` and `convert` (blob files), `pull` (layers downloaded from a
+registry) and `archive` (a compressed docker archive, decompressed). And `stale_stagings` /
+`remove_stale`, which find and remove the folders of owners that can no longer clean up after
+themselves. A staging folder is stale when its owner pid is not alive *and* its lock is free
+(the lock also covers owners in another pid namespace that share the folder), or, for the
+older folders without a pid, when it is older than the grace period. Every build and
+conversion sweeps its staging folder, and `weenv gc` lists and removes them in the system's
+temp folder.
 
 Must not: touch anything in the folder whose name does not match, or follow symlinks.
 """
@@ -33,15 +34,16 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 PREFIX = "weenv-"
-KINDS = ("build", "convert")
-_CURRENT = re.compile(r"weenv-(?:build|convert)-(\d+)-[A-Za-z0-9_]+")
+KINDS = ("build", "convert", "pull", "archive")
+_KIND = "(?:" + "|".join(KINDS) + ")"
+_CURRENT = re.compile(rf"weenv-{_KIND}-(\d+)-[A-Za-z0-9_]+")
 # The names tempfile.mkdtemp gave stagings before: no pid, no lock.
-_LEGACY = re.compile(r"weenv-(?:build|convert)-[A-Za-z0-9_]{8}")
+_LEGACY = re.compile(rf"weenv-{_KIND}-[A-Za-z0-9_]{{8}}")
 LEGACY_GRACE = 3600.0
 
 
 @dataclass(frozen=True)
-class Staging:
+class StaleStaging:
     """A stale staging folder and the bytes it holds."""
 
     path: Path
@@ -52,24 +54,41 @@ def staging_parent(tmp_dir: Path | str | None) -> Path:
     return Path(tmp_dir) if tmp_dir is not None else Path(tempfile.gettempdir())
 
 
+class Staging:
+    """A fresh staging folder of a `kind` (one of KINDS), locked until `close()` removes it.
+
+    For owners that outlive one `with` block (an image source holds its downloads until it is
+    closed); `staging_dir` is the context manager."""
+
+    def __init__(self, tmp_dir: Path | str | None, kind: str) -> None:
+        assert kind in KINDS, kind
+        self.path = Path(tempfile.mkdtemp(prefix=f"weenv-{kind}-{os.getpid()}-", dir=tmp_dir))
+        self._fd: int | None = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # Until the lock is taken, our pid (alive) in the name keeps sweepers away.
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def close(self) -> None:
+        """Remove the folder and release its lock (once; later calls do nothing)."""
+        if self._fd is None:
+            return
+        shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self._fd)
+        self._fd = None
+
+
 @contextmanager
 def staging_dir(tmp_dir: Path | str | None, kind: str = "build") -> Iterator[Path]:
     """A fresh, locked staging folder of a `kind` (one of KINDS), removed on exit."""
-    assert kind in KINDS, kind
-    workdir = Path(tempfile.mkdtemp(prefix=f"weenv-{kind}-{os.getpid()}-", dir=tmp_dir))
-    fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    staging = Staging(tmp_dir, kind)
     try:
-        # Until the lock is taken, our pid (alive) in the name keeps sweepers away.
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield workdir
+        yield staging.path
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-        os.close(fd)
+        staging.close()
 
 
 def stale_stagings(
     tmp_dir: Path | str | None, grace: float = LEGACY_GRACE, now: float | None = None
-) -> list[Staging]:
+) -> list[StaleStaging]:
     """The stale staging folders in `tmp_dir` (default: the system's temp folder)."""
     parent = staging_parent(tmp_dir)
     now = time.time() if now is None else now
@@ -81,13 +100,13 @@ def stale_stagings(
     for name in names:
         path = parent / name
         if _is_stale(path, name, grace, now):
-            out.append(Staging(path, _tree_size(path)))
+            out.append(StaleStaging(path, _tree_size(path)))
     return out
 
 
 def remove_stale(
     tmp_dir: Path | str | None, grace: float = LEGACY_GRACE, now: float | None = None
-) -> list[Staging]:
+) -> list[StaleStaging]:
     """Remove the stale staging folders in `tmp_dir`; returns what was removed."""
     removed = []
     for staging in stale_stagings(tmp_dir, grace, now):
@@ -99,7 +118,7 @@ def remove_stale(
         finally:
             os.close(fd)
         if not staging.path.exists():
-            log.info("removed the stale build staging %s (%d bytes)", staging.path, staging.size)
+            log.info("removed the stale staging %s (%d bytes)", staging.path, staging.size)
             removed.append(staging)
     return removed
 

@@ -1,16 +1,17 @@
 """`weenv verify`: check the whole chain of trust of an environment or a group.
 
-Owns: the list of checks and how each problem is reported. Manifest: present, hashes to its
-digest, decodes. Each index: present, hashes, decodes, and every record validates (every inode,
-directory entry, chunk, xattr and file-digest record; names sorted and well formed; every inode
-reachable as often as its link count says; multi-chunk files cut at the chunk size). Each blob
-an index names: present, and every chunk frame lies inside it. Unless `quick`: every blob is
-hashed whole against its digest (streamed in 8 MiB pieces, so a 10 GB blob costs bounded
-memory; junk no chunk record names shows only here), every chunk frame is fetched,
-decompressed and checked against its digest (zero chunks against the digest of zeros), and
-each file with a whole-file digest is hashed; the report lists what `quick` skips. The
-manifest's hint, if any: present, hashes, decodes, is bound to the manifest (SPEC 9.3) and
-names existing chunks.
+Owns: the list of checks and how each problem is reported. Every object is first checked
+against its kind's size limit (SPEC 12.1) and refused unread if larger. Manifest: present,
+hashes to its digest, decodes. Each index: present, hashes, decodes, and every record
+validates (every inode, directory entry, chunk, xattr and file-digest record; names sorted and
+well formed; every inode reachable as often as its link count says; multi-chunk files cut at
+the chunk size). Each blob an index names: present, and every chunk frame lies inside it.
+Unless `quick`: every blob is hashed whole against its digest (streamed in 8 MiB pieces, so a
+10 GB blob costs bounded memory; junk no chunk record names shows only here), every chunk
+frame is fetched, decompressed and checked against its digest (zero chunks against the
+digest of zeros), and each file with a whole-file digest is hashed; the report lists what
+`quick` skips. The manifest's hint, if any: present, hashes, decodes, is bound to the
+manifest (SPEC 9.3) and names existing chunks.
 
 Every problem is collected (one line each) rather than stopping at the first; only an
 unreachable store aborts the run. A chunk shared by several groups is fetched once. Must not:
@@ -27,7 +28,7 @@ from typing import Any
 
 import blake3
 
-from weenvfs.errors import ObjectMissing, StoreError, StoreUnavailable
+from weenvfs.errors import ObjectMissing, ObjectTooLarge, StoreError, StoreUnavailable
 from weenvfs.format.chunk import decompress_object
 from weenvfs.format.constants import MAX_IMAGE_SIZE
 from weenvfs.format.digest import digest_bytes, digest_hex, short
@@ -36,7 +37,7 @@ from weenvfs.format.errors import FormatError
 from weenvfs.format.hints import decode_hint
 from weenvfs.format.index import ROOT_INODE, GroupIndex, Inode
 from weenvfs.format.manifest import Manifest, decode_manifest, encode_manifest
-from weenvfs.format.refs import object_key
+from weenvfs.format.refs import object_key, stored_limit
 from weenvfs.format.validate import check_tree
 from weenvfs.store.repository import Repository
 
@@ -247,9 +248,13 @@ class Verifier:
         """The verified bytes of an object, or None after reporting why not."""
         key = object_key(kind, digest)
         try:
-            data = self.store.get(key)
+            data = self.store.get(key, stored_limit(kind))
         except ObjectMissing:
             self._problem(key, f"{what} is missing")
+            return None
+        except ObjectTooLarge as error:
+            size = f"{error.size} bytes" if error.size is not None else "larger"
+            self._problem(key, f"{what} is {size}, over the limit of {error.limit} (not read)")
             return None
         actual = digest_hex(data)
         if actual != digest:

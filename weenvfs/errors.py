@@ -57,6 +57,17 @@ class ObjectCorrupt(StoreError):
     """An object's bytes do not match its digest."""
 
 
+class ObjectTooLarge(StoreError):
+    """An object is larger than a reader of its kind reads (SPEC.md 12.1); refused unread."""
+
+    def __init__(self, key: str, store: str, limit: int, size: int | None = None) -> None:
+        has = f"is {size} bytes" if size is not None else "is larger than that"
+        super().__init__(f"object {key!r} in {store} {has}: refused, the limit is {limit}")
+        self.key = key
+        self.limit = limit
+        self.size = size
+
+
 class RefNotFound(WeenvError):
     """No such environment or group."""
 

@@ -59,3 +59,16 @@ def test_a_directory_hardlink_is_refused_at_load(tmp_path: Path) -> None:
         for layer in (None, 0):
             with pytest.raises(FormatError, match="reachable by more than one path"):
                 open_environment(store, "bad", layer)
+
+
+def test_an_index_named_by_several_groups_is_loaded_once(tmp_path: Path) -> None:
+    """A manifest can name one index up to MAX_GROUPS times; the mount holds it once."""
+    with LocalStore(tmp_path / "store", create=True) as store:
+        repo = Repository(store)
+        index = repo.put_object("indexes", compress_object(_tree()))
+        groups = tuple(GroupRef(f"g{n}", index) for n in range(C.MAX_GROUPS))
+        repo.set_tag("envs", "many", "latest",
+                     repo.put_object("manifests", encode_manifest(Manifest(groups))))
+        tree = open_environment(store, "many").tree
+        assert len(tree.groups) == C.MAX_GROUPS
+        assert all(group is tree.groups[0] for group in tree.groups)

@@ -341,10 +341,21 @@ def _chunk_of(path: bytes, k: int = 0) -> int:
         (2, {"ulen": 11}, "length is not"),
         (0, {"offset": 2**64 - 1}, "outside 0..2**63"),
         (0, {"offset": 2**63 - 50}, "outside 0..2**63"),
+        (0, {"clen": C.max_frame_size(CS) + 1}, " clen: "),
+        (0, {"clen": C.MAX_U32}, f"{C.MAX_U32} exceeds {C.max_frame_size(CS)}"),
+        (2, {"clen": C.max_frame_size(10) + 1}, "the most a frame of 10 bytes may take"),
     ],
 )
 def test_chunk_rules(k: int, fields: dict[str, int], what: str) -> None:
     refused(record("chunk", _chunk_of(b"big", k), **fields), what)
+
+
+def test_a_frame_at_its_bound_is_accepted() -> None:
+    """clen may be anything up to max_frame_size(ulen): the bound refuses only past it."""
+    n = _chunk_of(b"big")
+    index = GroupIndex(record("chunk", n, clen=C.max_frame_size(CS)))
+    assert index.chunk(n).clen == C.max_frame_size(CS)
+    assert exercise(index) == 8
 
 
 def test_zero_chunk_needs_its_incompat_bit() -> None:
@@ -383,6 +394,28 @@ def test_file_spans_are_exact() -> None:
 )
 def test_xattr_rules(fields: dict[str, int]) -> None:
     refused(record("xattr", 0, **fields), "xattr")
+
+
+def test_an_inodes_xattrs_are_bounded_before_any_string_is_copied() -> None:
+    """Records may share strings: 8 records naming one 60 KiB value are 480 KiB of xattrs
+    from a few hundred bytes of records; the inode is refused, nothing copied."""
+    root = Node(DIR)
+    root.children[b"big"] = Node(REG, xattrs={b"user.v": b"v" * (60 << 10)})
+    root.children[b"many"] = Node(REG, xattrs={b"user.%d" % k: b"x" for k in range(8)})
+    raw = encode_index(root, CS)
+    index = GroupIndex(raw)
+    many, big = index.resolve(b"many"), index.resolve(b"big")
+    assert many is not None and big is not None
+    first = index.inode(big).xattr_first
+    shared = C.XATTR.unpack_from(raw, index.header.xattr_offset + first * C.XATTR.size)
+    for n in range(8):
+        raw = record("xattr", index.inode(many).xattr_first + n, raw,
+                     value_offset=shared[2], value_length=shared[3])
+    index = GroupIndex(raw)
+    assert len(index.xattrs(big)[0][1]) == 60 << 10
+    total = 8 * (len(b"user.0") + (60 << 10))
+    with pytest.raises(FormatError, match=f"inode {many} xattrs: {total} bytes exceed"):
+        index.xattrs(many)
 
 
 def test_file_digest_inode_range() -> None:

@@ -108,6 +108,12 @@ BAD_TREES = {
     "zero with offset": _with(Node(REG, size=4, chunks=[ChunkRef(bytes(32), None, 5, 0, 4)])),
     "bad blob name": _with(Node(REG, size=4, chunks=[ChunkRef(bytes(32), "AB" * 32, 0, 9, 4)])),
     "short digest": _with(Node(REG, size=4, chunks=[ChunkRef(b"x", BLOB, 0, 9, 4)])),
+    "frame over its bound": _with(
+        Node(REG, size=4, chunks=[ChunkRef(bytes(32), BLOB, 0, C.max_frame_size(4) + 1, 4)])
+    ),
+    "xattrs over the inode limit": _with(
+        Node(REG, xattrs={b"user.%d" % k: bytes(65536) for k in range(4)})
+    ),
     "root not a dir": Node(REG),
 }
 

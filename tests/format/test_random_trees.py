@@ -46,7 +46,8 @@ def _ref(rng: random.Random, ulen: int, blobs: list[str], zero: bool = False) ->
     if zero:
         return ChunkRef(digest, None, 0, 0, ulen)
     return ChunkRef(
-        digest, rng.choice(blobs), rng.randrange(1 << 40), rng.randint(9, 1 << 20), ulen
+        digest, rng.choice(blobs), rng.randrange(1 << 40),
+        rng.randint(9, C.max_frame_size(ulen)), ulen,
     )
 
 

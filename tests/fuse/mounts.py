@@ -48,6 +48,24 @@ def run_weenv(*args: str, check: bool = True) -> subprocess.CompletedProcess[str
     return done
 
 
+def refused_mount(ref: str, store: Path | str, tmp_path: Path) -> str:
+    """`weenv mount REF` that must be refused: one `weenv: error:` line, a non-zero exit and
+    nothing mounted; returns the line. Unmounts anyway, should a regression mount it."""
+    mp = tmp_path / "refused-mp"
+    mp.mkdir(exist_ok=True)
+    try:
+        done = run_weenv("--log-file", str(tmp_path / "refused-mount.log"), "mount", ref,
+                         str(mp), "--store", str(store), "--cache", str(tmp_path / "cache"),
+                         check=False)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode != 0 and len(lines) == 1, done.stderr
+        assert lines[0].startswith("weenv: error:"), lines[0]
+        assert not os.path.ismount(mp)
+        return lines[0]
+    finally:
+        force_unmount(mp)
+
+
 def publish(
     store_dir: Path,
     sources: Sequence[Path],

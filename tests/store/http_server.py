@@ -6,13 +6,15 @@ ranges get the whole file as 200), a directory without its trailing slash is red
 (301, like nginx and Apache), a directory with it answers 200 with a short listing page, and
 anything missing 404. HTTP/1.1 keep-alive, one thread per connection, 127.0.0.1 only.
 `ignore_range = True` makes it answer every Range request with the whole file, as some
-servers do.
+servers do; `chunked = True` sends whole-file answers without a Content-Length, in chunked
+transfer encoding, as servers that stream do.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -50,7 +52,19 @@ class _Handler(BaseHTTPRequestHandler):
         wanted = self.headers.get("Range")
         if wanted and not self.server.ignore_range:
             return self._ranged(data, wanted, send_body)
+        if self.server.chunked:
+            return self._chunked(data, send_body)
         self._answer(200, data, send_body)
+
+    def _chunked(self, data: bytes, send_body: bool) -> None:
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        if send_body:
+            for at in range(0, len(data), 64 << 10):
+                piece = data[at : at + (64 << 10)]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.write(b"0\r\n\r\n")
 
     def _ranged(self, data: bytes, wanted: str, send_body: bool) -> None:
         size = len(data)
@@ -84,7 +98,14 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     root: str
     ignore_range: bool
+    chunked: bool
     requests: list[tuple[str, str, str | None]]
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that stops reading midway (a bounded read refusing a body) is expected;
+        anything else is printed as usual."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class RangeHTTPServer:
@@ -94,6 +115,7 @@ class RangeHTTPServer:
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.root = str(root)
         self._server.ignore_range = False
+        self._server.chunked = False
         self._server.requests = []
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
@@ -122,6 +144,15 @@ class RangeHTTPServer:
     @ignore_range.setter
     def ignore_range(self, value: bool) -> None:
         self._server.ignore_range = value
+
+    @property
+    def chunked(self) -> bool:
+        """Whether whole-file answers go without a Content-Length (chunked encoding)."""
+        return self._server.chunked
+
+    @chunked.setter
+    def chunked(self, value: bool) -> None:
+        self._server.chunked = value
 
     def start(self) -> RangeHTTPServer:
         """Start serving."""

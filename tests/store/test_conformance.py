@@ -19,6 +19,7 @@ import pytest
 
 from weenvfs.store import (
     ObjectMissing,
+    ObjectTooLarge,
     Store,
     StoreError,
     StoreUnavailable,
@@ -62,6 +63,25 @@ def test_put_same_content_twice_is_harmless(store: Store) -> None:
     store.put("blobs/ff00", b"same")
     assert store.get("blobs/ff00") == b"same"
     assert list(store.list()) == ["blobs/ff00"]
+
+
+def test_get_with_a_limit_refuses_a_larger_object(store: Store, writer: Store) -> None:
+    """A bounded read (SPEC.md 12.1) returns an object up to the limit and refuses a larger
+    one with ObjectTooLarge, naming the key, its size where known, and the limit."""
+    data = payload(5 * MiB + 3, seed=11)
+    writer.put("manifests/big", data)
+    writer.put("tags/env/x/empty", b"")
+    assert store.get("manifests/big", len(data)) == data
+    assert store.get("manifests/big", None) == data
+    assert store.get("tags/env/x/empty", 0) == b""
+    for limit in (0, MiB, len(data) - 1):
+        with pytest.raises(ObjectTooLarge) as info:
+            store.get("manifests/big", limit)
+        assert info.value.key == "manifests/big" and info.value.limit == limit
+        assert info.value.size in (None, len(data))
+        assert f"limit is {limit}" in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ObjectMissing):
+        store.get("manifests/none", MiB)
 
 
 def test_get_missing_raises_object_missing(store: Store) -> None:

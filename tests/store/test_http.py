@@ -12,7 +12,13 @@ import pytest
 from fault_proxy import FaultProxy
 from http_server import RangeHTTPServer
 
-from weenvfs.errors import ObjectCorrupt, ObjectMissing, StoreError, StoreUnavailable
+from weenvfs.errors import (
+    ObjectCorrupt,
+    ObjectMissing,
+    ObjectTooLarge,
+    StoreError,
+    StoreUnavailable,
+)
 from weenvfs.store import LocalStore, RetryingStore, RetryPolicy, open_store
 from weenvfs.store.http import HttpStore
 from weenvfs.store.repository import Repository
@@ -183,3 +189,19 @@ def test_flipped_byte_is_caught_by_the_repository(
     with pytest.raises(ObjectCorrupt, match="in each of 3 reads"):
         Repository(store).get_object("blobs", digest)
     store.close()
+
+
+def test_a_limit_bounds_a_body_without_content_length(
+    served: tuple[RangeHTTPServer, LocalStore], http_store: HttpStore
+) -> None:
+    """A server that streams (chunked, no Content-Length) cannot make a bounded read take
+    the whole body: it stops once the limit is passed and refuses the object."""
+    server, local = served
+    data = random.Random(5).randbytes(5 * MiB)
+    local.put("manifests/big", data)
+    server.chunked = True
+    assert http_store.get("manifests/big") == data
+    assert http_store.get("manifests/big", len(data)) == data
+    with pytest.raises(ObjectTooLarge) as info:
+        http_store.get("manifests/big", MiB)
+    assert info.value.size is None and "larger than that" in str(info.value)

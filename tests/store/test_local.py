@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from weenvfs.store import (
     STORE_SCHEMES,
     LocalStore,
     ObjectMissing,
+    ObjectTooLarge,
     StoreError,
     StoreUnavailable,
     open_store,
@@ -288,3 +290,14 @@ def test_missing_object_message_names_the_store(local_store: LocalStore) -> None
     with pytest.raises(ObjectMissing) as info:
         local_store.get("blobs/none")
     assert local_store.url in str(info.value)
+
+
+def test_a_limit_refuses_a_huge_file_from_its_size(local_store: LocalStore) -> None:
+    """A 5 GB (sparse) object read with a limit is refused from its size, none of it read:
+    this process's peak resident memory does not grow by anything like it."""
+    local_store.put("manifests/huge", b"{")
+    os.truncate(local_store.root / "manifests" / "huge", 5 << 30)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ObjectTooLarge, match="is 5368709120 bytes: refused, the limit is 4096"):
+        local_store.get("manifests/huge", 4096)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB

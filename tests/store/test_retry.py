@@ -117,7 +117,7 @@ def test_real_missing_object_and_bad_key_are_not_retried(local_store: LocalStore
 def test_exhaustion_raises_the_last_error(local_store: LocalStore) -> None:
     errors = iter(StoreUnavailable(f"blip {n}") for n in range(100))
 
-    def failing_get(key: str) -> bytes:
+    def failing_get(key: str, limit: int | None = None) -> bytes:
         raise next(errors)
 
     store, faulty, fake = make(local_store, get=failing_get)

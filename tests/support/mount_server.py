@@ -26,12 +26,12 @@ def server_pid(sock: Path) -> int | None:
 
 
 @contextlib.contextmanager
-def mount_server(sock: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
-    """`weenv mountd --detach` on `sock` ($WEENV_MOUNTD_SOCKET for the block, so this process
-    and the CLI it runs use it); yields its pid; `--stop`, or SIGKILL, at the end."""
+def mount_server(sock: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> Iterator[int]:
+    """`weenv mountd --detach EXTRA...` on `sock` ($WEENV_MOUNTD_SOCKET for the block, so this
+    process and the CLI it runs use it); yields its pid; `--stop`, or SIGKILL, at the end."""
     monkeypatch.setenv(mountd.SOCKET_ENV, str(sock))
     monkeypatch.delenv(mountd.SWITCH_ENV, raising=False)
-    subprocess.run([sys.executable, "-m", "weenvfs", "mountd", "--detach"], check=True,
+    subprocess.run([sys.executable, "-m", "weenvfs", "mountd", "--detach", *extra], check=True,
                    capture_output=True, timeout=120)
     pid = server_pid(sock)
     assert pid is not None and daemon.process_alive(pid)

@@ -8,7 +8,9 @@ bearer token get 401 with a `WWW-Authenticate: Bearer realm=.../token,service=..
 challenge; `/token` checks HTTP basic credentials against `users` (or allows anonymous
 pulls) and hands out an opaque token; everything else is forwarded to the registry, with
 `Range` passed through. In `basic` mode it asks for basic credentials instead. It counts
-requests and can break the first transfer of a blob midway (`cut_blobs`), to test resuming.
+requests and can break the first transfer of a blob midway (`cut_blobs`), to test resuming,
+or hold one midway until the test releases it (`stall_blobs`, `stalled`, `release`), to kill
+a client while it downloads.
 
 Must not: listen beyond loopback, or leave a process behind (the context managers stop what
 they started, by pid).
@@ -180,6 +182,9 @@ class AuthProxy:
     mode: str = "bearer"  # or "basic"
     anonymous: bool = False
     cut_blobs: dict[str, int] = field(default_factory=dict)  # digest -> bytes sent, once
+    stall_blobs: dict[str, int] = field(default_factory=dict)  # digest -> bytes sent, then held
+    stalled: threading.Event = field(default_factory=threading.Event)  # a transfer is held
+    release: threading.Event = field(default_factory=threading.Event)  # end held transfers
     corrupt_blobs: set[str] = field(default_factory=set)  # digests served with a byte flipped
     host: str = ""
     tokens: set[str] = field(default_factory=set)
@@ -298,6 +303,9 @@ class _Handler(BaseHTTPRequestHandler):
                     self.send_header(k, v)
             self.end_headers()
             cut = self._cut_for(state, path) if resp.status == 200 else None
+            stall = None
+            if cut is None and resp.status == 200 and "/blobs/" in path:
+                stall = state.stall_blobs.get(path.rpartition("/")[2])
             corrupt = "/blobs/" in path and path.rpartition("/")[2] in state.corrupt_blobs
             sent = 0
             while self.command != "HEAD":
@@ -311,6 +319,13 @@ class _Handler(BaseHTTPRequestHandler):
                     self.wfile.flush()
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
+                    break
+                if stall is not None and sent + len(block) > stall:
+                    self.wfile.write(block[: stall - sent])
+                    self.wfile.flush()
+                    state.stalled.set()
+                    state.release.wait(120)  # a hang guard: the test releases it at its end
+                    self.close_connection = True
                     break
                 self.wfile.write(block)
                 sent += len(block)
@@ -346,6 +361,7 @@ def run_auth_proxy(upstream: str, users: dict[str, str], **kwargs: object) -> It
     try:
         yield state
     finally:
+        state.release.set()  # no held transfer outlives the proxy
         server.shutdown()
         server.server_close()
         thread.join()

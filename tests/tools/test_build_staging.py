@@ -7,6 +7,7 @@ process's staging is ever looked at.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import pytest
 from fixtures import age
 
 from weenvfs.store.base import TEMP_PREFIX
@@ -144,14 +146,17 @@ def _dead_pid() -> int:
     return proc.pid
 
 
-def test_a_dead_conversions_staging_is_removed_by_the_next_conversion_and_gc(tmp_path):
+@pytest.mark.parametrize("kind", ["convert", "pull", "archive"])
+def test_a_dead_conversions_staging_is_removed_by_the_next_conversion_and_gc(tmp_path, kind):
+    """Blobs (`convert`), registry downloads (`pull`) and a decompressed archive (`archive`)
+    of a conversion that died."""
     import oci_images as O
     from support import layers as L
 
     tmpdir, store = tmp_path / "tmp", tmp_path / "store"
     tmpdir.mkdir()
     LocalStore(store, create=True).close()
-    dead = tmpdir / f"weenv-convert-{_dead_pid()}-abc"
+    dead = tmpdir / f"weenv-{kind}-{_dead_pid()}-abc"
     dead.mkdir()
     (dead / "blob").write_bytes(b"x" * 5000)
     dry = weenv(tmpdir, "gc", "--store", str(store))
@@ -160,4 +165,44 @@ def test_a_dead_conversions_staging_is_removed_by_the_next_conversion_and_gc(tmp
     proc = weenv(tmpdir, "convert", f"oci:{image.layout}:latest", "e", "--store", str(store))
     assert proc.returncode == 0, proc.stderr
     assert not dead.exists()
-    assert not [p for p in tmpdir.iterdir() if p.name.startswith("weenv-convert-")]
+    assert not [p for p in tmpdir.iterdir() if p.name.startswith("weenv-")]
+
+
+def test_a_compressed_archive_is_decompressed_into_a_locked_staging(tmp_path):
+    """The `weenv-archive-<pid>-*` folder lives while its source is open (kept by every
+    sweep: its owner is alive and holds the lock) and goes when the source is closed."""
+    import oci_images as O
+    from support import layers as L
+
+    from weenvfs.tools.docker_archive import DockerArchiveSource
+    from weenvfs.tools.image_source import SourceOptions
+    from weenvfs.tools.staging import remove_stale
+
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    image = O.write_layout(tmp_path / "layout", [L.layer(L.file("a", b"a"))])
+    archive = O.docker_save_archive(image, tmp_path / "save.tar")
+    packed = tmp_path / "save.tar.gz"
+    packed.write_bytes(gzip.compress(archive.read_bytes()))
+    source = DockerArchiveSource(packed, None, SourceOptions(tmp_dir=str(tmpdir)))
+    try:
+        (staging,) = tmpdir.iterdir()
+        assert staging.name.startswith(f"weenv-archive-{os.getpid()}-")
+        assert (staging / "archive.tar").stat().st_size == archive.stat().st_size
+        assert remove_stale(tmpdir, grace=0) == [] and staging.exists()
+    finally:
+        source.close()
+    assert not staging.exists()
+
+
+def test_old_unlocked_stagings_of_every_kind_go_after_the_grace_period(tmp_path):
+    """Folders named before stagings carried a pid (tempfile's 8 random characters)."""
+    from weenvfs.tools.staging import stale_stagings
+
+    names = [f"weenv-{kind}-abcd1234" for kind in ("build", "convert", "pull", "archive")]
+    for name in names:
+        (tmp_path / name).mkdir()
+        age(tmp_path / name, 2 * HOUR)
+    (tmp_path / "weenv-other-abcd1234").mkdir()  # not a staging: never touched
+    age(tmp_path / "weenv-other-abcd1234", 2 * HOUR)
+    assert sorted(s.path.name for s in stale_stagings(tmp_path)) == sorted(names)

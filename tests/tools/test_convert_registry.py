@@ -8,8 +8,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import random
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -261,3 +263,50 @@ def test_bad_references(registry, tmp_path, capsys, monkeypatch):
     assert "refusing plain HTTP to registry.example.com" in line, line
     line = refused(capsys, "127.0.0.1:1/x:y", tmp_path / "s")
     assert "cannot reach registry 127.0.0.1:1" in line, line
+
+
+def _weenv(tmpdir: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`weenv ARGV` in a subprocess whose temp folder (TMPDIR) is `tmpdir`."""
+    return subprocess.run([sys.executable, "-m", "weenvfs", *argv], capture_output=True,
+                          text=True, env={**os.environ, "TMPDIR": str(tmpdir)}, timeout=300,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_a_killed_conversions_downloads_are_removed_by_gc_and_the_next_conversion(
+    registry, tmp_path
+):
+    """SIGKILL while a layer downloads (the proxy holds the transfer midway) leaves the
+    `weenv-pull-<pid>-*` folder (and the conversion's blob staging); `weenv gc` lists them,
+    and the next conversion removes them."""
+    data = random.Random(11).randbytes(1 << 20)
+    O.write_layout(tmp_path / "img", [L.layer(L.file("big.bin", data))], tag="k")
+    registry.push(tmp_path / "img", "k", "killed")
+    _, manifest = registry_manifest(registry.host, "killed", "k")
+    blob = manifest["layers"][0]["digest"]
+    tmpdir, store = tmp_path / "tmp", tmp_path / "store"
+    tmpdir.mkdir()
+    LocalStore(store, create=True).close()
+    with run_auth_proxy(registry.host, USERS, anonymous=True,
+                        stall_blobs={blob: 300_000}) as proxy:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "weenvfs", "convert", f"docker://{proxy.host}/killed:k",
+             "e", "--store", str(store), "--insecure", "--quiet"],
+            env={**os.environ, "TMPDIR": str(tmpdir)}, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            assert proxy.stalled.wait(120), "the conversion never got to its download"
+        finally:
+            proc.kill()
+            proc.wait()
+    left = sorted(p for p in tmpdir.iterdir() if p.name.startswith("weenv-"))
+    pulls = [p for p in left if p.name.startswith(f"weenv-pull-{proc.pid}-")]
+    assert len(pulls) == 1 and any(pulls[0].iterdir()), left  # (and its blob staging)
+    dry = _weenv(tmpdir, "gc", "--store", str(store))
+    assert dry.returncode == 0, dry.stderr
+    assert all(str(p) in dry.stdout for p in left) and all(p.exists() for p in left)
+    again = _weenv(tmpdir, "convert", f"docker://{registry.host}/killed:k", "e",
+                   "--store", str(store), "--insecure", "--quiet")
+    assert again.returncode == 0, again.stderr
+    assert not any(p.exists() for p in left)
+    assert [p for p in tmpdir.iterdir() if p.name.startswith("weenv-")] == []

@@ -4,8 +4,9 @@ Owns: the only I/O a mount does before it serves requests, in this order: `store
 (fail fast with one line if the store cannot be reached), resolving the reference to a manifest
 digest, fetching and verifying the manifest and every group index (never file data; each index's
 directory graph checked to be a tree by `format.validate.check_tree`; a mount keeps checked
-indexes on the node, index_cache.py), and composing them into a `Tree`. Must not: mount or
-fetch chunks.
+indexes on the node, index_cache.py; every object refused unread beyond its kind's size limit,
+SPEC.md 12.1, by `Repository`), and composing them into a `Tree`. Must not: mount or fetch
+chunks.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from weenvfs.errors import UsageError
+from weenvfs.format.index import GroupIndex
 from weenvfs.format.manifest import Manifest
 from weenvfs.store.base import Store
 from weenvfs.store.repository import Repository
@@ -69,8 +71,14 @@ def open_environment(store: Store, ref: str, layer: int | None = None,
                              f"no group {layer}")
         groups = groups[: layer + 1]
     # Each checked to be a tree before serving (a shared directory or a cycle passes every
-    # per-record check; inspect, export and verify refuse it with the same validator).
-    indexes = [load_index(repo, group.index, cache_dir) for group in groups]
+    # per-record check; inspect, export and verify refuse it with the same validator). A
+    # group named twice is loaded once: a manifest cannot multiply what a mount holds beyond
+    # its distinct indexes (each at most MAX_INDEX_SIZE, SPEC.md 12.1).
+    loaded: dict[str, GroupIndex] = {}
+    for group in groups:
+        if group.index not in loaded:
+            loaded[group.index] = load_index(repo, group.index, cache_dir)
+    indexes = [loaded[group.index] for group in groups]
     tree = Tree(indexes) if layer is None else LayerTree(indexes)
     env = Environment(ref, store, digest, manifest, tree, layer)
     log.info(

@@ -19,6 +19,14 @@ from typing import Any
 # Demand reads that hit a chunk brought in by prefetch count as hint hits. Remembering every
 # prefetched digest forever would grow without bound; the oldest are forgotten beyond this.
 _PREFETCH_MEMORY = 1 << 16
+# The shortest duration a LatencyHistogram tells apart: everything up to it shares bucket 0.
+LOWEST_S = 1e-5
+
+
+def doubling_bound(k: int) -> float:
+    """The upper bound in seconds of doubling `k` of `LatencyHistogram.doublings` (the
+    exporter's histogram buckets, docs/metrics.md): LOWEST_S * 2**k, exact to 10 us."""
+    return round(LOWEST_S * 2.0**k, 5)
 
 
 class LatencyHistogram:
@@ -28,8 +36,9 @@ class LatencyHistogram:
     a percentile is reported as its bucket's upper bound, so it never understates.
     """
 
-    def __init__(self, lowest: float = 1e-5, highest: float = 600.0, per_doubling: int = 8):
+    def __init__(self, lowest: float = LOWEST_S, highest: float = 600.0, per_doubling: int = 8):
         self.lowest = lowest
+        self.per_doubling = per_doubling
         self.ratio = 2.0 ** (1.0 / per_doubling)
         self.buckets = [0] * (int(math.log(highest / lowest, self.ratio)) + 2)
         self.count = 0
@@ -61,8 +70,22 @@ class LatencyHistogram:
                 return min(self.lowest * self.ratio**index, self.max)
         return self.max
 
-    def summary(self) -> dict[str, float | int | None]:
-        """count, mean and p50/p90/p99/max in milliseconds (None when nothing was recorded)."""
+    def doublings(self) -> list[int]:
+        """Counts per factor of two: entry 0 holds durations up to `lowest`, entry k those in
+        (lowest * 2**(k-1), lowest * 2**k], the last one also everything longer; trailing
+        empty entries are left out. Exact sums of the fine buckets, so a scraper can turn
+        them into cumulative buckets (fuse/metrics.py) without re-estimating anything."""
+        out: list[int] = []
+        for index, n in enumerate(self.buckets):
+            if n:
+                k = -(-index // self.per_doubling)
+                out.extend([0] * (k + 1 - len(out)))
+                out[k] += n
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """count, mean and p50/p90/p99/max in milliseconds (None when nothing was recorded),
+        the exact total, and the counts per doubling (`doublings`)."""
 
         def ms(value: float | None) -> float | None:
             return None if value is None else round(value * 1000.0, 3)
@@ -74,6 +97,8 @@ class LatencyHistogram:
             "p90_ms": ms(self.percentile(0.90)),
             "p99_ms": ms(self.percentile(0.99)),
             "max_ms": ms(self.max) if self.count else None,
+            "total_ms": round(self.total * 1000.0, 3),
+            "per_doubling": self.doublings(),
         }
 
 

@@ -5,7 +5,8 @@ Owns: their arguments, defaults and output (the daemon's command line is built b
 `--foreground` starts the daemon (`spawn.spawn`), which checks the store before it mounts
 (fail fast: its one-line error is reported by this process), and returns once the mount
 answers; with `--foreground` it loads the environment and serves it in this process
-(mount.py), reporting readiness on `--ready-fd` when a parent waits for it. `stats` reads the
+(mount.py), reporting readiness on `--ready-fd` when a parent waits for it, and sends its
+final statistics to the node's exporter when it exits (stats_channel.py). `stats` reads the
 virtual xattr `user.weenv.stats` of the mount's root (see ops.py). Must not: serve requests
 or manage processes itself.
 
@@ -16,8 +17,6 @@ background mount imports neither the store nor the core nor pyfuse3; the daemon 
 from __future__ import annotations
 
 import argparse
-import errno
-import json
 import logging
 import os
 import signal
@@ -30,8 +29,9 @@ from weenvfs.cli_args import add_store, positive, print_json
 from weenvfs.errors import UsageError, WeenvError
 from weenvfs.units import parse_size, size_arg
 
-from . import STATS_XATTR, daemon
-from .config import PATHS, default_cache_dir, mount_args
+from . import daemon
+from .config import DEFAULT_METRICS, PATHS, default_cache_dir, mount_args
+from .stats_channel import read_stats
 
 if TYPE_CHECKING:
     from .config import MountConfig
@@ -167,11 +167,15 @@ def _register_mountd(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
             "interpreter (tenths of a second less per mount). They start one (--detach --idle\n"
             "600) when none answers. Socket: $WEENV_MOUNTD_SOCKET, else /run/weenv/mountd.sock\n"
             "for root. WEENV_MOUNTD=off makes clients neither use nor start a server. The\n"
-            "server also evicts idle shared mounts past their bounds (`weenv mounts`)."
+            "server also evicts idle shared mounts past their bounds (`weenv mounts`).\n"
+            "It exports the node's Prometheus metrics (docs/metrics.md) on --metrics, else\n"
+            f"$WEENV_METRICS, else {DEFAULT_METRICS} (if that port is taken: no metrics)."
         ),
         examples=[
             "weenv mountd                    # foreground, until SIGTERM",
             "weenv mountd --detach --idle 600  # background, exits after 10 idle minutes",
+            "weenv mountd --metrics 0.0.0.0:9387  # let other hosts scrape the node",
+            "weenv mountd --metrics off      # no metrics endpoint",
             "weenv mountd --check            # exit 0 if a server answers",
             "weenv mountd --stop",
         ],
@@ -187,7 +191,20 @@ def _register_mountd(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
                    "runs (default 0: never)")
     p.add_argument("--leave-cgroups", action="store_true",
                    help="move to the root cgroups first (as --detach and auto-start do)")
+    p.add_argument("--metrics", type=_metrics_address, metavar="HOST:PORT|off",
+                   help="where to serve the node's metrics over HTTP (port 0: any free "
+                   "port; see `weenv mountd --check`), or off")
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+
+
+def _metrics_address(text: str) -> str:
+    from .exporter import parse_address
+
+    try:
+        parse_address(text)
+    except UsageError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--metrics: ")) from None
+    return text
 
 
 # -- mount ----------------------------------------------------------------------------------
@@ -290,15 +307,19 @@ def _mount_foreground(args: argparse.Namespace) -> int:
     # From here SIGTERM/SIGINT wait until the main loop can tear down what is already mounted
     # (a signal that killed the daemon mid-mount left the mount behind); mount.py unblocks them.
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    from . import mountd, stats_channel
+
+    # `server`: the node service whose metrics count this mount (fuse/metrics.py).
     info = {"ref": args.ref, "manifest": env.digest, "log_file": args.log_file,
-            "layer": config.layer}
+            "layer": config.layer, "server": str(mountd.socket_path())}
 
     def ready() -> None:
         daemon.write_pid_file(config.mountpoint, info)
         pipe.ready()
 
     try:
-        trio.run(serve, env, config, ready)
+        final = trio.run(serve, env, config, ready)
+        stats_channel.send_exit_report(final)
     except Exception as error:
         pipe.failed(str(error) or type(error).__name__)
         raise
@@ -326,8 +347,12 @@ def _cmd_mountd(args: argparse.Namespace) -> int:
     from . import mountd
 
     if args.check:
+        from .exporter import read_address
+
         mountd.check_running()
-        print(f"a mount server answers on {mountd.socket_path()}")
+        address = read_address(mountd.socket_path())
+        metrics = f"; metrics on http://{address}/metrics" if address else "; no metrics"
+        print(f"a mount server answers on {mountd.socket_path()}{metrics}")
         return 0
     if args.stop:
         pid = mountd.stop()
@@ -344,7 +369,8 @@ def _cmd_mountd(args: argparse.Namespace) -> int:
         log_file = mountd.socket_path().with_suffix(".log")
         log_file.parent.mkdir(parents=True, exist_ok=True)
         argv = [*(["--log-file", args.log_file] if args.log_file else []), "mountd",
-                "--idle", repr(args.idle), "--leave-cgroups"]
+                "--idle", repr(args.idle), "--leave-cgroups",
+                *(["--metrics", args.metrics] if args.metrics is not None else [])]
         pid = daemon.start(argv, log_file)
         print(f"mount server {pid} listens on {mountd.socket_path()} (log {log_file})")
         return 0
@@ -354,8 +380,12 @@ def _cmd_mountd(args: argparse.Namespace) -> int:
     try:
         from weenvfs import cli
 
+        from .exporter import Exporter, choose
+
+        address, chosen = choose(args.metrics)
+        exporter = None if address is None else Exporter(address, chosen, mountd.socket_path())
         return mountd.serve(args.idle, cli.main, ready=pipe.ready,
-                            leave_cgroups=args.leave_cgroups)
+                            leave_cgroups=args.leave_cgroups, exporter=exporter)
     except Exception as error:
         pipe.failed(str(error) or type(error).__name__)
         raise
@@ -367,25 +397,6 @@ def _cmd_mountd(args: argparse.Namespace) -> int:
 def _cmd_umount(args: argparse.Namespace) -> int:
     daemon.unmount(args.mountpoint, lazy=args.lazy)
     return 0
-
-
-def read_stats(mountpoint: str | Path) -> dict[str, Any]:
-    """The statistics document of the mount at `mountpoint` (on the kernel path, its device
-    folder answers: the mount point itself is EROFS or overlayfs)."""
-    target = Path(mountpoint)
-    if daemon.is_kernel_mount(target):
-        target = daemon.kernel_dir(daemon.mount_path(target)) / "devices"
-    try:
-        raw = os.getxattr(target, STATS_XATTR)
-    except OSError as error:
-        if error.errno in (errno.ENODATA, errno.ENOTSUP):
-            raise UsageError(f"{mountpoint} is not a weenv mount") from None
-        if error.errno == errno.ENOTCONN:
-            raise WeenvError(
-                f"the daemon of {mountpoint} is gone; run `weenv umount {mountpoint}`"
-            ) from None
-        raise WeenvError(f"cannot read statistics of {mountpoint}: {error.strerror}") from None
-    return json.loads(raw)
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:

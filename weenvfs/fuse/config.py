@@ -36,6 +36,8 @@ class MountConfig:
     path: str = "auto"  # "kernel" (EROFS images over lazy devices), "fuse" (the tree), "auto"
 
 
+# Where `weenv mountd` serves the node's metrics unless told otherwise (exporter.py).
+DEFAULT_METRICS = "127.0.0.1:9387"
 PATHS = ("auto", "kernel", "fuse")
 
 

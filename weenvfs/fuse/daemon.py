@@ -119,6 +119,16 @@ def process_alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
+def start_time(pid: int) -> str:
+    """Field 22 of /proc/PID/stat (tells a reused pid apart); '' when it is gone."""
+    if not process_alive(pid):
+        return ""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
 # -- the child's end ------------------------------------------------------------------------
 
 

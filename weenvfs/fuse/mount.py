@@ -103,9 +103,11 @@ def stats_document(
     }
 
 
-async def serve(env: Environment, config: MountConfig, ready: Callable[[], None]) -> None:
+async def serve(env: Environment, config: MountConfig,
+                ready: Callable[[], None]) -> dict[str, Any]:
     """Mount `env` at `config.mountpoint` and serve it until unmounted or signalled: on the
-    kernel path where it can run (kernel_mount.py), else as a tree over FUSE."""
+    kernel path where it can run (kernel_mount.py), else as a tree over FUSE. Returns the
+    final statistics document (taken once unmounted: nothing counts after it)."""
     from .kernel_mount import kernel_unavailable
 
     reason = kernel_unavailable(env, config)
@@ -145,8 +147,10 @@ async def serve(env: Environment, config: MountConfig, ready: Callable[[], None]
             await _serve_tree(env, config, reader, run, document, ready)
     finally:
         fetcher.close()
+    final = document()
     if recorder is not None:
         await trio.to_thread.run_sync(_publish_recorded, env, config, recorder)
+    return final
 
 
 async def _serve_kernel(env: Environment, config: MountConfig, reader: Reader,

@@ -22,6 +22,9 @@ Owns:
   daemon the slow way.
 - `stop`: end the server of `socket_path()` (by the pid it recorded).
 
+With an `exporter` (exporter.py, `weenv mountd --metrics`), the server forks a child that
+serves the node's Prometheus metrics while it runs, and starts it again if it dies.
+
 The server stays single-threaded (fork and threads do not mix) and never serves a FUSE
 request itself. $WEENV_MOUNTD_SOCKET moves the socket (tests, several servers on one node);
 WEENV_MOUNTD=off makes `launch` neither use nor start a server.
@@ -46,7 +49,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from weenvfs.errors import WeenvError
 
@@ -88,7 +91,7 @@ def fingerprint() -> str:
 
 
 @contextlib.contextmanager
-def _addressable(path: Path) -> Iterator[str]:
+def addressable(path: Path) -> Iterator[str]:
     """An address for `path` that fits a unix socket (108 bytes): the path itself, or, when
     it is longer, the same file through /proc/self/fd of its folder opened with O_PATH."""
     if len(os.fsencode(str(path))) <= SUN_PATH_MAX:
@@ -148,7 +151,7 @@ def _ask(request: bytes, ready_fd: int, log_fd: int) -> bytes | None:
     sent = False
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn, \
-                _addressable(path) as address:
+                addressable(path) as address:
             conn.settimeout(CONNECT_TIMEOUT)
             conn.connect(address)
             conn.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
@@ -245,12 +248,26 @@ def _is_server(pid: int) -> bool:
 # -- server ---------------------------------------------------------------------------------
 
 
+class Exporter(Protocol):
+    """What the server needs of its metrics exporter (exporter.Exporter, which imports this
+    module: a protocol here keeps the imports one way)."""
+
+    @property
+    def socket(self) -> socket.socket | None:
+        """The listening socket, which every other forked child closes."""
+
+    def start(self, held: tuple[Any, ...]) -> bool: ...
+    def poll(self, held: tuple[Any, ...]) -> None: ...
+    def stop(self) -> None: ...
+
+
 class _Stop(Exception):
     """SIGTERM/SIGINT arrived: leave the accept loop."""
 
 
 def serve(idle: float, run: Callable[[list[str]], int],
-          ready: Callable[[], None] | None = None, leave_cgroups: bool = False) -> int:
+          ready: Callable[[], None] | None = None, leave_cgroups: bool = False,
+          exporter: Exporter | None = None) -> int:
     """Run the server until SIGTERM, or until it has had no request for `idle` seconds and
     no mount daemon it forked still runs (0: forever). A forked daemon calls `run(ARGV)`
     (the CLI's `main`: fuse may not import the CLI) and exits with what it returns; so does
@@ -258,7 +275,8 @@ def serve(idle: float, run: Callable[[list[str]], int],
     holds the socket already. `ready()` is called once the socket accepts requests. With
     `leave_cgroups` the server first moves to the root cgroup of every hierarchy
     (`leave_cgroups`), so neither it nor its daemons live in the cgroup of whoever started
-    it."""
+    it. An `exporter` serves the node's metrics from a child process while the server runs
+    (exporter.py); an address it cannot bind fails the server before `ready()`."""
     import importlib
 
     for name in PRELOAD:
@@ -277,11 +295,17 @@ def serve(idle: float, run: Callable[[list[str]], int],
         log.info("a mount server already listens on %s", path)
         lock.close()
         return 0
+    if exporter is not None:
+        try:
+            exporter.start((lock,))
+        except BaseException:
+            lock.close()
+            raise
     path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_mask = os.umask(0o177)  # the socket is created 0600: our uid only
     try:
-        with _addressable(path) as address:
+        with addressable(path) as address:
             listener.bind(address)
     finally:
         os.umask(old_mask)
@@ -298,7 +322,7 @@ def serve(idle: float, run: Callable[[list[str]], int],
     if ready is not None:
         ready()
     try:
-        _loop(listener, lock, idle, run)
+        _loop(listener, lock, idle, run, exporter)
     except _Stop:
         log.info("mount server stopping")
     finally:
@@ -309,21 +333,30 @@ def serve(idle: float, run: Callable[[list[str]], int],
                 path.unlink()
         listener.close()
         pid_path.unlink(missing_ok=True)
+        if exporter is not None:
+            exporter.stop()
         lock.close()
     return 0
 
 
 def _loop(listener: socket.socket, lock: Any, idle: float,
-          run: Callable[[list[str]], int]) -> None:
-    """Accept requests until idle (see `serve`) or stale; housekeeping between them."""
+          run: Callable[[list[str]], int], exporter: Exporter | None = None) -> None:
+    """Accept requests until idle (see `serve`) or stale; housekeeping between them (and the
+    metrics exporter started again if it died)."""
     code_print, namespaces = fingerprint(), _namespaces()
+    # What every forked child closes besides the connection (see `_detached`).
+    held: tuple[Any, ...] = (listener, lock)
+    if exporter is not None and exporter.socket is not None:
+        held += (exporter.socket,)
     daemons: dict[int, str] = {}  # pid -> start time, of every daemon forked and alive
     last = time.monotonic()
     chores = last + HOUSEKEEPING_EVERY
     while True:
+        if exporter is not None:
+            exporter.poll((listener, lock))
         now = time.monotonic()
         if now >= chores:
-            _fork_task(list(HOUSEKEEPING), (listener, lock), run)
+            _fork_task(list(HOUSEKEEPING), held, run)
             chores = now + HOUSEKEEPING_EVERY
         waits = [chores - now]
         if idle > 0:
@@ -331,7 +364,7 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
         readable, _, _ = select.select([listener], [], [], max(0.0, min(waits)))
         if not readable:
             if idle > 0 and time.monotonic() >= last + idle:
-                daemons = {p: t for p, t in daemons.items() if _start_time(p) == t}
+                daemons = {p: t for p, t in daemons.items() if daemon.start_time(p) == t}
                 if not daemons:
                     log.info("mount server idle for %g s with no daemon left: exiting", idle)
                     return
@@ -341,19 +374,8 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
         with conn:
             # What a forked daemon must not keep: above all the lock (flock belongs to the
             # open file, so a daemon holding it would lock out the next server).
-            if not _handle(conn, (conn, listener, lock), code_print, namespaces, run,
-                           daemons):
+            if not _handle(conn, (conn, *held), code_print, namespaces, run, daemons):
                 return
-
-
-def _start_time(pid: int) -> str:
-    """Field 22 of /proc/PID/stat (tells a reused pid apart); '' when it is gone."""
-    if not daemon.process_alive(pid):
-        return ""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
 
 
 def leave_caller_cgroups() -> None:
@@ -419,7 +441,7 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
             return True
         pid = _fork_daemon(request, fds, held, run)
         if pid:
-            daemons[pid] = _start_time(pid)
+            daemons[pid] = daemon.start_time(pid)
         _answer(conn, "ok")
     except (OSError, ValueError, KeyError, TypeError) as error:
         log.warning("bad mount request: %s", error)
@@ -541,7 +563,7 @@ def check_running() -> None:
     path = socket_path()
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn, \
-                _addressable(path) as address:
+                addressable(path) as address:
             conn.settimeout(CONNECT_TIMEOUT)
             conn.connect(address)
     except OSError as error:

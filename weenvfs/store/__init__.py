@@ -14,7 +14,13 @@ import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
-from weenvfs.errors import ObjectCorrupt, ObjectMissing, StoreError, StoreUnavailable
+from weenvfs.errors import (
+    ObjectCorrupt,
+    ObjectMissing,
+    ObjectTooLarge,
+    StoreError,
+    StoreUnavailable,
+)
 from weenvfs.store.base import Store, validate_key, validate_prefix
 from weenvfs.store.local import LocalStore
 from weenvfs.store.retry import RetryingStore, RetryPolicy, read_verified
@@ -117,6 +123,7 @@ __all__ = [
     "LocalStore",
     "ObjectCorrupt",
     "ObjectMissing",
+    "ObjectTooLarge",
     "RetryPolicy",
     "RetryingStore",
     "Store",

@@ -121,10 +121,15 @@ class Store(ABC):
         """The URL this store was opened from, for messages and logs (never credentials)."""
 
     @abstractmethod
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, limit: int | None = None) -> bytes:
         """Return the whole object stored under `key`.
 
         Raises ObjectMissing if there is none. Never returns a partially written object.
+        With a `limit`, an object larger than `limit` bytes raises ObjectTooLarge, found
+        from the backend's own size of the object (a file's size, a Content-Length) before
+        reading any of it, or else after reading little more than `limit` bytes: a store the
+        reader does not control cannot make it allocate more than the limit of the kind of
+        object it asks for (SPEC.md 12.1).
         """
 
     @abstractmethod

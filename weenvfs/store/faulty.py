@@ -120,9 +120,9 @@ class FaultyStore(Store):
             result = corrupt(result)
         return result
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, limit: int | None = None) -> bytes:
         """See `Store.get`."""
-        return self._call("get", key, key)  # type: ignore[no-any-return]
+        return self._call("get", key, key, limit)  # type: ignore[no-any-return]
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         """See `Store.get_range`."""

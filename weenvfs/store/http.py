@@ -26,7 +26,7 @@ from typing import NoReturn
 import requests
 from requests.adapters import HTTPAdapter
 
-from weenvfs.errors import ObjectMissing, StoreError, StoreUnavailable
+from weenvfs.errors import ObjectMissing, ObjectTooLarge, StoreError, StoreUnavailable
 from weenvfs.store.base import Store, validate_key, validate_prefix
 
 log = logging.getLogger(__name__)
@@ -123,18 +123,28 @@ class HttpStore(Store):
         has = "" if size is None else f" ({size} bytes)"
         return StoreError(f"object {key!r} in {self.url}{has} is shorter than the requested range")
 
-    def _body(self, response: requests.Response, what: str, key: str) -> bytes:
-        """The whole body, checked against Content-Length; a cut body is temporary."""
+    def _body(
+        self, response: requests.Response, what: str, key: str, limit: int | None = None
+    ) -> bytes:
+        """The whole body, checked against Content-Length; a cut body is temporary. With a
+        `limit`, a larger Content-Length is refused unread, and a body without one is read
+        only until it passes the limit."""
+        declared = response.headers.get("Content-Length")
+        size = int(declared) if declared is not None and declared.isdigit() else None
+        if limit is not None and size is not None and size > limit:
+            response.close()
+            raise ObjectTooLarge(key, self.url, limit, size)
         try:
-            data = response.content
+            data = response.content if limit is None else _read_capped(response, limit)
         except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError,
                 requests.Timeout) as e:
             raise StoreUnavailable(f"{self._where(what, key)}: body cut short: {e}",
                                    temporary=True) from None
         finally:
             response.close()
-        declared = response.headers.get("Content-Length")
-        if declared is not None and declared.isdigit() and int(declared) != len(data):
+        if limit is not None and len(data) > limit:
+            raise ObjectTooLarge(key, self.url, limit)
+        if size is not None and size != len(data):
             raise StoreUnavailable(
                 f"{self._where(what, key)}: body cut short ({len(data)} of {declared} bytes)",
                 temporary=True,
@@ -143,9 +153,9 @@ class HttpStore(Store):
 
     # -- reading -------------------------------------------------------------------------
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, limit: int | None = None) -> bytes:
         """See `Store.get`."""
-        return self._body(self._object("GET", key, "get"), "get", key)
+        return self._body(self._object("GET", key, "get"), "get", key, limit)
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         """See `Store.get_range`: a Range GET; the 206 answer's Content-Range and length are
@@ -259,3 +269,14 @@ def _base_url(url: str) -> str:
     if prefix:
         validate_prefix(prefix + "/")
     return f"{parts.scheme}://{parts.netloc}/{prefix + '/' if prefix else ''}"
+
+
+def _read_capped(response: requests.Response, limit: int) -> bytes:
+    """A streamed body, read until it ends or passes `limit` (by less than one piece)."""
+    parts, total = [], 0
+    for part in response.iter_content(1 << 20):
+        parts.append(part)
+        total += len(part)
+        if total > limit:
+            break
+    return b"".join(parts)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from weenvfs.errors import ObjectMissing, StoreError, StoreUnavailable
+from weenvfs.errors import ObjectMissing, ObjectTooLarge, StoreError, StoreUnavailable
 from weenvfs.store.base import TEMP_PREFIX, Store, validate_key, validate_prefix
 
 log = logging.getLogger(__name__)
@@ -70,14 +70,22 @@ class LocalStore(Store):
 
     # -- reading -------------------------------------------------------------------------
 
-    def get(self, key: str) -> bytes:
-        """See `Store.get`."""
+    def get(self, key: str, limit: int | None = None) -> bytes:
+        """See `Store.get`; with a `limit`, the file's size is checked before any read."""
         path = self._path(key)
         try:
             with open(path, "rb") as f:
-                return f.read()
+                if limit is None:
+                    return f.read()
+                size = os.fstat(f.fileno()).st_size
+                if size > limit:
+                    raise ObjectTooLarge(key, self.url, limit, size)
+                data = _read_capped(f, size, limit)
         except OSError as e:
             raise self._error("get", key, e) from None
+        if len(data) > limit:  # grown since the fstat (a foreign writer: ours rename)
+            raise ObjectTooLarge(key, self.url, limit)
+        return data
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         """See `Store.get_range`; one `pread` loop on a file descriptor."""
@@ -348,6 +356,17 @@ class LocalStore(Store):
             f"store {self.url}: {what}: {err.strerror or err}",
             temporary=err.errno in _TEMPORARY_ERRNOS,
         )
+
+
+def _read_capped(f: BinaryIO, size: int, limit: int) -> bytes:
+    """The rest of `f`, expected to be `size` bytes, but never more than `limit + 1`."""
+    data = f.read(size + 1)  # a buffered read returns fewer bytes only at the end of file
+    while size < len(data) <= limit:
+        more = f.read(limit + 1 - len(data))
+        if not more:
+            break
+        data += more
+    return data
 
 
 def _write_all(fd: int, view: memoryview) -> None:

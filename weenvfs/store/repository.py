@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from weenvfs.errors import ObjectCorrupt, ObjectMissing, RefNotFound, StoreError
+from weenvfs.format.constants import TAG_SIZE
 from weenvfs.format.digest import digest_hex, short
 from weenvfs.format.errors import FormatError
 from weenvfs.format.hints import Hint, decode_hint
@@ -26,6 +27,7 @@ from weenvfs.format.refs import (
     object_key,
     parse_name_tag,
     parse_tag_key,
+    stored_limit,
     tag_key,
 )
 
@@ -66,8 +68,10 @@ class Repository:
 
     def get_object(self, kind: str, digest: str) -> bytes:
         """The bytes of an object, verified against its digest; `ObjectCorrupt` if each of
-        `retry.CORRUPT_ATTEMPTS` reads fails verification."""
+        `retry.CORRUPT_ATTEMPTS` reads fails verification, `ObjectTooLarge` (unread) if it
+        is larger than its kind's limit (SPEC.md 12.1)."""
         key = object_key(kind, digest)
+        limit = stored_limit(kind)
 
         def verify(data: bytes) -> None:
             actual = digest_hex(data)
@@ -76,7 +80,9 @@ class Repository:
 
         # A mismatch may be damage on the way (proxy, CDN, memory): read again before
         # calling the stored object corrupt (read_verified's rule).
-        return read_verified(lambda: self.store.get(key), verify, f"{kind}/{short(digest)}")
+        return read_verified(
+            lambda: self.store.get(key, limit), verify, f"{kind}/{short(digest)}"
+        )
 
     def get_manifest(self, digest: str) -> Manifest:
         """The verified, decoded manifest `digest`."""
@@ -103,7 +109,7 @@ class Repository:
     def get_tag(self, kind: str, name: str, tag: str) -> str:
         """The digest `name:tag` points at (`RefNotFound` if there is no such tag)."""
         try:
-            return decode_tag(self.store.get(tag_key(kind, name, tag)))
+            return decode_tag(self.store.get(tag_key(kind, name, tag), TAG_SIZE))
         except ObjectMissing:
             what = {"groups": "group", "envs": "environment", "hints": "hint"}[kind]
             near = self._near_refs(kind, f"{name}:{tag}") if kind != "hints" else []
@@ -133,7 +139,7 @@ class Repository:
         for key in self.store.list(f"tags/{kind}/"):
             _, name, tag = parse_tag_key(key)
             try:
-                yield name, tag, decode_tag(self.store.get(key))
+                yield name, tag, decode_tag(self.store.get(key, TAG_SIZE))
             except ObjectMissing:
                 continue  # deleted while listing
 

@@ -123,9 +123,9 @@ class RetryingStore(Store):
         )
         self._sleep(delay)
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, limit: int | None = None) -> bytes:
         """See `Store.get`."""
-        return self._run(f"get {key}", lambda: self.inner.get(key))
+        return self._run(f"get {key}", lambda: self.inner.get(key, limit))
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         """See `Store.get_range`."""

@@ -38,7 +38,7 @@ import botocore.loaders
 import botocore.session
 from botocore.config import Config
 
-from weenvfs.errors import ObjectMissing, StoreError, StoreUnavailable
+from weenvfs.errors import ObjectMissing, ObjectTooLarge, StoreError, StoreUnavailable
 from weenvfs.store.base import TEMP_PREFIX, Store, validate_key, validate_prefix
 from weenvfs.store.s3_common import (
     BOTO_ERRORS,
@@ -225,13 +225,18 @@ class S3Store(Store):
 
     # -- reading -------------------------------------------------------------------------
 
-    def get(self, key: str) -> bytes:
-        """See `Store.get`. A body shorter than its Content-Length is a temporary error."""
+    def get(self, key: str, limit: int | None = None) -> bytes:
+        """See `Store.get`. A body shorter than its Content-Length is a temporary error; with
+        a `limit`, a Content-Length above it is refused before the body is read."""
         s3key = self._key(key)
 
         def op(client: Any) -> bytes:
             response = self._get_object(client, key, Bucket=self.bucket, Key=s3key)
-            return _read_body(response, response.get("ContentLength"), self.url, key)
+            declared = response.get("ContentLength")
+            if limit is not None and declared is not None and declared > limit:
+                response["Body"].close()
+                raise ObjectTooLarge(key, self.url, limit, declared)
+            return _read_body(response, declared, self.url, key, limit)
 
         return self._call("get", key, op)
 
@@ -428,13 +433,18 @@ class S3Store(Store):
         self._client.close()
 
 
-def _read_body(response: Any, declared: int | None, url: str, key: str) -> bytes:
-    """The whole body; a temporary error if it ends before its declared length."""
+def _read_body(
+    response: Any, declared: int | None, url: str, key: str, limit: int | None = None
+) -> bytes:
+    """The whole body (at most `limit + 1` bytes of it); a temporary error if it ends before
+    its declared length."""
     body = response["Body"]
     try:
-        data = body.read()
+        data = body.read() if limit is None else body.read(limit + 1)
     finally:
         body.close()
+    if limit is not None and len(data) > limit:  # no Content-Length, or more than it said
+        raise ObjectTooLarge(key, url, limit)
     if declared is not None and len(data) != declared:
         raise StoreUnavailable(
             f"store {url}: {key!r}: body cut short ({len(data)} of {declared} bytes)",
