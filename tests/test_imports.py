@@ -76,7 +76,11 @@ RULES: dict[str, Rule] = {
         {"core", "store", "errors", "units"}, store={"weenvfs.store"},
     ),
     "runtime": _rule({"trio"}, {"core", "fuse", "store", "provision", "errors", "units"}),
-    "tools": _rule({"requests", "urllib3"} | CODEC, {"format", "store", "errors", "units"}),
+    # The build side; it publishes each group's EROFS image over the groups below it exactly
+    # as a node derives it (SPEC.md 15.9), so it uses the node's derivation, and nothing else
+    # of the core (docs/design-notes.md).
+    "tools": _rule({"requests", "urllib3"} | CODEC, {"format", "store", "core", "errors", "units"},
+                   core={"weenvfs.core.kernel_image"}),
     "provision": _rule({"trio"}, {"units"}),
     # containerd's remote snapshotter (DESIGN.md: on top of runtime and tools, like the CLI):
     # gRPC and protobuf for containerd's API; WeEnv layers mount through the runtime's shared

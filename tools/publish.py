@@ -12,10 +12,12 @@ Must not: build trees or chunks, or delete anything.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from weenvfs.core.kernel_image import stack_image, stack_key
 from weenvfs.errors import StoreError, UsageError
 from weenvfs.format.chunk import compress_object
 from weenvfs.format.digest import short
@@ -29,6 +31,11 @@ from .chunker import BlobFile
 from .progress import Progress
 
 log = logging.getLogger(__name__)
+
+# Stack images this process derived (stack_key -> image; a stack is named by its indexes, so
+# an image never goes stale), the most recent few: each can be tens of MB.
+_DERIVED: OrderedDict[str, bytes] = OrderedDict()
+_DERIVED_MAX = 4
 
 
 @dataclass(frozen=True)
@@ -103,17 +110,39 @@ def group_ref(repo: Repository, ref: str) -> GroupRef:
     return GroupRef(name, digest)
 
 
-def publish_group_image(repo: Repository, ref: GroupRef) -> GroupRef:
-    """`ref` with its EROFS image (SPEC.md 15.9) stored as `erofs/<digest>` (zstd) and named:
-    a node mounting the group as the lowest of a stack fetches it instead of deriving it
-    (seconds of Python for a large group, at every first mount on a node)."""
-    if ref.erofs is not None:
-        return ref
-    image = group_image(repo.get_index(ref.index))
-    digest = repo.put_object("erofs", compress_object(image))
-    log.info("published the EROFS image of group %s (%d KiB) -> %s", ref.name,
-             len(image) >> 10, short(digest))
-    return GroupRef(ref.name, ref.index, digest)
+def publish_images(repo: Repository, refs: Sequence[GroupRef]) -> list[GroupRef]:
+    """`refs` (lowest first) each with its EROFS image (SPEC.md 15.9) stored as
+    `erofs/<digest>` (zstd) and named: a node fetches it instead of deriving it (seconds of
+    Python for a large group, at the first mount of each stack on a node). The lowest
+    group's depends on its index only; one above depends on the groups below it too, so it is
+    derived as a node derives it (core/kernel_image.stack_image)."""
+    indexes = [repo.get_index(ref.index) for ref in refs]
+    out = []
+    for position, ref in enumerate(refs):
+        if ref.erofs is not None:
+            out.append(ref)
+            continue
+        image = group_image(indexes[0]) if position == 0 else _stack_image(refs, indexes,
+                                                                          position)
+        digest = repo.put_object("erofs", compress_object(image))
+        log.info("published the EROFS image of group %s (%d KiB) -> %s", ref.name,
+                 len(image) >> 10, short(digest))
+        out.append(GroupRef(ref.name, ref.index, digest))
+    return out
+
+
+def _stack_image(refs: Sequence[GroupRef], indexes: Sequence[GroupIndex], position: int) -> bytes:
+    """The image of group `position` over the groups below it, derived once per process and
+    stack: a release composing many environments over the same groups (one process) derives
+    each shared stack's image once."""
+    key = stack_key([ref.index for ref in refs[: position + 1]])
+    image = _DERIVED.pop(key, None)
+    if image is None:
+        image = stack_image(indexes, position)
+    _DERIVED[key] = image
+    while len(_DERIVED) > _DERIVED_MAX:
+        _DERIVED.popitem(last=False)
+    return image
 
 
 def compose_env(
@@ -132,8 +161,7 @@ def compose_env(
     check_tag(tag)
     if not groups:
         raise UsageError("an environment needs at least one group")
-    refs = [group_ref(repo, g) for g in groups]
-    refs[0] = publish_group_image(repo, refs[0])
+    refs = publish_images(repo, [group_ref(repo, g) for g in groups])
     manifest = Manifest(tuple(refs), config or RuntimeConfig(), None, dict(provenance or {}))
     digest = repo.put_object("manifests", encode_manifest(manifest))
     repo.set_tag("envs", name, tag, digest)

@@ -28,6 +28,7 @@ from typing import Any
 
 import blake3
 
+from weenvfs.core.kernel_image import stack_image
 from weenvfs.errors import ObjectMissing, ObjectTooLarge, StoreError, StoreUnavailable
 from weenvfs.format.chunk import decompress_object
 from weenvfs.format.constants import MAX_IMAGE_SIZE
@@ -228,8 +229,10 @@ class Verifier:
         indexes: list[GroupIndex | None] = []
         for g in manifest.groups:
             indexes.append(self._group(g.index, f"group {g.name!r}"))
-            if g.erofs is not None and indexes[-1] is not None:
-                self._erofs(g.erofs, indexes[-1], g.name)
+        for position, g in enumerate(manifest.groups):
+            below = indexes[: position + 1]
+            if g.erofs is not None and all(index is not None for index in below):
+                self._erofs(g.erofs, below, g.name)  # type: ignore[arg-type]
         if manifest.hints is not None:
             # SPEC 9.3: the manifest's own hint is bound to it with `hints` set to null.
             bound = digest_hex(encode_manifest(dataclasses.replace(manifest, hints=None)))
@@ -454,8 +457,10 @@ class Verifier:
 
     # -- published EROFS images -------------------------------------------------------------
 
-    def _erofs(self, digest: str, index: GroupIndex, name: str) -> None:
-        """The published image must be exactly the one the format derives from the index."""
+    def _erofs(self, digest: str, indexes: list[GroupIndex], name: str) -> None:
+        """The published image of the top group of `indexes` must be exactly the one derived
+        from them: from its own index for the lowest group, over the groups below it for
+        the others (SPEC.md 15.9)."""
         key = object_key("erofs", digest)
         data = self._fetch("erofs", digest, f"EROFS image of group {name!r}")
         if data is None:
@@ -466,8 +471,11 @@ class Verifier:
             self._problem(key, f"EROFS image does not decompress: {error}")
             return
         self.report.checked["erofs images"] += 1
-        if image != group_image(index):
-            self._problem(key, f"EROFS image of group {name!r} is not the one its index gives")
+        expected = (group_image(indexes[0]) if len(indexes) == 1
+                    else stack_image(indexes, len(indexes) - 1))
+        if image != expected:
+            self._problem(key, f"EROFS image of group {name!r} is not the one its index "
+                          "(and the groups below it) give")
 
     # -- hints ------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The kernel path's own rules: the published EROFS image of the lowest group, its checks,
+"""The kernel path's own rules: the published EROFS images (every group's), their checks,
 what it hides, the fallback when it cannot be used, and the path reported by `weenv stats`.
 
 Real parts: groups built by the real builder from layer tars, `weenv mount` daemons, EROFS
@@ -7,7 +7,9 @@ and overlayfs mounts of this kernel (the test mounter cleans everything up).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,10 @@ from mounts import Mounter, run_weenv
 from support import layers
 from support.trees import dir, file  # noqa: A004
 
-from weenvfs.format.manifest import decode_manifest
+from weenvfs.core.kernel_image import stack_image
+from weenvfs.format.chunk import decompress_object
+from weenvfs.format.constants import MAX_IMAGE_SIZE
+from weenvfs.format.manifest import decode_manifest, encode_manifest
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools.builder import BuildOptions, build_group, open_source
@@ -99,3 +104,54 @@ def test_path_fuse_is_reported(tmp_path: Path, mounter: Mounter) -> None:
     doc = mount.stats()
     assert doc["mount"]["path"] == "fuse"
     assert "--path fuse" in doc["mount"]["fallback_reason"]
+
+
+def _publish_two(tmp_path: Path) -> tuple[Path, str]:
+    """Two groups: the upper one hides a lower file, makes a folder opaque and implies one."""
+    low = layers.layer_file(tmp_path / "low.tar", dir("etc"), file("etc/hostname", b"low\n"),
+                            file("etc/gone", b"x"), dir("cfg"), file("cfg/old", b"old"),
+                            dir("usr/lib", mode=0o750))
+    high = layers.layer_file(tmp_path / "high.tar", layers.whiteout("etc/gone"),
+                             dir("cfg"), layers.opaque("cfg"), file("cfg/new", b"new"),
+                             file("usr/lib/libz.so", b"z"))
+    store_dir = tmp_path / "store"
+    repo = Repository(open_store(str(store_dir), create=True))
+    build_group(open_source(low), repo, "low", "t", BuildOptions())
+    build_group(open_source(high), repo, "high", "t", BuildOptions())
+    return store_dir, compose_env(repo, "two", "t", ["low:t", "high:t"])
+
+
+def test_every_group_mounts_its_published_image(tmp_path: Path, mounter: Mounter) -> None:
+    """compose publishes the upper group's image over the lower one (SPEC.md 15.9) as a node
+    would derive it, and the layer mount fetches it instead of deriving it."""
+    store_dir, digest = _publish_two(tmp_path)
+    repo = Repository(open_store(str(store_dir)))
+    groups = decode_manifest(repo.get_object("manifests", digest)).groups
+    assert all(g.erofs is not None and repo.has_object("erofs", g.erofs) for g in groups)
+    indexes = [repo.get_index(g.index) for g in groups]
+    published = decompress_object(repo.get_object("erofs", groups[1].erofs), "erofs",
+                                  MAX_IMAGE_SIZE)
+    assert published == stack_image(indexes, 1)
+    mount = mounter.mount("two:t", store_dir, extra=["--path", "kernel", "--layer", "1"])
+    images = sorted(p.name for p in (mount.cache / "erofs").glob("*.img"))
+    assert images == [f"{groups[1].erofs}.img"]  # fetched; nothing derived on the node
+    mp = mount.mountpoint
+    gone = os.lstat(mp / "etc" / "gone")
+    assert stat.S_ISCHR(gone.st_mode) and gone.st_rdev == 0  # the whiteout shows
+    assert os.getxattr(mp / "cfg", "trusted.overlay.opaque") == b"y"
+    assert os.stat(mp / "usr" / "lib").st_mode & 0o7777 == 0o750  # implied: the lower's
+    run_weenv("verify", "two:t", "--store", str(store_dir))
+
+
+def test_verify_refuses_an_upper_image_of_another_stack(tmp_path: Path) -> None:
+    store_dir, digest = _publish_two(tmp_path)
+    repo = Repository(open_store(str(store_dir)))
+    manifest = decode_manifest(repo.get_object("manifests", digest))
+    # The lower group's own image named for the upper group: a valid image, the wrong one.
+    wrong = dataclasses.replace(manifest, groups=(
+        manifest.groups[0], dataclasses.replace(manifest.groups[1],
+                                                erofs=manifest.groups[0].erofs)))
+    repo.set_tag("envs", "two", "wrong", repo.put_object("manifests", encode_manifest(wrong)))
+    done = run_weenv("verify", "two:wrong", "--store", str(store_dir), check=False)
+    assert done.returncode != 0
+    assert "is not the one its index (and the groups below it) give" in done.stdout + done.stderr

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 # Re-exported for the mount lifecycle (fuse/ reaches the format through core only).
 __all__ = ["DeviceLayout", "LayerImage", "cached_image", "cached_layout", "derive_image",
-           "fetch_group_image", "stack_key"]
+           "fetch_group_image", "stack_image", "stack_key"]
 
 IMAGE_DIR = "erofs"
 # Bumped whenever what this module or the writer emits changes: old copies are then rebuilt.
@@ -99,6 +99,14 @@ def derive_image(tree: Tree, position: int, layout: DeviceLayout) -> bytes:
     if not (isinstance(tree, LayerTree) and tree.top == position):
         tree = LayerTree(tree.groups[: position + 1])
     return LayerImage(tree, layout).image(DEVICE_TAG)
+
+
+def stack_image(indexes: Sequence[GroupIndex], position: int) -> bytes:
+    """The image of group `position` over the groups below it in `indexes` (lowest first),
+    exactly as a node derives it: what a publisher stores for that group (SPEC.md 15.9)."""
+    top = list(indexes[: position + 1])
+    tree = LayerTree(top) if position else Tree(top)
+    return derive_image(tree, position, DeviceLayout(top[-1]))
 
 
 def fetch_group_image(store: Store, digest: str) -> bytes:

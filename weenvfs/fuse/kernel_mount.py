@@ -126,10 +126,11 @@ def prepare_layers(env: Environment, config: MountConfig, reader: Reader) -> lis
 
 
 def _image(env: Environment, config: MountConfig, position: int, layout: DeviceLayout) -> Path:
-    """The verified image of group `position`: the published one for the lowest group when
-    the manifest names it and the store has it, else derived here (kernel_image.py)."""
+    """The verified image of group `position`: the published one when the manifest names it
+    and the store has it (SPEC.md 15.9: every group's over the groups below it), else
+    derived here (kernel_image.py)."""
     ref = env.manifest.groups[position]
-    if position == 0 and ref.erofs is not None:
+    if ref.erofs is not None:
         published = ref.erofs
         try:
             return cached_image(config.cache_dir, published,
