@@ -107,3 +107,16 @@ def test_sandbox_resolve_prints_the_source(published: str, tmp_path: Path) -> No
                            "--store", published, "--cache", str(cache)],
                           capture_output=True, text=True, timeout=300, check=True).stdout
     assert f"digest       {expected['digest']}" in text
+
+
+def test_the_answer_is_read_past_log_lines_and_refused_when_it_is_not_one() -> None:
+    from weenvfs.runtime.node_resolve import _source
+    from weenvfs.runtime.sandbox import EnvSource
+
+    source = EnvSource("tiny:1", "d" * 64, "s3://b/p", Path("/c"), ("A=1",), "/", "",
+                       ("sh",), ("e" * 64,), False)
+    answer = json.dumps(source_to_json(source), indent=2).encode()
+    assert _source(answer) == source
+    assert _source(b"WARNING botocore: something\n" + answer) == source
+    assert _source(b"weenv: error: no environment tiny:2 in s3://b/p\n") is None
+    assert _source(answer.replace(b'"groups"', b'"groupz"')) is None

@@ -86,8 +86,10 @@ def _read_all(fd: int) -> bytes:
 
 def _source(output: bytes) -> EnvSource | None:
     """The EnvSource printed by `weenv sandbox resolve --json` (None: it printed an error)."""
-    with contextlib.suppress(ValueError):
-        document: dict[str, Any] = json.loads(output)
+    # The JSON document is the last thing printed; a library may have logged before it.
+    start = output.find(b"\n{") + 1 if not output.startswith(b"{") else 0
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        document: dict[str, Any] = json.loads(output[start:])
         if isinstance(document, dict) and "digest" in document:
             return source_from_json(document)
     log.debug("the node service's resolution failed: %s", output[-500:].decode(errors="replace"))
