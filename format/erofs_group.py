@@ -23,7 +23,7 @@ import stat
 from typing import NamedTuple
 
 from . import erofs
-from .constants import CHUNK, CHUNK_ZERO, MAX_IMAGE_SIZE
+from .constants import CHUNK_ZERO, MAX_IMAGE_SIZE
 from .device_layout import BLOCK_SIZE, DeviceLayout
 from .errors import FormatError
 from .index import ROOT_INODE, GroupIndex, Inode
@@ -195,13 +195,8 @@ class GroupImage:
         """One byte per chunk record: 1 for a zero chunk (a hole), decoded in one pass. The
         reader validates every record it fetches; a hole is never fetched."""
         if self._zero is None:
-            h = self.index.header
-            table = memoryview(self.index.raw)[h.chunk_offset:h.chunk_offset
-                                               + h.chunk_count * CHUNK.size]
             self._zero = bytes(flags & CHUNK_ZERO for _, _, flags, _, _, _
-                               in CHUNK.iter_unpack(table))
-            if len(self._zero) != h.chunk_count:
-                raise FormatError("chunk table", "shorter than chunk_count")
+                               in self.index.raw_chunks())
         return self._zero
 
 

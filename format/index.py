@@ -251,6 +251,16 @@ class GroupIndex:
             )
         return rec
 
+    def raw_chunks(self) -> Iterator[tuple[bytes, int, int, int, int, int]]:
+        """Every chunk record as unpacked fields (digest, blob, flags, offset, clen, ulen), in
+        one C-level pass and NOT validated: for scans that only select records (a reader
+        validates each one it uses through `chunk`). FormatError if the table is short."""
+        h = self.header
+        table = memoryview(self._buf)[h.chunk_offset:h.chunk_offset + h.chunk_count * C.CHUNK.size]
+        if len(table) != h.chunk_count * C.CHUNK.size:
+            raise FormatError("chunk table", "shorter than chunk_count")
+        return C.CHUNK.iter_unpack(table)
+
     def blob_digest(self, n: int) -> str:
         """Hex digest of blob `n` of the blob table."""
         h = self.header

@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from weenvfs.format.constants import CHUNK, CHUNK_ZERO
+from weenvfs.format.constants import CHUNK_ZERO
 from weenvfs.format.errors import FormatError
 from weenvfs.format.index import GroupIndex
 
@@ -73,12 +73,8 @@ class Neighbours:
         several groups (a reused chunk) is listed once."""
         frames: dict[str, dict[int, tuple[int, int, int]]] = {}
         for which, index in enumerate(self.indexes):
-            h = index.header
             blobs = index.blob_digests()
-            end = h.chunk_offset + h.chunk_count * CHUNK.size
-            table = memoryview(index.raw)[h.chunk_offset:end]
-            for n, (_digest, blob, flags, offset, clen, _ulen) in enumerate(
-                    CHUNK.iter_unpack(table)):
+            for n, (_digest, blob, flags, offset, clen, _ulen) in enumerate(index.raw_chunks()):
                 if flags & CHUNK_ZERO or blob >= len(blobs):
                     continue
                 frames.setdefault(blobs[blob], {}).setdefault(offset, (which, n, offset + clen))
