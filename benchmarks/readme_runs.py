@@ -20,7 +20,6 @@ Must not: time anything but these contenders, or touch the node's own mounts and
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import subprocess
@@ -33,6 +32,8 @@ from _mounting import BENCH_DIR, Published, drop_caches, mount_server, weenv
 from weenv_peer import evict_shared_mounts, mirror, start_seaweed
 
 from weenvfs.errors import RefNotFound
+from weenvfs.fuse.commands import read_stats
+from weenvfs.runtime.mounts import list_mounts
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
@@ -145,18 +146,9 @@ class ReadmeRuns:
         return {"Python API, cold, first run": seconds}
 
     def fetched(self) -> int:
-        """Bytes the node's mounts fetched so far (`weenv stats` of each shared mount)."""
-        listed = subprocess.run([*weenv_command(), "mounts", "--json"], capture_output=True,
-                                text=True, check=False, timeout=120)
-        total = 0
-        with contextlib.suppress(ValueError):
-            for mount in json.loads(listed.stdout or "[]"):
-                stats = subprocess.run([*weenv_command(), "stats", "--json",
-                                        mount["mountpoint"]], capture_output=True, text=True,
-                                       check=False, timeout=120)
-                with contextlib.suppress(ValueError, KeyError):
-                    total += json.loads(stats.stdout)["fetch"]["bytes_fetched"]
-        return total
+        """Bytes the node's shared mounts fetched so far (their `weenv stats`)."""
+        return sum(int(read_stats(str(mount.mountpoint))["fetch"]["bytes_fetched"])
+                   for mount in list_mounts())
 
 
 def readme_steps(runs: ReadmeRuns, record: Callable[[dict[str, float]], None]
