@@ -267,7 +267,7 @@ class _Stop(Exception):
 
 def serve(idle: float, run: Callable[[list[str]], int],
           ready: Callable[[], None] | None = None, leave_cgroups: bool = False,
-          exporter: Exporter | None = None) -> int:
+          exporter: Exporter | None = None, preload: tuple[str, ...] = ()) -> int:
     """Run the server until SIGTERM, or until it has had no request for `idle` seconds and
     no mount daemon it forked still runs (0: forever). A forked daemon calls `run(ARGV)`
     (the CLI's `main`: fuse may not import the CLI) and exits with what it returns; so does
@@ -276,10 +276,11 @@ def serve(idle: float, run: Callable[[list[str]], int],
     `leave_cgroups` the server first moves to the root cgroup of every hierarchy
     (`leave_cgroups`), so neither it nor its daemons live in the cgroup of whoever started
     it. An `exporter` serves the node's metrics from a child process while the server runs
-    (exporter.py); an address it cannot bind fails the server before `ready()`."""
+    (exporter.py); an address it cannot bind fails the server before `ready()`. `preload`
+    names the modules of the other commands `run` is asked to run (the CLI knows them)."""
     import importlib
 
-    for name in PRELOAD:
+    for name in (*PRELOAD, *preload):
         importlib.import_module(name)
     from weenvfs.store import warm_up
 

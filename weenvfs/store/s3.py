@@ -75,12 +75,20 @@ def _shared_loader() -> Any:
 
 
 def warm_up() -> None:
-    """Load the S3 model now (the mount server does, before it forks mount daemons)."""
+    """Load the S3 model now (the mount server does, before it forks mount daemons), and
+    make one throwaway client: botocore imports and builds the rest of what a client needs
+    (endpoint rules, handlers) at the first `client()`, about 40 ms a forked process would
+    otherwise pay again. A client connects only at its first request, so none is made."""
     loader = _shared_loader()
     loader.load_service_model("s3", "service-2")
     loader.load_service_model("s3", "endpoint-rule-set-1")
     loader.load_data("endpoints")
     loader.load_data("partitions")
+    core = botocore.session.Session()
+    core.register_component("data_loader", loader)
+    session = boto3.session.Session(botocore_session=core, aws_access_key_id="warm-up",
+                                    aws_secret_access_key="warm-up", region_name=DEFAULT_REGION)
+    session.client("s3", endpoint_url="http://127.0.0.1:9", config=Config(user_agent_extra="weenv"))
 
 
 class S3Store(Store):
