@@ -183,6 +183,29 @@ def test_runtime_spec_namespaces_mounts_and_limits(tmp_path: Path) -> None:
     assert "ro" in sys_mount["options"]
     host = runtime_spec(LaunchSpec("x", tmp_path, tmp_path, process, cgroup, network="host"))
     assert "network" not in {n["type"] for n in host["linux"]["namespaces"]}
+    assert spec["process"]["cwd"] == "/"  # the waiting init's; commands bring their own
+
+
+def test_runtime_spec_of_a_one_shot_sandbox_runs_the_command_under_the_init(
+        tmp_path: Path) -> None:
+    process = ProcessSpec(("sh", "-c", "exit 3"), ("PATH=/bin",), "/w", 5, 6, (7,))
+    spec = runtime_spec(LaunchSpec("x", tmp_path, tmp_path, process, CgroupSpec("/weenv/x"),
+                                   one_shot=True))
+    assert spec["process"]["args"] == ["/dev/.weenv-init", "--", "sh", "-c", "exit 3"]
+    assert spec["process"]["cwd"] == "/w"
+    assert spec["process"]["user"] == {"uid": 5, "gid": 6, "additionalGids": [7]}
+    assert spec["process"]["env"] == ["PATH=/bin"]
+
+
+def test_run_ends_with_its_command_and_leaves_no_process(env_ref: EnvRef) -> None:
+    """`weenv run` starts the command as the sandbox's only command (the init runs it): a
+    process it leaves in the background ends with it, a signal's status is 128 + N."""
+    left = run_weenv("run", env_ref.ref, *_base(env_ref), "--", "sh", "-c",
+                     "sleep 600 & echo $! > /tmp/pid; echo started", timeout=120)
+    assert left.stdout == b"started\n"
+    killed = run_weenv("run", env_ref.ref, *_base(env_ref), "--", "sh", "-c", "kill -TERM $$",
+                       check=False)
+    assert killed.returncode == 143
 
 
 def test_resolve_user_forms(tmp_path: Path) -> None:

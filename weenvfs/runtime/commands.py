@@ -363,9 +363,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     with _signals_interrupt():
         with _provisioner_notice(args.elastic):
             box = Sandbox.create(source, _options(args, keep_upper=args.keep),
-                                 owner_pid=os.getpid())
+                                 owner_pid=os.getpid(), start=False)
         try:
-            return _run_attached(box, command, {}, None, None)
+            return _run_once(box, command)
         finally:
             with _signals_ignored():
                 box.destroy()
@@ -384,6 +384,21 @@ def _say_hint(box: Sandbox) -> None:
     line = outcome_line(box.state["env"]["ref"], box.hint_outcome)
     if line is not None:
         print(line, file=sys.stderr)
+
+
+def _run_once(box: Sandbox, command: list[str]) -> int:
+    """Start `box` with `command` as its only process, with this process's stdio; on
+    interrupt stop the launcher (the caller's `destroy` kills what it started) and re-raise."""
+    from .launcher import check_args, parse_exec_failure
+
+    proc = box.run_once(box.command(check_args(command)))
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.kill()  # runc got the terminal's SIGINT too, or not (SIGTERM to us only)
+        proc.wait()
+        raise
+    return parse_exec_failure(code, b"")
 
 
 def _run_attached(box: Sandbox, command: list[str], env: dict[str, str], cwd: str | None,

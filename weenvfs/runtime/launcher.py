@@ -14,6 +14,11 @@ groups, capabilities, rlimits, noNewPrivileges) and nothing is inherited from ru
 defaults by accident. The seccomp filter (seccomp.py) goes into `linux.seccomp` of config.json;
 runc applies it to the init and to every exec.
 
+A one-shot sandbox (`weenv run`: one command, then nothing) skips the exec: its init is
+`catatonit -- COMMAND` with the command's process spec, run by `runc run` in the foreground
+with the caller's stdio, which also deletes the container when the command ends. One runc
+call instead of three (run, exec, delete): about 50 ms less per `weenv run`.
+
 Must not: mount anything on the host, manage upper layers or state files (sandbox.py), or
 decide limits (the cgroup hook in sandbox.py).
 """
@@ -106,6 +111,9 @@ class LaunchSpec:
     network: str = "none"  # "none": own network namespace with lo only; "host": the node's
     hostname: str = "weenv"
     seccomp: dict[str, Any] | None = None  # OCI linux.seccomp (seccomp.py); None: no filter
+    # True: the init runs `process` itself (a one-shot sandbox, `Launcher.run`); False: the
+    # init waits (`catatonit -P`) with the identity of `process`, whose args are unused.
+    one_shot: bool = False
 
 
 def process_spec(process: ProcessSpec) -> dict[str, Any]:
@@ -153,12 +161,18 @@ def _mounts(network: str) -> list[dict[str, Any]]:
 
 
 def runtime_spec(spec: LaunchSpec) -> dict[str, Any]:
-    """The OCI runtime spec (config.json) of a sandbox whose init is `catatonit -P`."""
+    """The OCI runtime spec (config.json) of a sandbox whose init is `catatonit -P`, or
+    `catatonit -- ARGS` for a one-shot sandbox."""
     namespaces = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
     if spec.network == "none":
         namespaces.append({"type": "network"})  # runc brings up lo, nothing else
-    init = ProcessSpec((INIT_PATH, "-P"), spec.process.env, "/", spec.process.uid,
-                       spec.process.gid, spec.process.groups)
+    process = spec.process
+    if spec.one_shot:
+        init = ProcessSpec((INIT_PATH, "--", *process.args), process.env, process.cwd,
+                           process.uid, process.gid, process.groups)
+    else:
+        init = ProcessSpec((INIT_PATH, "-P"), process.env, "/", process.uid, process.gid,
+                           process.groups)
     return {
         "ociVersion": "1.0.2",
         "process": process_spec(init),
@@ -193,6 +207,16 @@ class Launcher(ABC):
     @abstractmethod
     def start(self, spec: LaunchSpec) -> int:
         """Start the sandbox's init detached; return its host pid once it runs."""
+
+    @abstractmethod
+    def run(self, spec: LaunchSpec, *, stdin: int | IO[Any] | None,
+            stdout: int | IO[Any] | None, stderr: int | IO[Any] | None
+            ) -> subprocess.Popen[bytes]:
+        """Start the one-shot sandbox `spec` (its init runs `spec.process`) with this stdio.
+
+        The launcher's own process is returned: it exits with the command's status (as
+        `exec`) once every process of the sandbox is gone, and the launcher has forgotten
+        the sandbox by then."""
 
     @abstractmethod
     def exec(
@@ -259,6 +283,19 @@ class RuncLauncher(Launcher):
             raise WeenvError(f"runc could not start sandbox {spec.sandbox_id}: {message}")
         return int(pid_file.read_text().strip())
 
+    def run(self, spec: LaunchSpec, *, stdin: int | IO[Any] | None,
+            stdout: int | IO[Any] | None, stderr: int | IO[Any] | None
+            ) -> subprocess.Popen[bytes]:
+        spec.bundle.mkdir(parents=True, exist_ok=True)
+        _write_json(spec.bundle / "config.json", runtime_spec(spec))
+        # In the foreground without a terminal, runc hands its own stdio to the init, which
+        # the command inherits; runc forwards the signals it gets to the init.
+        return subprocess.Popen(
+            [*self._base(), "run", "--bundle", str(spec.bundle), "--pid-file",
+             str(spec.bundle / "init.pid"), spec.sandbox_id],
+            stdin=stdin, stdout=stdout, stderr=stderr,
+        )
+
     def exec(
         self, sandbox_id: str, bundle: Path, process: ProcessSpec, *, pid_file: Path,
         stdin: int | IO[Any] | None, stdout: int | IO[Any] | None,
@@ -277,6 +314,8 @@ class RuncLauncher(Launcher):
         # killing the init ourselves (the kernel then kills the whole pid namespace) and
         # deleting the stopped container costs a few ms.
         self._kill_init(sandbox_id)
+        if not (self.root / sandbox_id).exists():
+            return  # never made, or deleted by its own `runc run` (a one-shot sandbox)
         code, err = self._run("delete", "--force", sandbox_id)
         if code != 0 and "does not exist" not in err:
             raise WeenvError(f"runc could not delete sandbox {sandbox_id}: {_runc_message(err)}")

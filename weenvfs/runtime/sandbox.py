@@ -282,9 +282,10 @@ class Sandbox:
 
     @classmethod
     def create(cls, source: EnvSource, options: SandboxOptions, *, owner_pid: int | None,
-               launcher: Launcher | None = None) -> Sandbox:
+               launcher: Launcher | None = None, start: bool = True) -> Sandbox:
         """Make and start a sandbox of `source`; `owner_pid` None makes it outlive this
-        process (only `weenv sandbox rm` or gc of a dead init ends it)."""
+        process (only `weenv sandbox rm` or gc of a dead init ends it). With `start` False
+        everything is made but the init: `run_once` then starts it with one command."""
         require_root()
         if options.network not in ("none", "host"):
             raise UsageError(f"--network must be none or host, not {options.network!r}")
@@ -314,7 +315,7 @@ class Sandbox:
         # the profile's file changed or went away since.
         (sandbox.bundle / SECCOMP_FILE).write_text(json.dumps(syscalls.to_json()))
         try:
-            sandbox._build(source, options)
+            sandbox._build(source, options, start)
         except BaseException:
             sandbox.destroy(keep_upper=False)
             raise
@@ -332,7 +333,7 @@ class Sandbox:
             raise UsageError(f"no sandbox {sandbox_id}") from None
         return cls(state, launcher)
 
-    def _build(self, source: EnvSource, options: SandboxOptions) -> None:
+    def _build(self, source: EnvSource, options: SandboxOptions, start: bool) -> None:
         started = time.monotonic()
         if options.limits.elastic:  # first: fails fast on a node without usable cgroups
             self.state["elastic"] = elastic.attach(self.id, source.digest, options.limits)
@@ -353,7 +354,11 @@ class Sandbox:
         env = rootfs.env_list(source.env, options.env, user)
         self.state["process"] = ProcessSpec((), env, cwd, user.uid, user.gid,
                                             user.groups).to_json()
-        self._start()
+        if start:
+            self._start()
+        else:
+            self.state["status"] = "created"
+            self.save()
         log.info("sandbox %s of %s ready in %.0f ms", self.id, source.ref,
                  (time.monotonic() - started) * 1000)
 
@@ -380,15 +385,32 @@ class Sandbox:
         safe_paths.ensure_dir(self.rootfs, process.cwd, (process.uid, process.gid))
         safe_paths.ensure_dir(self.rootfs, "/tmp", (0, 0), mode=0o1777)
 
-    def _start(self) -> None:
+    def _launch_spec(self, process: ProcessSpec, one_shot: bool) -> LaunchSpec:
         self._fix_rootfs()
         cgroup = cgroups.cgroup_factory(self.id, Limits(**self.state["limits"]))
         self.state["cgroup"] = {"path": cgroup.path, "resources": cgroup.resources}
-        spec = LaunchSpec(self.id, self.rootfs, self.bundle, self.process, cgroup,
-                          self.state["network"], self.id, self.seccomp.profile)
+        return LaunchSpec(self.id, self.rootfs, self.bundle, process, cgroup,
+                          self.state["network"], self.id, self.seccomp.profile, one_shot)
+
+    def _start(self) -> None:
+        spec = self._launch_spec(self.process, one_shot=False)
         self.state["init_pid"] = self.launcher.start(spec)
         self.state["status"] = "running"
         self.save()
+
+    def run_once(self, spec: ProcessSpec, *, stdin: int | IO[Any] | None = None,
+                 stdout: int | IO[Any] | None = None,
+                 stderr: int | IO[Any] | None = None) -> subprocess.Popen[bytes]:
+        """Start a sandbox made with `start=False` with `spec` (from `command`) as its only
+        command: the returned launcher process exits with its status (launcher.Launcher.run),
+        and then no process of the sandbox is left; `destroy` it afterwards as any other."""
+        require_root()
+        if self.state.get("status") != "created":
+            raise WeenvError(f"sandbox {self.id} has started already: use exec")
+        launch = self._launch_spec(spec, one_shot=True)
+        self.state["status"] = "running"
+        self.save()
+        return self.launcher.run(launch, stdin=stdin, stdout=stdout, stderr=stderr)
 
     @property
     def seccomp(self) -> seccomp.Seccomp:
