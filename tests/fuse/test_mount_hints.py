@@ -8,17 +8,14 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from mounts import Mount, Mounter, publish, run_weenv
+from hint_mounts import publish_hint, wait_for_state
+from mounts import Mounter, publish, run_weenv
 from support import trees
 from support.trees import file
 
-from weenvfs.core.hints import publish_run
-from weenvfs.format.hints import HintRecord
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools import sample
@@ -27,19 +24,6 @@ pytestmark = pytest.mark.requires_fuse
 
 KIB = 1 << 10
 CHUNK = 64 * KIB
-WAIT = 60.0  # seconds a condition may take before the test fails (a hang guard only)
-
-
-def wait_for_state(mount: Mount, *states: str) -> dict[str, Any]:
-    """Poll `weenv stats` until the replay is in one of `states`; return the stats."""
-    deadline = time.monotonic() + WAIT
-    while True:
-        stats = mount.stats()
-        if stats["hints"]["state"] in states:
-            return stats
-        if time.monotonic() > deadline:
-            pytest.fail(f"replay still {stats['hints']['state']!r}, not in {states}")
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -52,20 +36,6 @@ def env(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
     store = tmp_path / "store"
     publish(store, [src], env="env:t", chunk_size=CHUNK, batch_threshold=16 * KIB)
     return store, contents
-
-
-def publish_hint(store: Path, ref: str, paths: list[str], tag: str = "latest") -> int:
-    """Publish a hint of the chunks of `paths` (in order) for `ref`; return its chunk count."""
-    with open_store(str(store)) as s:
-        repo = Repository(s)
-        digest, manifest = repo.resolve_env(ref)
-        indexes = [repo.get_index(g.index) for g in manifest.groups]
-        index = indexes[-1]
-        inodes = [index.resolve(p.encode()) for p in paths]
-        chunks = dict.fromkeys(c for ino in inodes for c in index.file_chunks(ino))
-        run = [HintRecord(len(indexes) - 1, c, t) for t, c in enumerate(chunks)]
-        publish_run(repo, digest, manifest, indexes, run, tag)
-    return len(chunks)
 
 
 def test_reads_are_correct_while_the_hint_replays(env, mounter: Mounter) -> None:

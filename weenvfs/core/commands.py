@@ -1,6 +1,6 @@
-"""The `weenv cache stats` and `weenv cache prune` commands.
+"""The `weenv cache stats`, `weenv cache prune` and `weenv cache warm` commands.
 
-Owns: argument parsing and output of the two commands, and size parsing/formatting for them.
+Owns: argument parsing and output of the three commands, and size parsing/formatting for them.
 Must not: know the cache layout (core/cache.py does); both commands work on a cache that live
 mounts are using (prune unlinks, open files keep reading, anything else is fetched again).
 """
@@ -8,11 +8,15 @@ mounts are using (prune unlinks, open files keep reading, anything else is fetch
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from weenvfs.cli import add_command
+from weenvfs.cli_args import add_store, print_json
 from weenvfs.core.cache import CACHE_ENV, DEFAULT_CACHE_DIR, ChunkCache, default_cache_dir
 from weenvfs.errors import WeenvError
 from weenvfs.units import format_size, size_arg
@@ -58,6 +62,37 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     how = prune.add_mutually_exclusive_group()
     how.add_argument("--max-size", type=size_arg, metavar="SIZE", help="e.g. 5G, 500M")
     how.add_argument("--all", action="store_true", help="remove every cached chunk")
+    _register_warm(commands)
+
+
+def _register_warm(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    warm = add_command(
+        commands,
+        "warm",
+        help="fetch an environment's hinted chunks (or all of them) into the cache",
+        description=(
+            "Fetch, verify and cache the chunks of REF's prefetch hint (tag latest, else the\n"
+            "manifest's own), and with --all then every other chunk, so that the node's next\n"
+            "cold start of REF reads from the cache. Mounts replay their hint this way by\n"
+            "themselves (in a process of their own, started by the node service); this\n"
+            "command warms a node ahead of time. Safe next to live mounts: the cache's chunk\n"
+            "locks make sure no chunk is fetched twice."
+        ),
+        examples=["weenv cache warm py:3.11 --store s3://bucket/envs",
+                  "weenv cache warm py:3.11 --store /srv/weenv --all --json"],
+        func=_cmd_warm,
+    )
+    warm.add_argument("ref", metavar="REF", help="environment NAME[:TAG] or manifest digest")
+    add_store(warm, required=True)
+    warm.add_argument("--cache", type=Path, metavar="DIR", help=_CACHE_HELP)
+    warm.add_argument("--hint", default="latest", metavar="TAG|DIGEST|none",
+                      help="the hint to replay (default: tag latest, if it exists)")
+    warm.add_argument("--all", action="store_true",
+                      help="after the hint, fetch every other chunk of the environment")
+    warm.add_argument("--json", action="store_true", help="print the result as JSON")
+    # A mount that hands its replay to this command reads JSON-line reports here
+    # (core/warm.py); the node service passes the pipe as its readiness fd.
+    warm.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
 
 def _open(args: argparse.Namespace) -> ChunkCache:
@@ -103,3 +138,62 @@ def _cmd_prune(args: argparse.Namespace) -> int:
         f"{result.chunks_left} chunk(s), {format_size(result.bytes_left)} left"
     )
     return 0
+
+
+def _cmd_warm(args: argparse.Namespace) -> int:
+    import trio
+
+    from weenvfs.core.hints import check_hint_spec
+    from weenvfs.store import open_store
+
+    from .warm import load_target, report_to_fd, warm
+
+    check_hint_spec(args.hint)
+    cache_dir = (args.cache or default_cache_dir()).absolute()
+    report = report_to_fd(args.ready_fd) if args.ready_fd is not None else _Progress(args.ref)
+    with open_store(args.store) as store:
+        store.check()
+        target = load_target(store, args.ref, cache_dir)
+        cache = ChunkCache(cache_dir)
+        try:
+            result = trio.run(functools.partial(warm, store, cache, target, hint=args.hint,
+                                                everything=args.all, report=report))
+        except BrokenPipeError:
+            return 0  # the mount that asked for the replay is gone: nothing left to warm for
+    if args.ready_fd is not None:
+        return 0
+    hints, fetch = result["hints"], result["fetch"]
+    summary = {"environment": target.digest, "hint": hints["hint"], "source": hints["source"],
+               "hinted_chunks": hints["chunks"], "missing": hints["chunks_missing"],
+               "chunks_fetched": fetch["chunks_fetched"], "bytes_fetched": fetch["bytes_fetched"],
+               **({"all": hints["fetch_all"]} if "fetch_all" in hints else {})}
+    if args.json:
+        print_json(summary)
+    elif hints["hint"] is None and not args.all:
+        print(f"{args.ref} has no prefetch hint ({args.hint}): nothing to warm "
+              "(--all fetches every chunk)")
+    else:
+        print(f"warmed {args.ref}: fetched {fetch['chunks_fetched']} chunk(s), "
+              f"{format_size(fetch['bytes_fetched'])} from the store"
+              + (f"; {hints['chunks_missing']} hinted chunk(s) could not be fetched"
+                 if hints["chunks_missing"] else ""))
+    return 1 if hints["chunks_missing"] or result["hints"].get("fetch_all", {}).get("missing") \
+        else 0
+
+
+class _Progress:
+    """Progress on stderr, about once a second, while a warm-up runs."""
+
+    def __init__(self, ref: str) -> None:
+        self.ref = ref
+        self.shown = time.monotonic()
+
+    def __call__(self, line: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if line["done"] or now - self.shown < 1.0:
+            return
+        self.shown = now
+        hints, fetch = line["hints"], line["fetch"]
+        print(f"weenv: warming {self.ref}: {hints['state']}, {hints['chunks_done']} of "
+              f"{hints['chunks']} hinted chunk(s), {format_size(fetch['bytes_fetched'])} "
+              "fetched", file=sys.stderr, flush=True)

@@ -215,6 +215,7 @@ class Prefetcher:
             "chunks_missing": self.hint_missing,
             "replay_s": self.hint_seconds,
             "waste": self.fetcher.stats.unused_prefetched(self._digests),
+            "replayer": "mount daemon",
         }
         if self.fetch_all:
             out["fetch_all"] = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 # Demand reads that hit a chunk brought in by prefetch count as hint hits. Remembering every
@@ -132,6 +132,9 @@ class Stats:
         # writes the cache before the trio task records the chunk, and a demand read may hit
         # the cache in between. That is still a hit, not waste.
         self._used_early: OrderedDict[bytes, None] = OrderedDict()
+        # The latest counters of another process fetching for the same mount (a hint replay
+        # of its own, fuse/replay_process.py), added to these in `snapshot`.
+        self._other: dict[str, Any] = {}
 
     def record_request(self, nbytes: int, seconds: float) -> None:
         """One successful store request of `nbytes` that took `seconds`."""
@@ -169,26 +172,45 @@ class Stats:
             return len(self._prefetched)
         return sum(1 for d in digests if d in self._prefetched)
 
+    def add_other(self, snapshot: Mapping[str, Any]) -> None:
+        """Count the store traffic of another process fetching for the same consumer:
+        `snapshot` is its latest cumulative `snapshot()` (replaces the previous one). Its
+        request, byte and error counters are added to ours; its latency histogram is not."""
+        self._other = dict(snapshot)
+
+    def _plus(self, key: str, value: int) -> int:
+        other = self._other.get(key, 0)
+        return value + (other if isinstance(other, int) else 0)
+
     def snapshot(self) -> dict[str, Any]:
         """All counters as a JSON-able dict (a copy: later updates do not change it)."""
+        errors = Counter(self.errors)
+        other_errors = self._other.get("errors", {})
+        if isinstance(other_errors, dict):
+            errors.update({k: v for k, v in other_errors.items() if isinstance(v, int)})
+        other_prefetch = self._other.get("prefetch", {})
+        other_requests = other_prefetch.get("requests", 0) if isinstance(other_prefetch,
+                                                                          dict) else 0
         return {
             "reads": self.reads,
             "bytes_served": self.bytes_served,
             "cache_hits": self.cache_hits,
             "cache_misses": self.cache_misses,
             "zero_chunks": self.zero_chunks,
-            "requests": self.requests,
-            "retries": self.retries,
-            "bytes_fetched": self.bytes_fetched,
-            "chunks_fetched": self.chunks_fetched,
-            "bytes_decompressed": self.bytes_decompressed,
-            "waited_for_other_process": self.waited_for_other,
+            "requests": self._plus("requests", self.requests),
+            "retries": self._plus("retries", self.retries),
+            "bytes_fetched": self._plus("bytes_fetched", self.bytes_fetched),
+            "chunks_fetched": self._plus("chunks_fetched", self.chunks_fetched),
+            "bytes_decompressed": self._plus("bytes_decompressed", self.bytes_decompressed),
+            "waited_for_other_process": self._plus("waited_for_other_process",
+                                                   self.waited_for_other),
             "fetch_latency": self.latency.summary(),
             "read_waits": {**self.read_waits.summary(),
                            "total_s": round(self.read_waits.total, 3)},
-            "errors": dict(sorted(self.errors.items())),
+            "errors": dict(sorted(errors.items())),
             "prefetch": {
-                "requests": self.prefetch_requests,
+                "requests": self.prefetch_requests + (other_requests
+                                                      if isinstance(other_requests, int) else 0),
                 "chunks": self.prefetched_chunks,
                 "bytes": self.prefetched_bytes,
                 "hint_hits": self.prefetch_hint_hits,

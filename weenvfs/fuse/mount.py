@@ -39,7 +39,7 @@ import trio
 from weenvfs.core.cache import ChunkCache
 from weenvfs.core.environment import Environment, open_environment
 from weenvfs.core.fetcher import Fetcher
-from weenvfs.core.hints import HintRecorder, env_hint_lookup, publish_env_run
+from weenvfs.core.hints import NO_HINT, HintRecorder, env_hint_lookup, publish_env_run
 from weenvfs.core.neighbours import Neighbours
 from weenvfs.core.prefetch import Prefetcher
 from weenvfs.core.reader import Reader
@@ -48,6 +48,7 @@ from weenvfs.core.tree import FormatError
 from weenvfs.errors import WeenvError
 from weenvfs.store import open_store
 
+from . import replay_process
 from .config import MountConfig
 from .ops import Operations
 
@@ -113,6 +114,11 @@ async def serve(env: Environment, config: MountConfig,
     reason = kernel_unavailable(env, config)
     if reason is not None and config.path == "kernel":
         raise WeenvError(f"the kernel path cannot mount here: {reason}")
+    # The hint's replay in a process of its own where the node service can start one (first:
+    # it runs while the image is made), else in this one (fuse/replay_process.py says why).
+    replay_fd = None
+    if env.serves_top and config.hint != NO_HINT:
+        replay_fd = replay_process.launch(env, config)
     cache = ChunkCache(config.cache_dir, config.cache_size)
     stats = Stats()
     no_merge = {} if config.coalesce else {"coalesce_gap": -1}  # -1: never merge chunks
@@ -121,19 +127,23 @@ async def serve(env: Environment, config: MountConfig,
         fetcher.neighbours = Neighbours(env.tree.groups).around
     reader = Reader(env.tree, fetcher)
     recorder = reader.recorder = HintRecorder() if config.record_tag is not None else None
-    prefetcher = Prefetcher(env.tree.groups, fetcher, fetch_all=config.fetch_all)
-    lookup = env_hint_lookup(env, config.hint) if env.serves_top else _no_hint(env)
+    replay: Prefetcher | replay_process.ReplayProcess
+    if replay_fd is not None:
+        replay = replay_process.ReplayProcess(replay_fd, fetcher)
+        prefetch = replay.run
+    else:
+        replay = Prefetcher(env.tree.groups, fetcher, fetch_all=config.fetch_all)
+        lookup = env_hint_lookup(env, config.hint) if env.serves_top else _no_hint(env)
+        prefetch = functools.partial(replay.run, lookup)
     started = time.monotonic()
     path = {"path": "fuse" if reason else "kernel", "fallback_reason": reason}
 
     def document() -> dict[str, Any]:
         doc = stats_document(env, config, stats, started)
         doc["mount"].update(path)
-        doc["hints"] = prefetcher.progress()
+        doc["hints"] = replay.progress()
         doc["hints"]["recorded_chunks"] = None if recorder is None else len(recorder)
         return doc
-
-    prefetch = functools.partial(prefetcher.run, lookup)
 
     async def run(announce: Callable[[], Awaitable[None]],
                   stop: Callable[[], Awaitable[None]]) -> None:

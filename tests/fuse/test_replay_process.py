@@ -1,0 +1,116 @@
+"""A mount's hint replay in a process of its own (fuse/replay_process.py, core/warm.py), with
+the real CLI, the session's node service and real mounts: the replay runs there and its work
+counts for the mount (`weenv stats`: progress, bytes, hits, waste); without a node service
+the mount replays itself; unmounting ends a replay even while its store hangs."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hint_mounts import WAIT, publish_hint, wait_for_state
+from mounts import Mounter, publish, run_weenv
+from support import trees
+from support.trees import file
+
+from weenvfs.store import open_store
+from weenvfs.store.repository import Repository
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "store"))
+from fault_proxy import FaultProxy  # noqa: E402 - tests/store is not on the path by itself
+from http_server import RangeHTTPServer  # noqa: E402
+
+pytestmark = pytest.mark.requires_fuse
+
+CHUNK = 64 << 10
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    """A store with environment env:t (64 KiB chunks) and the files' contents."""
+    rng = random.Random(5)
+    contents = {f"lib/big{n}": rng.randbytes(4 * CHUNK + n * 777) for n in range(4)}
+    contents.update({f"etc/s{n:02d}": rng.randbytes(rng.randrange(1, 5000)) for n in range(20)})
+    src = trees.make_tree(tmp_path / "src", *[file(p, d) for p, d in contents.items()])
+    store = tmp_path / "store"
+    publish(store, [src], env="env:t", chunk_size=CHUNK, batch_threshold=16 << 10)
+    return store, contents
+
+
+def warm_processes(digest: str) -> list[int]:
+    """Pids of `weenv cache warm DIGEST` processes (the replays of that environment; the
+    node service's children show their arguments as one string)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                line = f.read().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if f"cache warm {digest} ".encode() in line:
+            pids.append(int(entry))
+    return pids
+
+
+def env_digest(store: Path | str) -> str:
+    with open_store(str(store)) as s:
+        return Repository(s).resolve_env("env:t")[0]
+
+
+def test_the_replay_runs_apart_and_counts_for_the_mount(env, mounter: Mounter) -> None:
+    store, contents = env
+    paths = ["lib/big1", "etc/s05", "lib/big3"]
+    count = publish_hint(store, "env:t", paths)
+    mount = mounter.mount("env:t", store)
+    stats = wait_for_state(mount, "done")
+    hints, fetch = stats["hints"], stats["fetch"]
+    assert hints["replayer"] == "separate process"
+    assert hints["chunks"] == hints["chunks_done"] == count and hints["chunks_missing"] == 0
+    # Nothing has been read: every chunk the mount counts came from the replay, all waste.
+    assert fetch["chunks_fetched"] == fetch["prefetch"]["chunks"] == hints["waste"] == count
+    assert fetch["bytes_fetched"] > 0 and fetch["requests"] > 0
+    for path in paths:
+        assert (mount.mountpoint / path).read_bytes() == contents[path], path
+    after = mount.stats()
+    assert after["fetch"]["cache_misses"] == 0
+    assert after["fetch"]["prefetch"]["hint_hits"] == count and after["hints"]["waste"] == 0
+    deadline = time.monotonic() + WAIT
+    while warm_processes(env_digest(store)):  # it exits once it has reported
+        assert time.monotonic() < deadline, "the replay process did not exit"
+        time.sleep(0.05)
+
+
+def test_without_a_node_service_the_mount_replays_itself(env, mounter: Mounter,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    store, contents = env
+    count = publish_hint(store, "env:t", ["lib/big0"])
+    monkeypatch.setenv("WEENV_MOUNTD", "off")
+    mount = mounter.mount("env:t", store)
+    stats = wait_for_state(mount, "done")
+    assert stats["hints"]["replayer"] == "mount daemon"
+    assert stats["hints"]["chunks_done"] == count == stats["fetch"]["prefetch"]["chunks"]
+    assert (mount.mountpoint / "lib/big0").read_bytes() == contents["lib/big0"]
+
+
+def test_unmounting_ends_a_replay_whose_store_hangs(env, mounter: Mounter) -> None:
+    store, _ = env
+    publish_hint(store, "env:t", ["lib/big2"])
+    digest = env_digest(store)
+    with RangeHTTPServer(store) as server, \
+            FaultProxy(server.url, "t*", stall=3600, match=r"^GET .*/blobs/") as proxy:
+        mount = mounter.mount("env:t", proxy.url)  # type: ignore[arg-type]
+        deadline = time.monotonic() + WAIT
+        while proxy.requests(code="t") == 0:  # the replay waits for a stalled chunk
+            assert time.monotonic() < deadline, "the replay never asked for a chunk"
+            time.sleep(0.02)
+        assert warm_processes(digest)
+        run_weenv("umount", str(mount.mountpoint))
+        while warm_processes(digest):
+            assert time.monotonic() < deadline, "the replay outlived its mount"
+            time.sleep(0.05)
