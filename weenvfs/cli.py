@@ -195,9 +195,11 @@ def _command_of(argv: Sequence[str]) -> str | None:
 
 
 # What the node service (`weenv mountd`) runs in processes it forks, besides mount daemons:
-# `weenv sandbox resolve` (runtime/node_resolve.py). The service imports these before it
-# forks, so that a resolution pays for none of their imports (about 40 ms).
-SERVICE_MODULES = ("weenvfs.runtime.commands", "weenvfs.runtime.environment")
+# `weenv sandbox resolve` (runtime/node_resolve.py) and a mount's hint replay, `weenv cache
+# warm` (fuse/replay_process.py). The service imports these before it forks, so that neither
+# pays for their imports (about 40 ms).
+SERVICE_MODULES = ("weenvfs.runtime.commands", "weenvfs.runtime.environment",
+                   "weenvfs.core.commands", "weenvfs.core.warm")
 
 
 class _LogSetup:

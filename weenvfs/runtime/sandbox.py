@@ -47,7 +47,7 @@ from typing import IO, Any
 from weenvfs.errors import UsageError, WeenvError
 from weenvfs.fuse import daemon
 
-from . import cgroups, disk, elastic, mounts, rootfs, safe_paths, seccomp
+from . import cgroups, disk, mounts, rootfs, safe_paths, seccomp
 from .cgroups import Limits, cgroup_pids, remove_cgroup
 from .launcher import DEFAULT_CAPS, Launcher, LaunchSpec, ProcessSpec, default_launcher
 from .lower_modes import DEFAULT_LOWER, LOWER_MODES
@@ -336,6 +336,8 @@ class Sandbox:
     def _build(self, source: EnvSource, options: SandboxOptions, start: bool) -> None:
         started = time.monotonic()
         if options.limits.elastic:  # first: fails fast on a node without usable cgroups
+            from . import elastic  # the provisioner's modules: only for elastic sandboxes
+
             self.state["elastic"] = elastic.attach(self.id, source.digest, options.limits)
             self.save()
         planned = plan_lowers(source.digest, source.groups, options.lower, source.store_url,
@@ -491,6 +493,8 @@ class Sandbox:
             if not present:
                 return
             if self.is_elastic:
+                from . import elastic
+
                 elastic.release(self.id)
             self._stop()
             if self.is_elastic:  # the provisioner's cgroup, kept across resets
