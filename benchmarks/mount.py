@@ -43,7 +43,7 @@ from _common import (
 )
 from _mounting import BENCH_DIR, Mounts, Published, generated_tree, published
 
-from weenvfs.core.environment import open_environment
+from weenvfs.core.loaded_env import open_environment
 from weenvfs.store import open_store
 
 NAME = "mount"

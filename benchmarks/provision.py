@@ -36,7 +36,7 @@ import trio
 from _common import describe_machine, print_table, write_json
 
 from weenvfs.provision import registry
-from weenvfs.provision.cgroup import MIB, Cgroup, Limits, read_mounts, remove_dirs
+from weenvfs.provision.cgroup_driver import MIB, Cgroup, CgroupLimits, read_mounts, remove_dirs
 from weenvfs.provision.cgroup_v1 import CgroupV1Driver
 from weenvfs.provision.history import History
 from weenvfs.provision.sidecar import Sidecar, SidecarConfig
@@ -143,7 +143,7 @@ def real_run(count: int, work: Path, pause: float) -> dict[str, Any]:
                 f"sb{i}",
                 cgroups[-1].paths(),
                 "bench-env",
-                Limits(64 * MIB, 64 * MIB, 200),
+                CgroupLimits(64 * MIB, 64 * MIB, 200),
                 spool=config.spool,
                 driver=driver,
                 history=History(None),

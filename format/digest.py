@@ -12,7 +12,6 @@ import blake3
 
 from .errors import DigestMismatch, FormatError
 
-DIGEST_SIZE = 32
 _HEX = re.compile(r"[0-9a-f]{64}")
 # Above this size hashing uses blake3's own threads (it releases the GIL either way).
 _THREADED_HASH_MIN = 1 << 20

@@ -5,7 +5,7 @@ property of the whole directory graph: it must be a tree, every directory reacha
 root by exactly one path (SPEC.md 6.15). A shared directory (a "directory hardlink") or a cycle
 passes every record check, yet a reader that walks the tree would loop or serve the same
 directory twice. `check_tree` is the one validator every reader of an index calls once, after
-decoding it: the mount (core/environment.py), inspect, export and verify.
+decoding it: the mount (core/loaded_env.py), inspect, export and verify.
 
 Must not: do I/O, or repeat the per-record checks beyond what the walk needs.
 """

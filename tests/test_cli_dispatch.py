@@ -53,7 +53,7 @@ def _imported(*argv: str) -> tuple[int, set[str]]:
         (("run", "--help"), {"weenvfs.runtime.commands"}),
         (("-v", "mount", "--help"), {"weenvfs.fuse.commands"}),
         (("sandbox", "ls", "--help"), {"weenvfs.runtime.commands"}),
-        (("inspect", "--help"), {"weenvfs.tools.cli_read"}),
+        (("inspect", "--help"), {"weenvfs.tools.read_commands"}),
     ],
 )
 def test_a_command_imports_only_its_module(argv: tuple[str, ...], expected: set[str]) -> None:

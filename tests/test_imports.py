@@ -9,7 +9,7 @@ against the table below. The table is the contract: change it deliberately, in r
   so `from weenvfs.store import s3` is an import of the S3 backend, not of the store package.
 - Every import counts: inside functions and under `if TYPE_CHECKING:` too (they still couple
   the rooms).
-- Command modules (a room's `commands.py` or `cli_*.py`, and every module the CLI's dispatch
+- Command modules (a room's `commands.py` or `*_commands.py`, and every module the CLI's dispatch
   table `weenvfs.cli.COMMANDS` names) are the top of their room: only command modules of the
   same package may import one (the Python API never depends on the CLI). They alone may import
   the CLI modules (`add_command`, the shared argument helpers) and `weenvfs.errors` (what
@@ -107,10 +107,10 @@ TOP_FILES = {
     "cli_args.py": "cli",
     "errors.py": "errors",
     "units.py": "units",
-    "hints.py": "top",
+    "hint_commands.py": "top",
     "demo.py": "top",
 }
-# A room's `commands.py` (or `cli_*.py`) registers its subcommands through
+# A room's `commands.py` (or `*_commands.py`) registers its subcommands through
 # weenvfs.cli.add_command (lazily imported by cli, by name, so no cycle).
 COMMANDS_MODULE = "commands"
 # What command modules may import besides their room's rules: add_command, the shared argument
@@ -125,7 +125,7 @@ def is_commands_module(module: str) -> bool:
     if module in CLI_MODULES:
         return False
     last = module.rsplit(".", 1)[-1]
-    return last == COMMANDS_MODULE or last.startswith("cli_") or module in COMMANDS.values()
+    return last == COMMANDS_MODULE or last.endswith("_commands") or module in COMMANDS.values()
 
 
 def package_of(module: str) -> str:
@@ -437,14 +437,16 @@ def test_cycle_check_catches_a_cycle_held_by_a_lazy_import() -> None:
          ["command module weenvfs.fuse.commands"]),
         ("runtime", "weenvfs.runtime.mounts", "from weenvfs.fuse.config import mount_args", []),
         ("runtime", "weenvfs.runtime.environment", "from .commands import x", ["command"]),
-        ("runtime", "weenvfs.runtime.commands", "from .cli_mounts import x", []),
-        ("top", "weenvfs.hints", "from weenvfs.fuse.commands import mount_args", ["command"]),
-        ("top", "weenvfs.hints", "from weenvfs.fuse import daemon\nimport boto3", ["boto3"]),
+        ("runtime", "weenvfs.runtime.commands", "from .mounts_commands import x", []),
+        ("top", "weenvfs.hint_commands", "from weenvfs.fuse.commands import mount_args",
+         ["command"]),
+        ("top", "weenvfs.hint_commands", "from weenvfs.fuse import daemon\nimport boto3",
+         ["boto3"]),
         ("tools", "weenvfs.tools.convert", "from weenvfs.fuse import ops", ["may not import fuse"]),
         ("tools", "weenvfs.tools.commands", "from weenvfs.cli import add_command", []),
         ("tools", "weenvfs.tools.convert", "from weenvfs.cli import add_command", ["cli"]),
-        ("tools", "weenvfs.tools.cli_read", "from weenvfs.cli_args import print_json", []),
-        ("tools", "weenvfs.tools.cli_read", "from weenvfs.tools.cli_build import x", []),
+        ("tools", "weenvfs.tools.read_commands", "from weenvfs.cli_args import print_json", []),
+        ("tools", "weenvfs.tools.read_commands", "from weenvfs.tools.build_commands import x", []),
         ("provision", "weenvfs.provision.commands", "from weenvfs.cli_args import x", []),
         ("provision", "weenvfs.provision.commands", "from weenvfs.errors import UsageError", []),
         # The CLI is no back door: what it imported is taken from its own module.

@@ -10,7 +10,7 @@ staging folder (staging.py) that is removed however the build ends; one left by 
 build is removed by the next build (and by `weenv gc`). Nothing is tagged unless all of it is
 stored.
 
-Must not: parse arguments or print (cli_build.py), or know the store's key layout.
+Must not: parse arguments or print (build_commands.py), or know the store's key layout.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ now (an earlier conversion of the same name), the version an explicit group tag 
 now, and every `--dedup-with` environment or group. Chunks found there are not uploaded.
 
 Must not: parse image formats (image_source.py and the transports), layers (layers.py), or
-arguments (cli_convert.py).
+arguments (convert_commands.py).
 """
 
 from __future__ import annotations

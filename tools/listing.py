@@ -6,7 +6,7 @@ once (a version is a digest; several tags may point at it): for a group, its ent
 bytes and the stored index size (tools/inspect.py's `group_stats`); for an environment, its
 groups, its file bytes (the sum of its groups') and the hint tags recorded for it. Dates are
 the mtime of the tree's root directory (when its content last changed, as the image recorded
-it; stores keep no write times). Must not: print (cli_read.py renders) or fetch chunk data.
+it; stores keep no write times). Must not: print (read_commands.py renders) or fetch chunk data.
 """
 
 from __future__ import annotations

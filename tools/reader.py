@@ -120,16 +120,6 @@ class ChunkReader:
             else:
                 yield ChunkResult(n, rec, bytes(rec.ulen) if known is _ZERO else known, None)
 
-    def read_chunks(
-        self, index: GroupIndex, numbers: Sequence[int], *, cache: bool = False
-    ) -> Iterator[tuple[int, bytes]]:
-        """(number, plaintext) of each chunk in `numbers`; raises on the first bad chunk."""
-        for result in self.iter_chunks(index, numbers, cache=cache):
-            if result.error is not None:
-                raise result.error
-            assert result.plain is not None
-            yield result.number, result.plain
-
     def _extends(self, run: list[tuple[int, ChunkRecord]], rec: ChunkRecord) -> bool:
         """Whether `rec`'s frame directly follows the run's frames in the same blob."""
         first, last = run[0][1], run[-1][1]

@@ -16,7 +16,7 @@ from support.trees import file
 
 from weenvfs.core.cache import ChunkCache
 from weenvfs.core.chunk_plan import chunk_loc
-from weenvfs.core.hints import publish_run
+from weenvfs.core.node_hints import publish_run
 from weenvfs.format.hints import HintRecord
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository

@@ -14,19 +14,19 @@ import pytest
 from test_reader import CHUNK, CONTENTS, expected_sparse, make_env, run_with_fetcher
 
 from weenvfs.core.device_reader import DeviceReader
-from weenvfs.core.environment import Environment
 from weenvfs.core.fetcher import Fetcher
+from weenvfs.core.loaded_env import LoadedEnv
 from weenvfs.core.reader import Reader
 from weenvfs.core.tree import FormatError
 from weenvfs.format.device_layout import BLOCK_SIZE, DeviceLayout
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Environment:
+def env(tmp_path: Path) -> LoadedEnv:
     return make_env(tmp_path)
 
 
-def device_image(env: Environment, layout: DeviceLayout) -> bytes:
+def device_image(env: LoadedEnv, layout: DeviceLayout) -> bytes:
     """The device as the layout promises it: each file at its block, zeros elsewhere."""
     index = env.tree.groups[0]
     copies = dict(CONTENTS, sparse=expected_sparse())
@@ -40,7 +40,7 @@ def device_image(env: Environment, layout: DeviceLayout) -> bytes:
     return bytes(out)
 
 
-def test_layout_gives_each_file_its_own_aligned_extent(env: Environment) -> None:
+def test_layout_gives_each_file_its_own_aligned_extent(env: LoadedEnv) -> None:
     index = env.tree.groups[0]
     layout = DeviceLayout(index)
     sized = {p: d for p, d in dict(CONTENTS, sparse=expected_sparse()).items() if d}
@@ -54,7 +54,7 @@ def test_layout_gives_each_file_its_own_aligned_extent(env: Environment) -> None
         layout.start_block(index.resolve(b"empty"))  # no data, no extent
 
 
-def test_pieces_cover_files_and_leave_gaps_as_zeros(env: Environment) -> None:
+def test_pieces_cover_files_and_leave_gaps_as_zeros(env: LoadedEnv) -> None:
     layout = DeviceLayout(env.tree.groups[0])
     assert layout.pieces(0, 0) == []
     assert layout.pieces(layout.size, 10) == []
@@ -65,7 +65,7 @@ def test_pieces_cover_files_and_leave_gaps_as_zeros(env: Environment) -> None:
 
 
 def test_random_device_reads_equal_the_device_built_by_hand(
-    env: Environment, tmp_path: Path
+    env: LoadedEnv, tmp_path: Path
 ) -> None:
     layout = DeviceLayout(env.tree.groups[0])
     expected = device_image(env, layout)
@@ -85,7 +85,7 @@ def test_random_device_reads_equal_the_device_built_by_hand(
 
 
 def test_a_file_shorter_than_its_index_says_is_a_format_error(
-    env: Environment, tmp_path: Path
+    env: LoadedEnv, tmp_path: Path
 ) -> None:
     layout = DeviceLayout(env.tree.groups[0])
     ino = env.tree.groups[0].resolve(b"one")

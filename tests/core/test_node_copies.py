@@ -16,16 +16,16 @@ import pytest
 from test_reader import make_env
 
 from weenvfs.core import index_cache, node_files
-from weenvfs.core.environment import Environment, open_environment
 from weenvfs.core.index_cache import INDEX_DIR, TREE_VERDICT, load_index
 from weenvfs.core.kernel_image import cached_layout
+from weenvfs.core.loaded_env import LoadedEnv, open_environment
 from weenvfs.format.device_layout import DeviceLayout
 from weenvfs.store.faulty import FaultyStore
 from weenvfs.store.repository import Repository
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Environment:
+def env(tmp_path: Path) -> LoadedEnv:
     return make_env(tmp_path)
 
 
@@ -38,7 +38,7 @@ def _needs_xattrs(folder: Path) -> None:
         pytest.skip("the temp folder's file system has no user xattrs")
 
 
-def test_an_index_is_fetched_and_tree_checked_once(env: Environment, tmp_path: Path,
+def test_an_index_is_fetched_and_tree_checked_once(env: LoadedEnv, tmp_path: Path,
                                                    monkeypatch) -> None:
     _needs_xattrs(tmp_path)
     store = FaultyStore(env.store)
@@ -61,7 +61,7 @@ def test_an_index_is_fetched_and_tree_checked_once(env: Environment, tmp_path: P
     assert store.calls["get"] == fetched and checks == [1, 1]
 
 
-def test_a_damaged_copy_is_never_served(env: Environment, tmp_path: Path, assert_logs) -> None:
+def test_a_damaged_copy_is_never_served(env: LoadedEnv, tmp_path: Path, assert_logs) -> None:
     _needs_xattrs(tmp_path)
     store = FaultyStore(env.store)
     repo, digest = Repository(store), env.manifest.groups[0].index
@@ -81,13 +81,13 @@ def test_a_damaged_copy_is_never_served(env: Environment, tmp_path: Path, assert
     assert copy.read_bytes() != bytes(data)  # replaced by the fetched object
 
 
-def test_without_a_cache_folder_nothing_is_kept(env: Environment, tmp_path: Path) -> None:
+def test_without_a_cache_folder_nothing_is_kept(env: LoadedEnv, tmp_path: Path) -> None:
     before = set(tmp_path.rglob("*"))
     load_index(Repository(env.store), env.manifest.groups[0].index)
     assert set(tmp_path.rglob("*")) == before
 
 
-def test_a_refused_index_is_not_kept(env: Environment, tmp_path: Path, monkeypatch) -> None:
+def test_a_refused_index_is_not_kept(env: LoadedEnv, tmp_path: Path, monkeypatch) -> None:
     from weenvfs.format.errors import FormatError
 
     def refuse(index: object) -> None:
@@ -99,14 +99,14 @@ def test_a_refused_index_is_not_kept(env: Environment, tmp_path: Path, monkeypat
     assert not (tmp_path / "node" / INDEX_DIR / env.manifest.groups[0].index).exists()
 
 
-def test_open_environment_keeps_its_indexes_on_the_node(env: Environment, tmp_path: Path):
+def test_open_environment_keeps_its_indexes_on_the_node(env: LoadedEnv, tmp_path: Path):
     cache = tmp_path / "node"
     opened = open_environment(env.store, "env:t", cache_dir=cache)
     assert [p.name for p in (cache / INDEX_DIR).iterdir()] == [env.manifest.groups[0].index]
     assert opened.tree.groups[0].raw == env.tree.groups[0].raw
 
 
-def test_a_layout_is_derived_once_and_read_back_equal(env: Environment, tmp_path: Path,
+def test_a_layout_is_derived_once_and_read_back_equal(env: LoadedEnv, tmp_path: Path,
                                                       assert_logs, monkeypatch) -> None:
     index, digest = env.tree.groups[0], env.manifest.groups[0].index
     cache = tmp_path / "node"
@@ -134,7 +134,7 @@ def test_a_layout_is_derived_once_and_read_back_equal(env: Environment, tmp_path
     assert cached_layout(cache, digest, index).size == fresh.size and derived == [1]
 
 
-def test_saved_layouts_refuse_what_is_not_one(env: Environment) -> None:
+def test_saved_layouts_refuse_what_is_not_one(env: LoadedEnv) -> None:
     saved = DeviceLayout(env.tree.groups[0]).to_bytes()
     for bad in (b"", saved[:10], b"XXXXXXXX" + saved[8:], saved + b"\0", saved[:-1]):
         with pytest.raises(ValueError):

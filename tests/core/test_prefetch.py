@@ -17,9 +17,9 @@ from support.trees import file
 
 from weenvfs.core.cache import ChunkCache
 from weenvfs.core.chunk_plan import ChunkLoc, chunk_loc
-from weenvfs.core.environment import Environment, open_environment
 from weenvfs.core.fetcher import Fetcher
-from weenvfs.core.hints import FoundHint, HintRecorder
+from weenvfs.core.loaded_env import LoadedEnv, open_environment
+from weenvfs.core.node_hints import FoundHint, HintRecorder
 from weenvfs.core.prefetch import Prefetcher, all_locs, hint_locs, windows
 from weenvfs.core.reader import Reader
 from weenvfs.core.tree import ROOT_INODE, Tree
@@ -47,7 +47,7 @@ CONTENTS = _contents()
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Environment:
+def env(tmp_path: Path) -> LoadedEnv:
     src = trees.make_tree(tmp_path / "src", *[file(p, d) for p, d in CONTENTS.items()])
     store = open_store(str(tmp_path / "store"), create=True)
     repo = Repository(store)
@@ -63,7 +63,7 @@ def inode_of(tree: Tree, path: str) -> int:
     return inode
 
 
-def found(env: Environment, records: list[HintRecord]) -> FoundHint:
+def found(env: LoadedEnv, records: list[HintRecord]) -> FoundHint:
     return FoundHint("ab" * 32, "test", Hint(env.digest, tuple(records)))
 
 
@@ -98,7 +98,7 @@ def run(body: Callable[..., object], *args: object) -> None:
 # -- pure helpers ------------------------------------------------------------------------------
 
 
-def test_hint_locs_keep_order_and_drop_repeats(env: Environment) -> None:
+def test_hint_locs_keep_order_and_drop_repeats(env: LoadedEnv) -> None:
     index = env.tree.groups[0]
     count = index.header.chunk_count
     order = [3, 1, 3, 0, count - 1, 1]
@@ -119,7 +119,7 @@ def test_windows_cut_by_stored_bytes_in_order() -> None:
 # -- recording through the reader, then replay -------------------------------------------------
 
 
-def test_recorded_reads_replay_into_the_cache(env: Environment, tmp_path: Path) -> None:
+def test_recorded_reads_replay_into_the_cache(env: LoadedEnv, tmp_path: Path) -> None:
     recorder = HintRecorder()
     paths = ["small/07", "big2", "small/21"]
 
@@ -158,7 +158,7 @@ def test_recorded_reads_replay_into_the_cache(env: Environment, tmp_path: Path) 
     assert prefetcher.progress()["waste"] == 0
 
 
-def test_no_hint_fetches_nothing(env: Environment, tmp_path: Path) -> None:
+def test_no_hint_fetches_nothing(env: LoadedEnv, tmp_path: Path) -> None:
     store = FaultyStore(env.store)
     prefetcher = Prefetcher(env.tree.groups, Fetcher(store, ChunkCache(tmp_path / "c", 1 << 30)))
     run(prefetcher.run, lambda: None)
@@ -169,7 +169,7 @@ def test_no_hint_fetches_nothing(env: Environment, tmp_path: Path) -> None:
 # -- demand before prefetch -------------------------------------------------------------------
 
 
-def test_demand_reads_are_not_delayed_behind_replay(env: Environment, tmp_path: Path) -> None:
+def test_demand_reads_are_not_delayed_behind_replay(env: LoadedEnv, tmp_path: Path) -> None:
     """A slow store holds the first prefetch request; demand requests arrive at the store
     while it is stuck, before any of the queued prefetch requests, and complete, also for a
     hinted chunk the replay has not reached yet."""
@@ -207,7 +207,7 @@ def test_demand_reads_are_not_delayed_behind_replay(env: Environment, tmp_path: 
 # -- fetch-all --------------------------------------------------------------------------------
 
 
-def test_fetch_all_then_no_store_every_file_reads(env: Environment, tmp_path: Path) -> None:
+def test_fetch_all_then_no_store_every_file_reads(env: LoadedEnv, tmp_path: Path) -> None:
     cache = ChunkCache(tmp_path / "c", 1 << 30)
     fetcher = Fetcher(env.store, cache)
     prefetcher = Prefetcher(env.tree.groups, fetcher, fetch_all=True, window_bytes=CHUNK)
@@ -229,7 +229,7 @@ def test_fetch_all_then_no_store_every_file_reads(env: Environment, tmp_path: Pa
     assert gone.calls["get_range"] == 0
 
 
-def test_fetch_all_retries_what_failed(env: Environment, tmp_path: Path, monkeypatch) -> None:
+def test_fetch_all_retries_what_failed(env: LoadedEnv, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr("weenvfs.core.prefetch.FETCH_ALL_BACKOFF", 0.001)
     cache = ChunkCache(tmp_path / "c", 1 << 30)
     store = FaultyStore(env.store, "P")  # the first request fails for good
@@ -239,7 +239,7 @@ def test_fetch_all_retries_what_failed(env: Environment, tmp_path: Path, monkeyp
     assert all(cache.contains(loc.digest) for loc in all_locs(env.tree.groups))
 
 
-def test_no_neighbourhoods_while_a_hint_is_replayed(env: Environment, tmp_path: Path) -> None:
+def test_no_neighbourhoods_while_a_hint_is_replayed(env: LoadedEnv, tmp_path: Path) -> None:
     """A hint names what will be read: a miss during its replay fetches only itself; once
     the replay is done, misses fetch their neighbourhoods again (core/neighbours.py)."""
     from weenvfs.core.neighbours import Neighbours

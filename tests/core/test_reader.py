@@ -18,8 +18,8 @@ from support.trees import file, sparse
 
 from weenvfs.core.cache import ChunkCache
 from weenvfs.core.chunk_plan import ChunkLoc
-from weenvfs.core.environment import Environment, open_environment
 from weenvfs.core.fetcher import Fetcher
+from weenvfs.core.loaded_env import LoadedEnv, open_environment
 from weenvfs.core.reader import Reader
 from weenvfs.core.tree import ROOT_INODE, Tree
 from weenvfs.store import open_store
@@ -50,11 +50,11 @@ SPARSE = {0: b"head", 5 * CHUNK + 10: b"mid" * 300, 12 * CHUNK - 4: b"tail"}
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Environment:
+def env(tmp_path: Path) -> LoadedEnv:
     return make_env(tmp_path)
 
 
-def make_env(tmp_path: Path) -> Environment:
+def make_env(tmp_path: Path) -> LoadedEnv:
     """CONTENTS plus a sparse file, built into a local store and opened as `env:t`."""
     specs = [file(path, data) for path, data in CONTENTS.items()]
     specs.append(sparse("sparse", 12 * CHUNK, SPARSE))
@@ -74,7 +74,7 @@ def inode_of(tree: Tree, path: str) -> int:
 
 
 def run_with_fetcher(
-    env: Environment, cache_dir: Path, body: Callable[[Fetcher], Awaitable[None]]
+    env: LoadedEnv, cache_dir: Path, body: Callable[[Fetcher], Awaitable[None]]
 ) -> None:
     async def main() -> None:
         fetcher = Fetcher(env.store, ChunkCache(cache_dir, 1 << 30))
@@ -94,7 +94,7 @@ def expected_sparse() -> bytes:
     return bytes(buf)
 
 
-def test_random_reads_equal_an_in_memory_copy(env: Environment, tmp_path: Path) -> None:
+def test_random_reads_equal_an_in_memory_copy(env: LoadedEnv, tmp_path: Path) -> None:
     copies = dict(CONTENTS, sparse=expected_sparse())
     rng = random.Random(11)
 
@@ -135,7 +135,7 @@ class SpyFetcher:
         self.inner.advise(locs)
 
 
-def test_sequential_reads_queue_the_next_chunks_once(env: Environment, tmp_path: Path) -> None:
+def test_sequential_reads_queue_the_next_chunks_once(env: LoadedEnv, tmp_path: Path) -> None:
     index, ino = env.tree.file(inode_of(env.tree, "big"))
     digests = [index.chunk(n).digest for n in index.file_chunks(ino)]
 
@@ -159,7 +159,7 @@ def test_sequential_reads_queue_the_next_chunks_once(env: Environment, tmp_path:
 
 
 def test_the_first_read_of_a_file_queues_the_rest_of_it(
-    env: Environment, tmp_path: Path
+    env: LoadedEnv, tmp_path: Path
 ) -> None:
     """Demand overlap without a hint: touching a multi-chunk file queues its other chunks
     (after the read first), bounded by `first_ahead`, once; single-chunk files queue nothing."""
@@ -189,7 +189,7 @@ def test_the_first_read_of_a_file_queues_the_rest_of_it(
 
 
 def test_the_rest_of_a_file_is_fetched_in_the_background(
-    env: Environment, tmp_path: Path
+    env: LoadedEnv, tmp_path: Path
 ) -> None:
     """The queued chunks really reach the cache without being read (the real fetcher)."""
     index, ino = env.tree.file(inode_of(env.tree, "big"))
@@ -207,7 +207,7 @@ def test_the_rest_of_a_file_is_fetched_in_the_background(
     run_with_fetcher(env, cache_dir, body)
 
 
-def test_reading_a_directory_or_symlink_fails(env: Environment, tmp_path: Path) -> None:
+def test_reading_a_directory_or_symlink_fails(env: LoadedEnv, tmp_path: Path) -> None:
     async def body(fetcher: Fetcher) -> None:
         reader = Reader(env.tree, fetcher)
         with pytest.raises(IsADirectoryError):

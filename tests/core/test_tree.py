@@ -16,7 +16,7 @@ import pytest
 from support import layers, trees
 from support.trees import chardev, dir, file, hardlink, sparse, symlink  # noqa: A004
 
-from weenvfs.core.environment import open_environment
+from weenvfs.core.loaded_env import open_environment
 from weenvfs.core.tree import (
     BLOCK_SIZE,
     ROOT_INODE,

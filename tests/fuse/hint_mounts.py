@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from mounts import Mount
 
-from weenvfs.core.hints import publish_run
+from weenvfs.core.node_hints import publish_run
 from weenvfs.format.hints import HintRecord
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from provision_support import V1Cgroups, V2Folder, v1_unavailable_reason
 
-from weenvfs.provision.cgroup import read_mounts
+from weenvfs.provision.cgroup_driver import read_mounts
 from weenvfs.provision.cgroup_v1 import CgroupV1Driver
 from weenvfs.provision.sidecar import SidecarConfig
 

@@ -30,7 +30,7 @@ import pytest
 import trio
 from support.polling import wait_for
 
-from weenvfs.provision.cgroup import Cgroup, Write, read_mounts, remove_dirs
+from weenvfs.provision.cgroup_driver import Cgroup, Write, read_mounts, remove_dirs
 from weenvfs.provision.cgroup_v1 import CgroupV1Driver
 from weenvfs.provision.cgroup_v2 import CgroupV2Driver
 from weenvfs.provision.sidecar import Sidecar, SidecarConfig

@@ -12,7 +12,7 @@ import pytest
 from provision_support import V1Cgroups
 from support.polling import wait_for
 
-from weenvfs.provision.cgroup import MIB, CgroupGone, Limits, ProvisionError
+from weenvfs.provision.cgroup_driver import MIB, CgroupGone, CgroupLimits, ProvisionError
 from weenvfs.provision.cgroup_v1 import CgroupV1Driver
 
 
@@ -37,7 +37,8 @@ def test_resolve_maps_every_hierarchy_to_one_name(v1: CgroupV1Driver) -> None:
 
 def test_apply_writes_what_differs_and_reads_back(v1_cgroups: V1Cgroups) -> None:
     driver, cgroup = v1_cgroups.driver, v1_cgroups.make("sb")
-    writes = driver.apply(cgroup, Limits(64 * MIB, 64 * MIB, 500, mem_soft=32 * MIB, hold=True))
+    limits = CgroupLimits(64 * MIB, 64 * MIB, 500, mem_soft=32 * MIB, hold=True)
+    writes = driver.apply(cgroup, limits)
     assert [w.file for w in writes] == [
         "memory.oom_control",
         "memory.limit_in_bytes",
@@ -47,8 +48,9 @@ def test_apply_writes_what_differs_and_reads_back(v1_cgroups: V1Cgroups) -> None
     sample = driver.read(cgroup)
     assert (sample.mem_limit, sample.cpu_quota_millis) == (64 * MIB, 500)
     assert "oom_kill_disable 1" in (cgroup.dirs["memory"] / "memory.oom_control").read_text()
-    assert driver.apply(cgroup, Limits(64 * MIB, 64 * MIB, 500, 32 * MIB, True)) == []
-    assert [w.file for w in driver.apply(cgroup, Limits(96 * MIB, 96 * MIB, 0, 32 * MIB))] == [
+    assert driver.apply(cgroup, CgroupLimits(64 * MIB, 64 * MIB, 500, 32 * MIB, True)) == []
+    bigger = CgroupLimits(96 * MIB, 96 * MIB, 0, 32 * MIB)
+    assert [w.file for w in driver.apply(cgroup, bigger)] == [
         "memory.limit_in_bytes",
         "cpu.cfs_quota_us",
     ]
@@ -59,7 +61,7 @@ def test_never_lowers_below_usage_plus_guard(v1_cgroups: V1Cgroups) -> None:
     driver, cgroup = v1_cgroups.driver, v1_cgroups.make("sb")
     process = v1_cgroups.load(cgroup)
     process.run("mem 48 0")
-    writes = driver.apply(cgroup, Limits(32 * MIB, 32 * MIB, 1000))
+    writes = driver.apply(cgroup, CgroupLimits(32 * MIB, 32 * MIB, 1000))
     [limit] = [w for w in writes if w.file == "memory.limit_in_bytes"]
     assert limit.clamped and int(limit.value) == limit.usage_before + driver.guard
     assert limit.usage_before >= 48 * MIB
@@ -69,12 +71,12 @@ def test_never_lowers_below_usage_plus_guard(v1_cgroups: V1Cgroups) -> None:
 
 def test_hold_makes_tasks_wait_at_the_limit_until_it_is_raised(v1_cgroups: V1Cgroups) -> None:
     driver, cgroup = v1_cgroups.driver, v1_cgroups.make("sb")
-    driver.apply(cgroup, Limits(64 * MIB, 64 * MIB, 1000, hold=True))
+    driver.apply(cgroup, CgroupLimits(64 * MIB, 64 * MIB, 1000, hold=True))
     process = v1_cgroups.load(cgroup)
     process.send("mem 96 0")
     held = wait_for(lambda: driver.read(cgroup).held, "the task to be held at the limit")
     assert held and process.popen.poll() is None
-    driver.apply(cgroup, Limits(160 * MIB, 160 * MIB, 1000, hold=True))  # wakes it
+    driver.apply(cgroup, CgroupLimits(160 * MIB, 160 * MIB, 1000, hold=True))  # wakes it
     process.expect("ok mem 96 0")
     sample = driver.read(cgroup)
     assert not sample.held and sample.oom_kills == 0 and sample.mem_limit_hits > 0
@@ -83,11 +85,11 @@ def test_hold_makes_tasks_wait_at_the_limit_until_it_is_raised(v1_cgroups: V1Cgr
 
 def test_release_lets_the_kernel_kill_a_held_task(v1_cgroups: V1Cgroups) -> None:
     driver, cgroup = v1_cgroups.driver, v1_cgroups.make("sb")
-    driver.apply(cgroup, Limits(64 * MIB, 64 * MIB, 1000, hold=True))
+    driver.apply(cgroup, CgroupLimits(64 * MIB, 64 * MIB, 1000, hold=True))
     process = v1_cgroups.load(cgroup)
     process.send("mem 96 0")
     wait_for(lambda: driver.read(cgroup).held, "the task to be held at the limit")
-    driver.apply(cgroup, Limits(64 * MIB, 64 * MIB, 1000, hold=False))
+    driver.apply(cgroup, CgroupLimits(64 * MIB, 64 * MIB, 1000, hold=False))
     assert process.popen.wait(timeout=30) == -signal.SIGKILL
     wait_for(lambda: driver.read(cgroup).oom_kills == 1, "the OOM kill to be counted")
 
@@ -98,13 +100,13 @@ def test_a_removed_cgroup_is_gone(v1_cgroups: V1Cgroups) -> None:
     with pytest.raises(CgroupGone):
         driver.read(cgroup)
     with pytest.raises(CgroupGone):
-        driver.apply(cgroup, Limits(64 * MIB, 64 * MIB, 100))
+        driver.apply(cgroup, CgroupLimits(64 * MIB, 64 * MIB, 100))
     driver.remove(cgroup)  # removing twice is fine
 
 
 def test_cpu_counters_follow_a_spinning_task(v1_cgroups: V1Cgroups) -> None:
     driver, cgroup = v1_cgroups.driver, v1_cgroups.make("sb")
-    driver.apply(cgroup, Limits(256 * MIB, 256 * MIB, 200))  # 0.2 cores
+    driver.apply(cgroup, CgroupLimits(256 * MIB, 256 * MIB, 200))  # 0.2 cores
     process = v1_cgroups.load(cgroup)
     before = driver.read(cgroup)
 

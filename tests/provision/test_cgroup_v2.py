@@ -16,11 +16,12 @@ import pytest
 from provision_support import LoadProcess, V2Folder
 from support.polling import wait_for
 
-from weenvfs.provision.cgroup import (
+from weenvfs.provision.cgroup_detect import detect_driver
+from weenvfs.provision.cgroup_driver import (
     MIB,
     CgroupFileError,
     CgroupGone,
-    Limits,
+    CgroupLimits,
     ProvisionError,
     Write,
     parse_keyed,
@@ -28,7 +29,6 @@ from weenvfs.provision.cgroup import (
     read_mounts,
     v2_controllers,
 )
-from weenvfs.provision.cgroup_detect import detect_driver
 from weenvfs.provision.cgroup_v2 import CgroupV2Driver
 
 
@@ -68,21 +68,21 @@ def test_psi_files_are_optional(v2_folder: V2Folder) -> None:
 def test_raising_writes_max_before_high_and_lowering_high_before_max(v2_folder: V2Folder) -> None:
     cgroup = v2_folder.make("weenv-sb", memory_high=str(100 * MIB), memory_max=str(125 * MIB))
     driver = v2_folder.driver
-    up = driver.apply(cgroup, Limits(200 * MIB, 250 * MIB, 1500))
+    up = driver.apply(cgroup, CgroupLimits(200 * MIB, 250 * MIB, 1500))
     usage = 100 * MIB  # the default memory.current
     assert up == [
         Write("memory.max", str(250 * MIB), usage),
         Write("memory.high", str(200 * MIB), usage),
         Write("cpu.max", "150000 100000", usage),
     ]
-    down = driver.apply(cgroup, Limits(150 * MIB, 160 * MIB, 0))
+    down = driver.apply(cgroup, CgroupLimits(150 * MIB, 160 * MIB, 0))
     assert [w.file for w in down] == ["memory.high", "memory.max", "cpu.max"]
     assert v2_folder.get(cgroup, "cpu.max") == "max 100000"
     assert (v2_folder.get(cgroup, "memory.high"), v2_folder.get(cgroup, "memory.max")) == (
         str(150 * MIB),
         str(160 * MIB),
     )
-    assert driver.apply(cgroup, Limits(150 * MIB, 160 * MIB, 0)) == []  # nothing differs
+    assert driver.apply(cgroup, CgroupLimits(150 * MIB, 160 * MIB, 0)) == []  # nothing differs
 
 
 def test_never_writes_below_usage_plus_guard(v2_folder: V2Folder) -> None:
@@ -92,7 +92,7 @@ def test_never_writes_below_usage_plus_guard(v2_folder: V2Folder) -> None:
         memory_max=str(400 * MIB),
         memory_high=str(350 * MIB),
     )
-    writes = v2_folder.driver.apply(cgroup, Limits(100 * MIB, 120 * MIB, 1000))
+    writes = v2_folder.driver.apply(cgroup, CgroupLimits(100 * MIB, 120 * MIB, 1000))
     floor = 300 * MIB + v2_folder.driver.guard
     assert [(w.file, int(w.value), w.clamped) for w in writes[:2]] == [
         ("memory.high", floor, True),
@@ -135,7 +135,7 @@ def test_a_removed_cgroup_is_gone(v2_folder: V2Folder) -> None:
     with pytest.raises(CgroupGone):
         v2_folder.driver.read(cgroup)
     with pytest.raises(CgroupGone):
-        v2_folder.driver.apply(cgroup, Limits(100 * MIB, 100 * MIB, 100))
+        v2_folder.driver.apply(cgroup, CgroupLimits(100 * MIB, 100 * MIB, 100))
     assert not v2_folder.driver.exists(cgroup)
 
 
@@ -208,7 +208,7 @@ def test_real_cgroup2_limits(require_or_skip) -> None:  # type: ignore[no-untype
     cgroup = driver.create(f"{parent}/sb")
     process = None
     try:
-        driver.apply(cgroup, Limits(96 * MIB, 128 * MIB, 500))
+        driver.apply(cgroup, CgroupLimits(96 * MIB, 128 * MIB, 500))
         process = LoadProcess(cgroup)
         process.run("mem 32 0")
         time.sleep(0.1)
@@ -232,6 +232,6 @@ def _assert_v2_limits_refused(driver: CgroupV2Driver) -> None:
     cgroup = driver.create(f"weenv-test-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         with pytest.raises(ProvisionError):
-            driver.apply(cgroup, Limits(96 * MIB, 128 * MIB, 500))
+            driver.apply(cgroup, CgroupLimits(96 * MIB, 128 * MIB, 500))
     finally:
         driver.remove(cgroup)

@@ -15,7 +15,7 @@ from support.polling import wait_for
 
 from weenvfs.cli import main
 from weenvfs.provision import registry
-from weenvfs.provision.cgroup import MIB, Limits, ProvisionError
+from weenvfs.provision.cgroup_driver import MIB, CgroupLimits, ProvisionError
 from weenvfs.provision.history import History
 from weenvfs.provision.sidecar import SidecarConfig
 
@@ -77,7 +77,7 @@ def test_status_shows_the_sidecars_figures(
         "a",
         ["weenv-a"],
         "env",
-        Limits(200 * MIB, 250 * MIB, 1500),
+        CgroupLimits(200 * MIB, 250 * MIB, 1500),
         spool=config.spool,
         driver=v2_folder.driver,
         history=History(None),

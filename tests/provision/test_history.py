@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from weenvfs.provision.cgroup import MIB, Limits, Sample
+from weenvfs.provision.cgroup_driver import MIB, CgroupLimits, Sample
 from weenvfs.provision.history import History, RunStats, RunSummary
 from weenvfs.provision.policy import PolicyConfig
 
@@ -57,7 +57,7 @@ def test_history_keeps_the_last_runs_and_seeds_from_start_peaks(tmp_path: Path) 
     assert [r.mem_start_peak // MIB for r in kept] == [120, 130, 140]
     # The largest start-up peak of the kept runs, plus headroom, rounded up: 140 * 1.2 = 168.
     # CPU: 204 * 1.25 = 255 -> 260 millicores. v2's safety net is 1.25x: 210 MiB.
-    assert history.seed("env", config) == Limits(168 * MIB, 210 * MIB, 260)
+    assert history.seed("env", config) == CgroupLimits(168 * MIB, 210 * MIB, 260)
     body = json.loads((tmp_path / "h" / "env.json").read_text())
     assert body["env"] == "env" and len(body["runs"]) == 3
     assert History(tmp_path / "h").runs("env") == kept  # another reader sees the same
@@ -66,7 +66,7 @@ def test_history_keeps_the_last_runs_and_seeds_from_start_peaks(tmp_path: Path) 
 def test_seed_respects_floors(tmp_path: Path) -> None:
     history = History(None)
     history.record("tiny", run(MIB, 1))
-    assert history.seed("tiny", PolicyConfig()) == Limits(64 * MIB, 80 * MIB, 100)
+    assert history.seed("tiny", PolicyConfig()) == CgroupLimits(64 * MIB, 80 * MIB, 100)
 
 
 def test_odd_environment_names_get_a_hashed_file(tmp_path: Path) -> None:

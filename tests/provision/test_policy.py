@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from weenvfs.provision.budget import fair_share, step
-from weenvfs.provision.cgroup import MIB, Limits, Sample
+from weenvfs.provision.cgroup_driver import MIB, CgroupLimits, Sample
 from weenvfs.provision.policy import (
     Bounds,
     Decision,
@@ -47,7 +47,7 @@ def sample(t: float, mem_mib: float, **fields: Any) -> Sample:
 
 def drive(
     config: PolicyConfig,
-    initial: Limits,
+    initial: CgroupLimits,
     samples: Sequence[Sample],
     bounds: Bounds | None = None,
 ) -> list[Decision]:
@@ -275,5 +275,5 @@ def test_config_overrides_and_sizes() -> None:
     assert (config.mem_floor, config.mem_calm, config.tick) == (128 * MIB, 3.0, 1.0)
     with pytest.raises(ValueError, match="unknown policy parameter 'nope'"):
         PolicyConfig().with_overrides({"nope": "1"})
-    assert initial_limits(PolicyConfig(), 100 * MIB, 500) == Limits(100 * MIB, 125 * MIB, 500)
+    assert initial_limits(PolicyConfig(), 100 * MIB, 500) == CgroupLimits(100 * MIB, 125 * MIB, 500)
     assert quantize(100.0000001, 10) == 110 and quantize(100, 10) == 100

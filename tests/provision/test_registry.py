@@ -13,7 +13,7 @@ from provision_support import V1Cgroups, V2Folder
 from support.polling import wait_for
 
 from weenvfs.provision import registry
-from weenvfs.provision.cgroup import MIB, Limits, ProvisionError
+from weenvfs.provision.cgroup_driver import MIB, CgroupLimits, ProvisionError
 from weenvfs.provision.history import History, RunSummary
 from weenvfs.provision.policy import PolicyConfig
 
@@ -23,7 +23,7 @@ def test_register_applies_initial_limits_at_once_and_spools(
 ) -> None:
     cgroup = v2_folder.make("weenv-sb1")
     spool = tmp_path / "spool"
-    initial = Limits(200 * MIB, 250 * MIB, 1500)
+    initial = CgroupLimits(200 * MIB, 250 * MIB, 1500)
     reg = registry.register(
         "sb1",
         [str(cgroup.dirs["unified"])],
@@ -62,7 +62,7 @@ def test_initial_limits_come_from_the_environments_history(
         history=history,
         driver=v2_folder.driver,
     )
-    assert seeded.initial == Limits(360 * MIB, 450 * MIB, 1000)  # 300 * 1.2; 800 * 1.25
+    assert seeded.initial == CgroupLimits(360 * MIB, 450 * MIB, 1000)  # 300 * 1.2; 800 * 1.25
     v2_folder.make("weenv-b")
     fresh = registry.register(
         "sb2",
@@ -72,7 +72,7 @@ def test_initial_limits_come_from_the_environments_history(
         history=history,
         driver=v2_folder.driver,
     )
-    assert fresh.initial == Limits(512 * MIB, 640 * MIB, 1000)  # defaults, v2 net 1.25x
+    assert fresh.initial == CgroupLimits(512 * MIB, 640 * MIB, 1000)  # defaults, v2 net 1.25x
 
 
 def test_register_on_v1_sets_hold_and_one_hard_limit(v1_cgroups: V1Cgroups, tmp_path: Path) -> None:

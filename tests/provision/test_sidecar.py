@@ -18,11 +18,11 @@ from provision_support import FolderV2Driver, SidecarThread, V2Folder, read_even
 from support.polling import wait_for
 
 from weenvfs.provision import registry
-from weenvfs.provision.cgroup import MIB, Cgroup, Limits, ProvisionError, Sample, Write
+from weenvfs.provision.cgroup_driver import MIB, Cgroup, CgroupLimits, ProvisionError, Sample, Write
 from weenvfs.provision.history import History
 from weenvfs.provision.sidecar import SidecarConfig
 
-START = Limits(200 * MIB, 250 * MIB, 1000)
+START = CgroupLimits(200 * MIB, 250 * MIB, 1000)
 
 
 def _register(folder: V2Folder, spool: Path, name: str, driver: Any = None) -> Cgroup:
@@ -141,7 +141,7 @@ class BlockingDriver(FolderV2Driver):
         self.blocked = threading.Event()
         self.release = threading.Event()
 
-    def apply(self, cgroup: Cgroup, limits: Limits) -> list[Write]:
+    def apply(self, cgroup: Cgroup, limits: CgroupLimits) -> list[Write]:
         if cgroup == self.slow:
             self.blocked.set()
             self.release.wait(60)
@@ -198,7 +198,7 @@ class FailingDriver(FolderV2Driver):
         self.fail = True
         self.attempts = 0
 
-    def apply(self, cgroup: Cgroup, limits: Limits) -> list[Write]:
+    def apply(self, cgroup: Cgroup, limits: CgroupLimits) -> list[Write]:
         if self.fail:
             self.attempts += 1
             raise ProvisionError(f"writing to {cgroup.name}: Invalid argument")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from weenvfs.provision.cgroup import MIB, ProvisionError
+from weenvfs.provision.cgroup_driver import MIB, ProvisionError
 from weenvfs.provision.simulator import Node, compare, simulate
 from weenvfs.provision.trace import (
     Trace,

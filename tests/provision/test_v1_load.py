@@ -17,7 +17,7 @@ from provision_support import SidecarThread, V1Cgroups, read_events
 from support.polling import wait_for
 
 from weenvfs.provision import registry
-from weenvfs.provision.cgroup import MIB, Limits
+from weenvfs.provision.cgroup_driver import MIB, CgroupLimits
 from weenvfs.provision.history import History
 from weenvfs.provision.policy import PolicyConfig
 from weenvfs.provision.sidecar import SidecarConfig
@@ -33,7 +33,7 @@ def test_ramp_idle_and_cpu_burst_on_real_cgroup_v1(
         interval=0.25, log_every_tick=True, policy=PolicyConfig().with_overrides(FAST)
     )
     cgroup = v1_cgroups.make("sb")
-    initial = Limits(64 * MIB, 64 * MIB, 200)
+    initial = CgroupLimits(64 * MIB, 64 * MIB, 200)
     registry.register(
         "sb",
         cgroup.paths(),

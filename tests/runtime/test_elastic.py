@@ -32,7 +32,7 @@ from rt_support import EnvRef, controller, run_weenv, runtime_unavailable, sampl
 from support.polling import wait_for
 
 from weenvfs.provision import registry
-from weenvfs.provision.cgroup import MIB, Limits, read_mounts
+from weenvfs.provision.cgroup_driver import MIB, CgroupLimits, read_mounts
 from weenvfs.provision.history import HISTORY_ENV, History
 from weenvfs.provision.registry import node_config
 from weenvfs.runtime import cgroups, sandbox
@@ -252,7 +252,7 @@ def test_a_ramp_to_three_times_the_first_limit_is_not_oom_killed(
     provisioner.ids.append(env.id)
     try:
         # The memory given, the CPU quota from the history (none yet: one core).
-        assert registry.registrations()[env.id].initial == Limits(64 * MIB, 64 * MIB, 1000)
+        assert registry.registrations()[env.id].initial == CgroupLimits(64 * MIB, 64 * MIB, 1000)
         # 24 steps of 8 MiB: 192 MiB of data, 3x the first limit, plus python itself.
         with ThreadPoolExecutor(1) as pool:
             ramp = pool.submit(env.exec, ["python3", "-c", RAMP.format(steps=24)], timeout=WAIT)
@@ -277,7 +277,7 @@ def test_rm_records_the_run_and_the_next_sandbox_is_seeded_from_it(
     assert registry.running_pid() is None
     first = _create(py_env, provisioner)  # no history, no sidecar: both appear
     assert registry.running_pid() is not None
-    defaults = Limits(512 * MIB, 512 * MIB, 1000)  # v1: hard limit == elastic limit
+    defaults = CgroupLimits(512 * MIB, 512 * MIB, 1000)  # v1: hard limit == elastic limit
     assert registry.registrations()[first].initial == defaults
     command = ["sandbox", "exec", first, "--", "python3", "-c", RAMP.format(steps=12)]
     ramp = subprocess.Popen([sys.executable, "-m", "weenvfs", *command], stdout=subprocess.PIPE)

@@ -143,7 +143,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 def _cmd_warm(args: argparse.Namespace) -> int:
     import trio
 
-    from weenvfs.core.hints import check_hint_spec
+    from weenvfs.core.node_hints import check_hint_spec
     from weenvfs.store import open_store
 
     from .warm import load_target, report_to_fd, warm

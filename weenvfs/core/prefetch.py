@@ -16,7 +16,7 @@ prefetch slot, and a demand read of such a chunk would wait behind them. Windows
 (several maximal requests), so the pause at a window's end is short.
 
 Must not: fetch, verify or cache chunks itself (core/fetcher.py), decide which hint to use
-(core/hints.py `find_hint`, called through the `lookup` it is given), or know FUSE.
+(core/node_hints.py `find_hint`, called through the `lookup` it is given), or know FUSE.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from weenvfs.format.index import GroupIndex
 
 from .chunk_plan import ChunkLoc, chunk_loc
 from .fetcher import Fetcher
-from .hints import FoundHint
+from .node_hints import FoundHint
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from .fetcher import Fetcher
 from .tree import Tree
 
 if TYPE_CHECKING:
-    from .hints import HintRecorder
+    from .node_hints import HintRecorder
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class Reader:
         self.readahead = readahead
         self.advise_ahead = advise_ahead
         self.first_ahead = first_ahead
-        # Set by a mount that records a prefetch hint (core/hints.py): sees every chunk read.
+        # Set by a mount that records a prefetch hint (core/node_hints.py): sees every chunk read.
         self.recorder: HintRecorder | None = None
         # inode -> (end of the last read, highest chunk position queued for read-ahead,
         # highest chunk position advised)

@@ -3,7 +3,7 @@ every other chunk) fetched, verified and cached, ahead of or next to its mounts.
 
 Owns: loading what a warm-up needs without composing a tree (the manifest, and the group
 indexes through the node's checked copies, index_cache.py), finding the hint as a mount
-would (hints.py `find_hint`), running the `Prefetcher`, and the progress reports that a
+would (node_hints.py `find_hint`), running the `Prefetcher`, and the progress reports that a
 mount reads when its replay runs in a process of its own (fuse/replay_process.py).
 
 Why a process of its own: a replay is CPU work (ranged GETs through boto3, zstd, BLAKE3,
@@ -43,8 +43,8 @@ from weenvfs.store.repository import Repository
 from .cache import ChunkCache
 from .chunk_plan import ChunkLoc
 from .fetcher import Fetcher
-from .hints import find_hint
 from .index_cache import load_index
+from .node_hints import find_hint
 from .prefetch import Prefetcher
 from .stats import Stats
 

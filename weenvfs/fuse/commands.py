@@ -225,8 +225,8 @@ def _config(args: argparse.Namespace) -> MountConfig:
                          "files (use an empty directory, or --nonempty to hide them)")
     allow_other = os.geteuid() == 0 if args.allow_other is None else args.allow_other
     if args.hint != MountConfig.hint or args.record_hints is not None:
-        # core.hints imports the format and the store: only when there is something to check.
-        from weenvfs.core.hints import check_hint_spec
+        # core.node_hints imports the format and the store: only when there is something to check.
+        from weenvfs.core.node_hints import check_hint_spec
 
         check_hint_spec(args.hint)
         if args.record_hints is not None:

@@ -25,7 +25,7 @@ class MountConfig:
     cache_size: int
     deadline: float
     allow_other: bool = False
-    hint: str = "latest"  # a hint tag, a hint digest, or "none" (core/hints.py find_hint)
+    hint: str = "latest"  # a hint tag, a hint digest, or "none" (core/node_hints.py find_hint)
     fetch_all: bool = False  # after the hint, fetch every chunk (survive a store outage)
     record_tag: str | None = None  # record reads; on unmount merge them into this hint tag
     record_result: Path | None = None  # where to write what was published (JSON)

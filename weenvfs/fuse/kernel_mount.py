@@ -38,7 +38,6 @@ import pyfuse3
 import trio
 
 from weenvfs.core.device_reader import DeviceReader
-from weenvfs.core.environment import Environment
 from weenvfs.core.kernel_image import (
     DeviceLayout,
     cached_image,
@@ -47,6 +46,7 @@ from weenvfs.core.kernel_image import (
     fetch_group_image,
     stack_key,
 )
+from weenvfs.core.loaded_env import LoadedEnv
 from weenvfs.core.reader import Reader
 from weenvfs.core.tree import FormatError
 from weenvfs.errors import StoreError, WeenvError
@@ -73,7 +73,7 @@ class KernelLayer:
     reader: DeviceReader
 
 
-def kernel_unavailable(env: Environment, config: MountConfig) -> str | None:
+def kernel_unavailable(env: LoadedEnv, config: MountConfig) -> str | None:
     """Why this mount cannot take the kernel path here, or None when it can."""
     if config.path == "fuse":
         return "the FUSE tree path was asked for (--path fuse)"
@@ -106,7 +106,7 @@ def _filesystems() -> set[str]:
     return {line.split()[-1] for line in text.splitlines() if line.split()}
 
 
-def prepare_layers(env: Environment, config: MountConfig, reader: Reader) -> list[KernelLayer]:
+def prepare_layers(env: LoadedEnv, config: MountConfig, reader: Reader) -> list[KernelLayer]:
     """Every layer of this mount, lowest first, with its image fetched, built or verified."""
     groups = env.tree.groups
     positions = [env.layer] if env.layer is not None else list(range(len(groups)))
@@ -125,7 +125,7 @@ def prepare_layers(env: Environment, config: MountConfig, reader: Reader) -> lis
     return layers
 
 
-def _image(env: Environment, config: MountConfig, position: int, layout: DeviceLayout) -> Path:
+def _image(env: LoadedEnv, config: MountConfig, position: int, layout: DeviceLayout) -> Path:
     """The verified image of group `position`: the published one when the manifest names it
     and the store has it (SPEC.md 15.9: every group's over the groups below it), else
     derived here (kernel_image.py)."""

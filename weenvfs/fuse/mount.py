@@ -3,7 +3,7 @@
 Owns, in order:
 1. `load`: open the store, check it is reachable (fail fast, one line), resolve the
    environment, fetch its manifest and group indexes (nothing else) and compose the tree
-   (core/environment.py);
+   (core/loaded_env.py);
 2. `serve`: build the chunk cache, fetcher and reader, then serve on one of two paths: the
    kernel path where it can run (kernel_mount.py: EROFS images over lazily served data
    devices, only data reads reach this process), else the tree over FUSE (`Operations`,
@@ -37,10 +37,10 @@ import pyfuse3
 import trio
 
 from weenvfs.core.cache import ChunkCache
-from weenvfs.core.environment import Environment, open_environment
 from weenvfs.core.fetcher import Fetcher
-from weenvfs.core.hints import NO_HINT, HintRecorder, env_hint_lookup, publish_env_run
+from weenvfs.core.loaded_env import LoadedEnv, open_environment
 from weenvfs.core.neighbours import Neighbours
+from weenvfs.core.node_hints import NO_HINT, HintRecorder, env_hint_lookup, publish_env_run
 from weenvfs.core.prefetch import Prefetcher
 from weenvfs.core.reader import Reader
 from weenvfs.core.stats import Stats
@@ -63,7 +63,7 @@ READAHEAD_BYTES = 1 << 20
 
 
 def load(store_url: str, ref: str, layer: int | None = None,
-         cache_dir: Path | None = None) -> Environment:
+         cache_dir: Path | None = None) -> LoadedEnv:
     """Open the store at `store_url` and load environment `ref`, or its group `layer` as an
     overlayfs lower layer (see `open_environment`); indexes through the node's copies in
     `cache_dir` (core/index_cache.py)."""
@@ -85,7 +85,7 @@ def mount_options(allow_other: bool) -> set[str]:
 
 
 def stats_document(
-    env: Environment, config: MountConfig, stats: Stats, started: float
+    env: LoadedEnv, config: MountConfig, stats: Stats, started: float
 ) -> dict[str, Any]:
     """What `weenv stats` shows: the fetcher's counters plus facts about the mount."""
     return {
@@ -104,7 +104,7 @@ def stats_document(
     }
 
 
-async def serve(env: Environment, config: MountConfig,
+async def serve(env: LoadedEnv, config: MountConfig,
                 ready: Callable[[], None]) -> dict[str, Any]:
     """Mount `env` at `config.mountpoint` and serve it until unmounted or signalled: on the
     kernel path where it can run (kernel_mount.py), else as a tree over FUSE. Returns the
@@ -163,7 +163,7 @@ async def serve(env: Environment, config: MountConfig,
     return final
 
 
-async def _serve_kernel(env: Environment, config: MountConfig, reader: Reader,
+async def _serve_kernel(env: LoadedEnv, config: MountConfig, reader: Reader,
                         run: Callable[..., Awaitable[None]],
                         document: Callable[[], dict[str, Any]],
                         ready: Callable[[], None]) -> None:
@@ -173,7 +173,7 @@ async def _serve_kernel(env: Environment, config: MountConfig, reader: Reader,
     await serve_kernel(layers, config, run, document, ready)
 
 
-async def _serve_tree(env: Environment, config: MountConfig, reader: Reader,
+async def _serve_tree(env: LoadedEnv, config: MountConfig, reader: Reader,
                       run: Callable[..., Awaitable[None]],
                       document: Callable[[], dict[str, Any]],
                       ready: Callable[[], None]) -> None:
@@ -195,7 +195,7 @@ async def _serve_tree(env: Environment, config: MountConfig, reader: Reader,
         _teardown(config.mountpoint)
 
 
-def _no_hint(env: Environment) -> Callable[[], None]:
+def _no_hint(env: LoadedEnv) -> Callable[[], None]:
     """The hint lookup of a mount of a lower group, shared with other environments: none
     (the mount of the environment's top group replays its hint)."""
     log.info("group %s is not the top of %s: its hint is replayed by that group's mount",
@@ -285,7 +285,7 @@ def _teardown(mountpoint: Path) -> None:
     log.info("unmounted %s", mountpoint)
 
 
-def _publish_recorded(env: Environment, config: MountConfig, recorder: HintRecorder) -> None:
+def _publish_recorded(env: LoadedEnv, config: MountConfig, recorder: HintRecorder) -> None:
     """Merge what this mount read into the environment's hint `config.record_tag` and
     publish it; a failure is logged (the mount itself went fine). Writes the outcome to
     `config.record_result` when set."""

@@ -23,8 +23,8 @@ from typing import Any
 
 import trio
 
-from weenvfs.core.environment import Environment
 from weenvfs.core.fetcher import Fetcher
+from weenvfs.core.loaded_env import LoadedEnv
 
 from . import mountd
 from .config import MountConfig
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 MAX_LINE = 8 << 20  # a report names at most every chunk of an environment once
 
 
-def launch(env: Environment, config: MountConfig) -> int | None:
+def launch(env: LoadedEnv, config: MountConfig) -> int | None:
     """Have the node service start the replay of `env`'s hint (first thing in a mount: it
     then runs while the image is made); the read end of its report pipe, or None."""
     logs = [h.baseFilename for h in logging.getLogger().handlers

@@ -1,7 +1,7 @@
 """Elastic CPU and memory limits for sandboxes, from observed usage (DESIGN.md: Provisioning).
 
 The room stands alone: it imports only the stdlib and trio. Its parts:
-- `cgroup` (the driver interface, `Limits`, `Sample`), `cgroup_v1`, `cgroup_v2`, and
+- `cgroup_driver` (the driver interface, `CgroupLimits`, `Sample`), `cgroup_v1`, `cgroup_v2`, and
   `cgroup_detect` (which driver this node needs);
 - `policy` and `budget`: pure sizing rules for a sandbox and for a node, tested on traces;
 - `sidecar`: the trio loop, one per node, and `status`: its event log and status file;
@@ -14,16 +14,16 @@ This module re-exports what the runtime calls; importing it does not import trio
 
 from __future__ import annotations
 
-from .cgroup import (
+from .cgroup_detect import detect_driver
+from .cgroup_driver import (
     Cgroup,
     CgroupDriver,
     CgroupGone,
-    Limits,
+    CgroupLimits,
     NoCgroups,
     ProvisionError,
     Sample,
 )
-from .cgroup_detect import detect_driver
 from .policy import PolicyConfig
 from .registry import (
     Registration,
@@ -40,7 +40,7 @@ __all__ = [
     "Cgroup",
     "CgroupDriver",
     "CgroupGone",
-    "Limits",
+    "CgroupLimits",
     "NoCgroups",
     "PolicyConfig",
     "ProvisionError",

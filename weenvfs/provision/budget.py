@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .cgroup import Sample
+from .cgroup_driver import Sample
 from .policy import Decision, PolicyConfig, SandboxState, Want, observe, settle
 
 

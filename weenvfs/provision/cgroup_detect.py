@@ -9,7 +9,7 @@ Must not: read or write limits (the drivers do). Nothing here does I/O at import
 
 from __future__ import annotations
 
-from .cgroup import V1_CONTROLLERS, CgroupDriver, NoCgroups, read_mounts, v2_controllers
+from .cgroup_driver import V1_CONTROLLERS, CgroupDriver, NoCgroups, read_mounts, v2_controllers
 
 
 def detect_driver(mounts_file: str = "/proc/self/mounts") -> CgroupDriver:

@@ -16,12 +16,12 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .cgroup import (
+from .cgroup_driver import (
     V1_CONTROLLERS,
     V1_UNLIMITED_FROM,
     Cgroup,
     CgroupDriver,
-    Limits,
+    CgroupLimits,
     ProvisionError,
     Sample,
     Write,
@@ -131,7 +131,7 @@ class CgroupV1Driver(CgroupDriver):
             cpu_quota_millis=None if quota < 0 or period <= 0 else quota * 1000 // period,
         )
 
-    def apply(self, cgroup: Cgroup, limits: Limits) -> list[Write]:
+    def apply(self, cgroup: Cgroup, limits: CgroupLimits) -> list[Write]:
         """Write what differs: oom hold, hard limit (never below usage + guard), soft, quota."""
         writes: list[Write] = []
         memory = cgroup.dirs["memory"]

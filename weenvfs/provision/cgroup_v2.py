@@ -16,12 +16,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .cgroup import (
+from .cgroup_driver import (
     Cgroup,
     CgroupDriver,
     CgroupFileError,
     CgroupGone,
-    Limits,
+    CgroupLimits,
     ProvisionError,
     Sample,
     Write,
@@ -163,7 +163,7 @@ class CgroupV2Driver(CgroupDriver):
             cpu_stall_us=self._optional_psi(cgroup, "cpu.pressure"),
         )
 
-    def apply(self, cgroup: Cgroup, limits: Limits) -> list[Write]:
+    def apply(self, cgroup: Cgroup, limits: CgroupLimits) -> list[Write]:
         """Write what differs: memory.max and memory.high in a safe order, then cpu.max.
 
         Raising writes max before high and lowering high before max, so high <= max holds

@@ -18,8 +18,8 @@ from weenvfs.cli_args import print_json
 from weenvfs.errors import UsageError, WeenvError
 from weenvfs.units import size_arg
 
-from .cgroup import ProvisionError
 from .cgroup_detect import detect_driver
+from .cgroup_driver import ProvisionError
 from .history import history_dir
 from .policy import PolicyConfig
 from .registry import read_status, spool_dir, start_sidecar, stop_sidecar

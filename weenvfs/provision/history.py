@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .cgroup import Limits, Sample
+from .cgroup_driver import CgroupLimits, Sample
 from .policy import PolicyConfig, initial_limits, quantize
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ class History:
             tmp.write_text(json.dumps(body, indent=1), encoding="utf-8")
             os.replace(tmp, path)
 
-    def seed(self, env: str, config: PolicyConfig, *, runs: int = SEED_RUNS) -> Limits | None:
+    def seed(self, env: str, config: PolicyConfig, *, runs: int = SEED_RUNS) -> CgroupLimits | None:
         """Initial limits from the last `runs` runs of `env`, or None without history."""
         recent = self.runs(env)[-runs:]
         if not recent:

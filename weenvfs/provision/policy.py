@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from weenvfs.units import parse_size
 
-from .cgroup import MIB, Limits, Sample
+from .cgroup_driver import MIB, CgroupLimits, Sample
 
 SIZE_FIELDS = frozenset({"mem_margin", "mem_floor", "mem_ceiling", "mem_quantum"})
 
@@ -112,7 +112,7 @@ def default_bounds(config: PolicyConfig, mem_budget: int, node_cpu: int) -> Boun
 class SandboxState:
     """What the policy remembers of one sandbox between ticks."""
 
-    limits: Limits
+    limits: CgroupLimits
     bounds: Bounds
     since: float  # when it was registered (monotonic seconds)
     prev: Sample | None = None
@@ -125,7 +125,7 @@ class SandboxState:
     stuck_since: float | None = None
 
 
-def initial_state(limits: Limits, bounds: Bounds, now: float) -> SandboxState:
+def initial_state(limits: CgroupLimits, bounds: Bounds, now: float) -> SandboxState:
     """A new sandbox: its first limits count as calm from `now`."""
     return SandboxState(limits, bounds, now, mem_calm_since=now, cpu_calm_since=now)
 
@@ -147,8 +147,8 @@ class Decision:
     """The limits one sandbox gets this tick, with the reasons and inputs behind them."""
 
     sandbox: str
-    old: Limits
-    new: Limits
+    old: CgroupLimits
+    new: CgroupLimits
     reasons: tuple[str, ...]
     inputs: Mapping[str, float | int | bool | None]
     squeezed: bool = False
@@ -369,15 +369,15 @@ def _soft(config: PolicyConfig, state: SandboxState, high: int) -> int:
 
 def initial_limits(
     config: PolicyConfig, mem: int, cpu_millis: int, soft: int = 0, hold: bool = True
-) -> Limits:
+) -> CgroupLimits:
     """Limits with elastic memory `mem` (its safety net derived), quota `cpu_millis`."""
     mem_max = max(mem, quantize(mem * config.mem_max_over_high, config.mem_quantum))
-    return Limits(mem, mem_max, cpu_millis, soft, hold)
+    return CgroupLimits(mem, mem_max, cpu_millis, soft, hold)
 
 
 def settle(
     config: PolicyConfig, state: SandboxState, mem: int, cpu: int, now: float
-) -> tuple[SandboxState, Limits]:
+) -> tuple[SandboxState, CgroupLimits]:
     """The limits for granted elastic memory `mem` and quota `cpu`; v1 hold/release logic.
 
     A sandbox whose tasks are held at the limit and who could not grow for `hold_timeout`

@@ -33,8 +33,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .cgroup import MIB, CgroupDriver, Limits, ProvisionError
 from .cgroup_detect import detect_driver
+from .cgroup_driver import MIB, CgroupDriver, CgroupLimits, ProvisionError
 from .history import History, history_dir
 from .policy import PolicyConfig, initial_limits
 
@@ -79,7 +79,7 @@ class Registration:
     sandbox_id: str
     cgroups: tuple[str, ...]
     env: str
-    initial: Limits
+    initial: CgroupLimits
     registered: float  # wall-clock time.time()
     mem_ceiling: int = 0  # 0: the node budget
     cpu_ceiling: int = 0
@@ -104,7 +104,7 @@ class Registration:
                 sandbox_id=str(data["sandbox_id"]),
                 cgroups=tuple(str(p) for p in data["cgroups"]),  # type: ignore[attr-defined]
                 env=str(data["env"]),
-                initial=Limits.from_json(data["initial"]),  # type: ignore[arg-type]
+                initial=CgroupLimits.from_json(data["initial"]),  # type: ignore[arg-type]
                 registered=float(data["registered"]),  # type: ignore[arg-type]
                 mem_ceiling=int(data.get("mem_ceiling", 0)),  # type: ignore[call-overload]
                 cpu_ceiling=int(data.get("cpu_ceiling", 0)),  # type: ignore[call-overload]
@@ -123,7 +123,7 @@ def register(
     sandbox_id: str,
     cgroups: Sequence[str],
     env: str,
-    initial: Limits | None = None,
+    initial: CgroupLimits | None = None,
     *,
     spool: Path | str | None = None,
     driver: CgroupDriver | None = None,

@@ -31,7 +31,7 @@ from pathlib import Path
 import trio
 
 from .budget import step
-from .cgroup import Cgroup, CgroupDriver, CgroupGone, Limits, ProvisionError, Sample
+from .cgroup_driver import Cgroup, CgroupDriver, CgroupGone, CgroupLimits, ProvisionError, Sample
 from .history import DEFAULT_HISTORY_DIR, History
 from .policy import (
     Bounds,
@@ -113,7 +113,7 @@ class Sidecar:
         self.watched: dict[str, Watched] = {}
         self.states: dict[str, SandboxState] = {}
         self.ticks = 0
-        self._pending: dict[str, Limits] = {}
+        self._pending: dict[str, CgroupLimits] = {}
         self._in_flight: set[str] = set()
         self._gone: set[tuple[str, float]] = set()  # registrations whose cgroup vanished
         self._spool_mtime = -1
@@ -295,7 +295,7 @@ class Sidecar:
         cgroup: Cgroup,
         env: str,
         registered: float,
-        limits: Limits,
+        limits: CgroupLimits,
         bounds: Bounds,
         now: float,
     ) -> None:
@@ -375,7 +375,7 @@ class Sidecar:
 
     # --- writers --------------------------------------------------------------------------
 
-    def _dispatch(self, nursery: trio.Nursery, key: str, limits: Limits) -> None:
+    def _dispatch(self, nursery: trio.Nursery, key: str, limits: CgroupLimits) -> None:
         self._pending[key] = limits
         if key not in self._in_flight:
             self._in_flight.add(key)

@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .budget import step
-from .cgroup import Limits, Sample
+from .cgroup_driver import CgroupLimits, Sample
 from .history import SEED_RUNS, History, RunStats
 from .policy import (
     PolicyConfig,
@@ -98,7 +98,7 @@ class SimResult:
 class _Running:
     task: TaskTrace
     start: float
-    limits: Limits
+    limits: CgroupLimits
     pos: float = 0.0  # seconds of the trace done: held or throttled tasks fall behind
     cpu_us: float = 0.0
     throttled_us: float = 0.0
@@ -165,11 +165,11 @@ class _Sim:
                 bounds = default_bounds(self.config, self.node.memory, self.node.cpu)
                 self.states[task.sandbox_id] = initial_state(limits, bounds, now)
 
-    def _fits(self, limits: Limits) -> bool:
+    def _fits(self, limits: CgroupLimits) -> bool:
         taken = sum(run.limits.mem_max for run in self.running.values())
         return taken + limits.mem_max <= self.node.memory
 
-    def _fits_elastic(self, task: TaskTrace, limits: Limits) -> bool:
+    def _fits_elastic(self, task: TaskTrace, limits: CgroupLimits) -> bool:
         taken = sum(s.limits.mem_high for s in self.states.values())
         if self.squeezed or taken + limits.mem_high > self.node.memory:
             return False
@@ -187,7 +187,7 @@ class _Sim:
         peak = max(r.mem_peak for r in runs)
         return mean, ((peak - mean) / 2) ** 2
 
-    def _seed(self, env: str) -> Limits:
+    def _seed(self, env: str) -> CgroupLimits:
         return self.history.seed(env, self.config) or initial_limits(
             self.config, DEFAULT_MEM, DEFAULT_CPU
         )
@@ -278,7 +278,7 @@ class _Sim:
 
 def _static_limits(
     trace: Trace, config: PolicyConfig, node: Node, policy: str
-) -> dict[str, Limits]:
+) -> dict[str, CgroupLimits]:
     """Per-environment fixed limits from the trace: largest peak or mean of its tasks."""
     if policy == "elastic":
         return {}
@@ -292,7 +292,7 @@ def _static_limits(
             cpu = round(sum(t.mean()[1] for t in tasks) / len(tasks))
         mem = min(node.memory, quantize(max(mem, 1), config.mem_quantum))
         cpu = max(config.cpu_quantum, quantize(max(cpu, 1), config.cpu_quantum))
-        limits[env] = Limits(mem, mem, cpu, hold=False)
+        limits[env] = CgroupLimits(mem, mem, cpu, hold=False)
     return limits
 
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cgroup import Cgroup, Limits, Sample
+from .cgroup_driver import Cgroup, CgroupLimits, Sample
 from .history import RunStats
 from .policy import SandboxState
 
@@ -61,7 +61,7 @@ class Watched:
     env: str
     registered: float
     stats: RunStats = field(default_factory=RunStats)
-    applied: Limits | None = None  # last limits written successfully
+    applied: CgroupLimits | None = None  # last limits written successfully
     errors: int = 0  # reads that failed
     write_errors: int = 0
     last_sample: Sample | None = None

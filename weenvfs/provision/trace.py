@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cgroup import MIB, ProvisionError
+from .cgroup_driver import MIB, ProvisionError
 
 FORMAT = "weenv-demand-trace"
 VERSION = 1

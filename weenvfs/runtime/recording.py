@@ -19,7 +19,7 @@ may be warm, and a warm mount never sees the reads the page cache answers, so re
 would miss the base groups; they are shared with other environments too, whose reads would
 mix in. A fresh merged mount sees every first read of this environment, on both data paths.
 
-Must not: mount (mounts.py), record or publish (core/hints.py, fuse/mount.py do).
+Must not: mount (mounts.py), record or publish (core/node_hints.py, fuse/mount.py do).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def decide(store: Store, digest: str, manifest: Any, wish: bool | None) -> bool:
         return False
     # Imported here: lowers.py imports this module, and `weenv run` parses its arguments
     # without the store and the core (tests/test_cli_dispatch.py).
-    from weenvfs.core.hints import has_hint
+    from weenvfs.core.node_hints import has_hint
     from weenvfs.store.repository import Repository
 
     if wish is None and has_hint(Repository(store), digest, manifest, HINT_TAG):

@@ -1,6 +1,6 @@
 """The cgroup driver interface, the figures it reads and detection of the node's hierarchy.
 
-Owns: `Sample` (one reading of a sandbox cgroup), `Limits` (what the policy asks for), `Write`
+Owns: `Sample` (one reading of a sandbox cgroup), `CgroupLimits` (what the policy asks for), `Write`
 (one limit write, with the usage read just before it), `Cgroup` (a sandbox's directories),
 `CgroupDriver` (the interface the v1 and v2 drivers implement), the provisioner's errors,
 small parsers for cgroup files, and reading the node's hierarchies (`read_mounts`);
@@ -55,7 +55,7 @@ class NoCgroups(ProvisionError):
 
 
 @dataclass(frozen=True)
-class Limits:
+class CgroupLimits:
     """What the policy sets on one sandbox.
 
     `mem_high` is the elastic memory limit (v2 `memory.high`; on v1, where the hard limit holds
@@ -77,7 +77,7 @@ class Limits:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, object]) -> Limits:
+    def from_json(cls, data: Mapping[str, object]) -> CgroupLimits:
         """The inverse of `to_json`; raises ValueError on missing or ill-typed fields."""
         try:
             return cls(
@@ -184,7 +184,7 @@ class CgroupDriver(ABC):
         """Read the sandbox's figures; CgroupGone if it vanished, CgroupFileError if garbled."""
 
     @abstractmethod
-    def apply(self, cgroup: Cgroup, limits: Limits) -> list[Write]:
+    def apply(self, cgroup: Cgroup, limits: CgroupLimits) -> list[Write]:
         """Write `limits` (only what differs from the files), in a safe order; may block."""
 
     def exists(self, cgroup: Cgroup) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from weenvfs.core.environment import open_environment
+from weenvfs.core.loaded_env import open_environment
 from weenvfs.format import constants as C
 from weenvfs.format.chunk import compress_object
 from weenvfs.format.errors import FormatError

@@ -10,7 +10,7 @@ Owns:
 - `show`: an environment's hint (by tag or digest): size, groups, how many ranged requests a
   replay costs (the fetcher's own coalescing), and optionally every record.
 
-Must not: record or publish anything itself (core/hints.py and fuse/mount.py do), or serve a
+Must not: record or publish anything itself (core/node_hints.py and fuse/mount.py do), or serve a
 mount (fuse/).
 """
 
@@ -40,7 +40,7 @@ from weenvfs.core.chunk_plan import (
     DEFAULT_MAX_REQUEST_BYTES,
     plan_requests,
 )
-from weenvfs.core.hints import check_hint_spec, find_hint
+from weenvfs.core.node_hints import check_hint_spec, find_hint
 from weenvfs.core.prefetch import hint_locs
 from weenvfs.errors import RefNotFound, UsageError, WeenvError
 from weenvfs.format.digest import short

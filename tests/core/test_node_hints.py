@@ -1,4 +1,4 @@
-"""core/hints.py: recording (no mount), merging and ordering (pure), binding checks, and
+"""core/node_hints.py: recording (no mount), merging and ordering (pure), binding checks, and
 finding and publishing hints in a real LocalStore through the real Repository."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from weenvfs.core.hints import (
+from weenvfs.core.node_hints import (
     NO_HINT,
     HintRecorder,
     check_hint,

@@ -24,7 +24,7 @@ from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.units import format_size
 
-from .cli_build import add_chunk_arguments, chunk_options
+from .build_commands import add_chunk_arguments, chunk_options
 from .convert import ConvertOptions, ConvertResult, GroupSpec, convert_image
 from .hint_command import add_hint_command_argument, check_hint_command, record_hint
 from .image_source import SourceOptions

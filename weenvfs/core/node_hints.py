@@ -40,7 +40,7 @@ from weenvfs.format.manifest import Manifest, encode_manifest
 from weenvfs.format.refs import DEFAULT_TAG, check_tag
 from weenvfs.store.repository import Repository
 
-from .environment import Environment
+from .loaded_env import LoadedEnv
 from .tree import FIRST_INODE, GROUP_SHIFT
 
 log = logging.getLogger(__name__)
@@ -276,7 +276,7 @@ def has_hint(repo: Repository, manifest_digest: str, manifest: Manifest,
 # -- for a mounted environment --------------------------------------------------------------
 
 
-def env_hint_lookup(env: Environment, spec: str = DEFAULT_TAG) -> Callable[[], FoundHint | None]:
+def env_hint_lookup(env: LoadedEnv, spec: str = DEFAULT_TAG) -> Callable[[], FoundHint | None]:
     """A call (for a thread) that finds the hint `spec` names for `env` (see `find_hint`)."""
     return functools.partial(
         find_hint, Repository(env.store), env.digest, env.manifest, env.tree.groups, spec
@@ -284,7 +284,7 @@ def env_hint_lookup(env: Environment, spec: str = DEFAULT_TAG) -> Callable[[], F
 
 
 def publish_env_run(
-    env: Environment, run: Sequence[HintRecord], tag: str = DEFAULT_TAG, *, replace: bool = False
+    env: LoadedEnv, run: Sequence[HintRecord], tag: str = DEFAULT_TAG, *, replace: bool = False
 ) -> tuple[str, Hint] | None:
     """`publish_run` for the environment `env` was loaded as."""
     return publish_run(

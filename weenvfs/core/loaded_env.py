@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Environment:
+class LoadedEnv:
     """An environment ready to mount: where it came from and its composed tree."""
 
     ref: str
@@ -52,7 +52,7 @@ class Environment:
 
 
 def open_environment(store: Store, ref: str, layer: int | None = None,
-                     cache_dir: Path | None = None) -> Environment:
+                     cache_dir: Path | None = None) -> LoadedEnv:
     """Check `store`, resolve `ref` (`NAME[:TAG]` or a manifest digest) and load its indexes:
     all of them, composed, or with `layer` the groups up to that one (0 is the lowest), its
     group shown as an overlayfs lower layer (core/layer_tree.py). With `cache_dir`, through
@@ -80,7 +80,7 @@ def open_environment(store: Store, ref: str, layer: int | None = None,
             loaded[group.index] = load_index(repo, group.index, cache_dir)
     indexes = [loaded[group.index] for group in groups]
     tree = Tree(indexes) if layer is None else LayerTree(indexes)
-    env = Environment(ref, store, digest, manifest, tree, layer)
+    env = LoadedEnv(ref, store, digest, manifest, tree, layer)
     log.info(
         "environment %s (%s): %d group(s): %s%s",
         ref, digest[:12], len(indexes), ", ".join(env.group_names),
