@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from weenvfs.cli import add_command
+from weenvfs.cli_args import add_store, print_json
 from weenvfs.errors import UsageError
 from weenvfs.format import constants as C
 from weenvfs.format.chunk import DEFAULT_LEVEL
@@ -124,7 +125,7 @@ def _register_build(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         func=_cmd_build,
     )
     p.add_argument("source", metavar="SOURCE", help="a directory, a tar file, or '-' (stdin)")
-    p.add_argument("--store", required=True, metavar="URL", help="store URL or directory")
+    add_store(p)
     p.add_argument("--group", required=True, metavar="NAME[:TAG]", help="group to publish")
     add_chunk_arguments(p)
     p.add_argument(
@@ -179,7 +180,7 @@ def _register_compose(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         dest="groups",
         help="a group (NAME[:TAG] or index digest); repeat, lowest first",
     )
-    p.add_argument("--store", required=True, metavar="URL", help="store URL or directory")
+    add_store(p)
     p.add_argument(
         "--env",
         action="append",
@@ -251,7 +252,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if args.json:
-        print(json.dumps(result.as_dict(), indent=2, sort_keys=True))
+        print_json(result.as_dict())
     else:
         print(_summary(result))
     return 0
@@ -295,7 +296,7 @@ def _cmd_compose(args: argparse.Namespace) -> int:
     finally:
         store.close()
     if args.json:
-        print(json.dumps({"env": f"{name}:{tag}", "manifest": digest}, sort_keys=True))
+        print_json({"env": f"{name}:{tag}", "manifest": digest})
     else:
         print(digest)
     if args.hint_command is not None:

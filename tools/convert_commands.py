@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
 from weenvfs.cli import add_command
+from weenvfs.cli_args import add_store, print_json
 from weenvfs.errors import UsageError
 from weenvfs.format.refs import parse_name_tag
 from weenvfs.store import open_store
@@ -66,7 +66,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "source", metavar="SOURCE", help="docker://..., oci:DIR[:TAG] or docker-archive:PATH"
     )
     p.add_argument("env", metavar="NAME[:TAG]", help="environment to publish")
-    p.add_argument("--store", required=True, metavar="URL", help="store URL or directory")
+    add_store(p)
     p.add_argument(
         "--group",
         action="append",
@@ -177,7 +177,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         finally:
             store.close()
     if args.json:
-        print(json.dumps(result.as_dict(), indent=2, sort_keys=True))
+        print_json(result.as_dict())
     else:
         print(summary(result))
     if args.hint_command is not None:

@@ -9,7 +9,6 @@ cli.main() to print on one line.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weenvfs.cli import add_command
+from weenvfs.cli_args import add_store, print_json
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.units import format_size
@@ -54,7 +54,7 @@ def register(subparsers: Subparsers) -> None:
 
 
 def _store_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", required=True, metavar="URL", help="store URL or directory")
+    add_store(p)
 
 
 def _group_arg(p: argparse.ArgumentParser) -> None:
@@ -80,11 +80,6 @@ def _with_repo(fn: Callable[[argparse.Namespace, Repository], int]) -> Callable[
             repo.store.close()
 
     return handler
-
-
-def _print_json(obj: Any) -> None:
-    # ASCII escapes only: names that are not UTF-8 travel as surrogate escapes (\udcXX).
-    print(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=True))
 
 
 # -- ls -----------------------------------------------------------------------------------------
@@ -113,7 +108,7 @@ def _cmd_ls(args: argparse.Namespace, repo: Repository) -> int:
 
     document = list_store(repo)
     if args.json:
-        _print_json(document)
+        print_json(document)
         return 0
     for title, kind in (("ENVIRONMENT", "environments"), ("GROUP", "groups")):
         rows = [(title, "TAGS", "DIGEST", "SIZE", "DATE", "GROUPS/HINTS" if kind[0] == "e" else "")]
@@ -194,7 +189,7 @@ def _cmd_inspect(args: argparse.Namespace, repo: Repository) -> int:
             report["files"] = [
                 insp.entry_json(indexes[g], ino, path, g) for path, g, ino in entries
             ]
-        _print_json(report)
+        print_json(report)
         return 0
     if not listing:
         for line in lines:
@@ -241,7 +236,7 @@ def _cmd_verify(args: argparse.Namespace, repo: Repository) -> int:
     report = verify(repo, args.ref, group=args.group, quick=args.quick, progress=progress)
     progress.end()
     if args.json:
-        _print_json(report.to_json())
+        print_json(report.to_json())
         return 0 if report.ok else 1
     for problem in report.problems:
         print(problem.line())
@@ -355,7 +350,7 @@ def _register_gc(subparsers: Subparsers) -> None:
 def _cmd_gc(args: argparse.Namespace, repo: Repository) -> int:
     report = gc_mod.collect_garbage(repo, delete=args.delete, grace=args.grace)
     if args.json:
-        _print_json({"store": repo.store.url, "dry_run": not args.delete, **report.to_json()})
+        print_json({"store": repo.store.url, "dry_run": not args.delete, **report.to_json()})
         return 0
     for line in _gc_lines(report, repo.store.url, args.delete):
         print(line)

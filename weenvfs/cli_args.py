@@ -65,7 +65,8 @@ def add_store(p: argparse.ArgumentParser, *, required: bool = True) -> None:
 
 
 def print_json(document: Any) -> None:
-    """Print `document` as indented JSON with sorted keys (every command's `--json`)."""
+    """Print `document` as indented JSON with sorted keys (every command's `--json`); ASCII
+    escapes only, so names that are not UTF-8 travel as surrogate escapes (\\udcXX)."""
     print(json.dumps(document, indent=2, sort_keys=True))
 
 

@@ -37,3 +37,11 @@ def format_size(n: float) -> str:
             return f"{int(n)} B" if unit == "B" else f"{n:.3g} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def short_size(n: object) -> str:
+    """`n` bytes for a narrow table column: two decimals from a GiB up (`1.50G`), whole MiB
+    below (`512M`); `-` when `n` is not a number of bytes."""
+    if not isinstance(n, int):
+        return "-"
+    return f"{n / _SCALE['G']:.2f}G" if n >= _SCALE["G"] else f"{n >> 20}M"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import sys
 import time
 from pathlib import Path
@@ -116,7 +115,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     except OSError as e:
         raise _failed(cache, "scan", e) from None
     if args.json:
-        print(json.dumps({"path": str(cache.root), **vars(usage)}, sort_keys=True))
+        print_json({"path": str(cache.root), **vars(usage)})
         return 0
     print(f"cache       {cache.root}")
     print(f"chunks      {usage.chunks}")

@@ -7,7 +7,6 @@ CLI's one-line WeenvError. Must not: implement the sidecar, policy or simulator.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 from weenvfs.cli import add_command
 from weenvfs.cli_args import print_json
 from weenvfs.errors import UsageError, WeenvError
-from weenvfs.units import size_arg
+from weenvfs.units import short_size, size_arg
 
 from .cgroup_detect import detect_driver
 from .cgroup_driver import ProvisionError
@@ -271,11 +270,6 @@ def _cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
-def _gib(n: object) -> str:
-    # Two decimals from a GiB up, whole MiB below: the status table's columns stay narrow.
-    return "-" if not isinstance(n, int) else f"{n / GIB:.2f}G" if n >= GIB else f"{n >> 20}M"
-
-
 def _cpu_budget(node: dict[str, Any]) -> str:
     """`8.00 quota cores (2 CPUs x 4 overcommit)`: quotas may add up to more than the
     node's CPUs (policy cpu_overcommit), so show both."""
@@ -300,7 +294,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         f"{status['ticks']} ticks{stale}"
     )
     print(
-        f"node: memory {_gib(node.get('mem_granted'))} of {_gib(node.get('mem_budget'))}, "
+        f"node: memory {short_size(node.get('mem_granted'))} of "
+        f"{short_size(node.get('mem_budget'))}, "
         f"cpu {node.get('cpu_granted', 0) / 1000:.2f} of {_cpu_budget(node)} granted"
         f"{' OVER-COMMITTED' if node.get('overcommitted') else ''}"
     )
@@ -314,9 +309,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
         rows.append(
             (
                 key,
-                _gib(info["mem_usage"]),
-                _gib(limits["mem_high"]),
-                _gib(limits["mem_max"]),
+                short_size(info["mem_usage"]),
+                short_size(limits["mem_high"]),
+                short_size(limits["mem_max"]),
                 f"{limits['cpu_millis'] / 1000:.2f}",
                 state,
             )
@@ -346,7 +341,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             "node": node.__dict__,
             "results": [r.to_json() for r in results],
         }
-        print(json.dumps(body, indent=1))
+        print_json(body)
         return 0
     print(format_results(results, node))
     return 0
