@@ -5,9 +5,8 @@ file, or '-' for a tar on stdin). It seeds dedup from the group's previous versi
 being replaced and the newest other tags of the name, dedup_sources.py) and from any
 `dedup_with` references, applies one or more layer sources in
 order into one tree (OCI semantics, see tree.py), chunks the data as it streams past,
-encodes the index, and publishes in the spec's order. Temporary blob files live in a locked
-staging folder (staging.py) that is removed however the build ends; one left by a killed
-build is removed by the next build (and by `weenv gc`). Nothing is tagged unless all of it is
+encodes the index, and publishes in the spec's order, through the pipeline convert uses too
+(group_pipeline.py: staging, chunking, storing). Nothing is tagged unless all of it is
 stored.
 
 Must not: parse arguments or print (build_commands.py), or know the store's key layout.
@@ -24,19 +23,18 @@ from typing import Any
 
 from weenvfs.errors import ObjectMissing, SourceError
 from weenvfs.format.digest import short
-from weenvfs.format.index_writer import encode_index_object
 from weenvfs.format.refs import check_name, check_tag
 from weenvfs.store.repository import Repository
 
 from .chunker import Chunker, ChunkOptions, ChunkStats, DedupTable
 from .dedup_sources import recent_versions
 from .entries import Source
+from .group_pipeline import stage_and_store
 from .layout import LayoutOrder
 from .progress import Progress
-from .publish import publish_group
+from .publish import tag_group
 from .source_dir import DirSource
 from .source_tar import TarSource
-from .staging import remove_stale, staging_dir
 from .tree import GroupTree, TreeCounts
 
 log = logging.getLogger(__name__)
@@ -146,34 +144,30 @@ def build_group(
     progress = progress or Progress.quiet()
     layers = list(sources) if isinstance(sources, Sequence) else [sources]
     table, previous, dedup_sources = _dedup_table(repo, name, tag, options)
-    for stale in remove_stale(options.tmp_dir):
-        log.info("removed %s, the staging of a build that died (%d bytes)", stale.path, stale.size)
-    with staging_dir(options.tmp_dir) as workdir:
-        chunker = Chunker(options.chunk, workdir, table, progress.update, options.layout)
-        try:
-            tree = _read_layers(layers, chunker, progress)
-            blobs = chunker.finish()
-        finally:
-            chunker.close()
-        index_object = encode_index_object(tree.root, options.chunk.chunk_size)
-        published = publish_group(repo, name, tag, blobs, index_object, progress)
+    tree = GroupTree()
+    staged = stage_and_store(
+        tree, lambda chunker: _read_layers(layers, tree, chunker, progress), repo,
+        options.chunk, table, progress, kind="build", tmp_dir=options.tmp_dir,
+        layout=options.layout, count_bytes=True,
+    )
+    tag_group(repo, name, tag, staged.stored)
     return BuildResult(
         name,
         tag,
-        published.index_digest,
+        staged.stored.index_digest,
         previous,
         tree.counts(),
-        chunker.stats,
-        len(blobs),
-        published.blobs_uploaded,
-        published.bytes_uploaded,
-        len(index_object),
+        staged.stats,
+        staged.blobs_new,
+        staged.stored.blobs_uploaded,
+        staged.stored.bytes_uploaded,
+        len(staged.index_object),
         dedup_sources,
     )
 
 
-def _read_layers(layers: list[Source], chunker: Chunker, progress: Progress) -> GroupTree:
-    tree = GroupTree()
+def _read_layers(layers: list[Source], tree: GroupTree, chunker: Chunker,
+                 progress: Progress) -> None:
     for source in layers:
         tree.begin_layer()
         entries = source.entries()
@@ -184,4 +178,3 @@ def _read_layers(layers: list[Source], chunker: Chunker, progress: Progress) -> 
             if node is not None:
                 chunker.add_file(node, entry)
         progress.end()
-    return tree

@@ -13,8 +13,9 @@ Owns: `StackedTree`, a `tree.GroupTree` that also sees the composed tree of the 
   copies stand for what lay below the layer, so a whiteout of the same layer hides them
   wherever it sits in the tar (OCI applies a layer's markers before its entries).
 
-And `build_group_untagged`: layers -> tree -> chunks -> blobs and the index stored, nothing
-tagged (the conversion tags every group and the environment only once all are stored).
+And `build_group_untagged`: layers -> tree, then chunks, blobs and the index stored through
+the builder's pipeline (group_pipeline.py), nothing tagged (the conversion tags every group
+and the environment only once all are stored).
 
 Must not: parse layers (layers.py) or decide grouping, reuse or tags (convert.py).
 """
@@ -32,28 +33,19 @@ from weenvfs.format.compose import ComposedTree
 from weenvfs.format.compose import Entry as LowerEntry
 from weenvfs.format.digest import short
 from weenvfs.format.index import GroupIndex
-from weenvfs.format.index_writer import Node, encode_index_object
+from weenvfs.format.index_writer import Node
 from weenvfs.store.repository import Repository
 
 from .chunker import Chunker, ChunkOptions, ChunkStats, DedupTable
-from .entries import DataStream, Entry, Kind, refuse, show
+from .entries import KIND_OF_MODE, DataStream, Entry, Kind, refuse, show
+from .group_pipeline import stage_and_store
 from .layout import LayoutOrder
 from .progress import Progress
-from .publish import store_group
 from .reader import ChunkReader
-from .staging import remove_stale, staging_dir
 from .tree import GroupTree, TreeCounts
 
 log = logging.getLogger(__name__)
 
-_KINDS = {
-    stat.S_IFREG: Kind.REG,
-    stat.S_IFLNK: Kind.SYMLINK,
-    stat.S_IFCHR: Kind.CHR,
-    stat.S_IFBLK: Kind.BLK,
-    stat.S_IFIFO: Kind.FIFO,
-    stat.S_IFSOCK: Kind.SOCK,
-}
 
 
 def _parent(path: bytes) -> bytes:
@@ -110,7 +102,7 @@ class LowerView:
         rec = index.inode(entry.inode)
         out = Entry(
             path,
-            _KINDS[stat.S_IFMT(rec.mode)],
+            KIND_OF_MODE[stat.S_IFMT(rec.mode)],
             mode=stat.S_IMODE(rec.mode),
             uid=rec.uid,
             gid=rec.gid,
@@ -269,33 +261,25 @@ def build_group_untagged(
     """Apply the layers (each a function feeding a StackedTree and a Chunker) into one
     group, store its blobs and its index, and return what was stored."""
     tree = StackedTree(lower)
-    remove_stale(tmp_dir)
-    with staging_dir(tmp_dir, "convert") as workdir:
-        chunker = Chunker(chunk, workdir, table, order=layout)  # layout: hinted data first
-        try:
-            for read_layer in read_layers:
-                tree.begin_layer()
-                read_layer(tree, chunker)
-            blobs = chunker.finish()
-        finally:
-            chunker.close()
-        index_object = encode_index_object(tree.root, chunk.chunk_size)
-        stored = store_group(repo, blobs, index_object, progress)
-        digest, uploaded, uploaded_bytes = (
-            stored.index_digest,
-            stored.blobs_uploaded,
-            stored.bytes_uploaded,
-        )
-        index = GroupIndex.from_object(index_object)
-    log.info("stored group index %s (%d new blobs)", short(digest), len(blobs))
+
+    def feed(chunker: Chunker) -> None:
+        for read_layer in read_layers:
+            tree.begin_layer()
+            read_layer(tree, chunker)
+
+    staged = stage_and_store(tree, feed, repo, chunk, table, progress, kind="convert",
+                             tmp_dir=tmp_dir, layout=layout)  # layout: hinted data first
+    digest = staged.stored.index_digest
+    index = GroupIndex.from_object(staged.index_object)
+    log.info("stored group index %s (%d new blobs)", short(digest), staged.blobs_new)
     return StoredGroup(
         digest,
         index,
         tree.counts(),
-        chunker.stats,
-        len(blobs),
-        uploaded,
-        uploaded_bytes,
-        len(index_object),
+        staged.stats,
+        staged.blobs_new,
+        staged.stored.blobs_uploaded,
+        staged.stored.bytes_uploaded,
+        len(staged.index_object),
         tree.copied_up,
     )

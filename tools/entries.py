@@ -13,6 +13,7 @@ Must not: read directories or tars (source_dir.py, source_tar.py), or build tree
 from __future__ import annotations
 
 import enum
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
@@ -39,6 +40,18 @@ class Kind(enum.Enum):
     SOCK = "socket"
     WHITEOUT = "whiteout"
     OPAQUE = "opaque"
+
+
+# The kind of a file from its mode's type bits (os.stat, an index's inode records).
+KIND_OF_MODE = {
+    stat.S_IFDIR: Kind.DIR,
+    stat.S_IFREG: Kind.REG,
+    stat.S_IFLNK: Kind.SYMLINK,
+    stat.S_IFCHR: Kind.CHR,
+    stat.S_IFBLK: Kind.BLK,
+    stat.S_IFIFO: Kind.FIFO,
+    stat.S_IFSOCK: Kind.SOCK,
+}
 
 
 class DataStream:

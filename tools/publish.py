@@ -59,6 +59,12 @@ def publish_group(
     check_name(name, "group name")
     check_tag(tag)
     stored = store_group(repo, blobs, index_object, progress)
+    tag_group(repo, name, tag, stored)
+    return stored
+
+
+def tag_group(repo: Repository, name: str, tag: str, stored: Published) -> None:
+    """Point the group tag `name:tag` at the index `store_group` stored (the last write)."""
     repo.set_tag("groups", name, tag, stored.index_digest)
     log.info(
         "published group %s:%s -> %s (%d blobs uploaded)",
@@ -67,7 +73,6 @@ def publish_group(
         short(stored.index_digest),
         stored.blobs_uploaded,
     )
-    return stored
 
 
 def store_group(

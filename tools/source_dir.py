@@ -26,20 +26,11 @@ from pathlib import Path
 
 from weenvfs.errors import SourceError
 
-from .entries import DataStream, Entry, Kind, check_entry, refuse, show
+from .entries import KIND_OF_MODE, DataStream, Entry, Kind, check_entry, refuse, show
 from .regular_file import open_regular_fd
 
 log = logging.getLogger(__name__)
 
-_KINDS = {
-    stat.S_IFDIR: Kind.DIR,
-    stat.S_IFREG: Kind.REG,
-    stat.S_IFLNK: Kind.SYMLINK,
-    stat.S_IFCHR: Kind.CHR,
-    stat.S_IFBLK: Kind.BLK,
-    stat.S_IFIFO: Kind.FIFO,
-    stat.S_IFSOCK: Kind.SOCK,
-}
 
 
 class DirSource:
@@ -99,7 +90,7 @@ class DirSource:
             st = os.lstat(full)
         except OSError as e:
             raise refuse(rel, f"cannot stat: {e.strerror}") from None
-        kind = _KINDS.get(stat.S_IFMT(st.st_mode))
+        kind = KIND_OF_MODE.get(stat.S_IFMT(st.st_mode))
         if kind is None:
             raise refuse(rel, f"unknown file type {st.st_mode:#o}")
         if kind is Kind.SOCK:
@@ -112,7 +103,7 @@ class DirSource:
         return self._entry(rel, full, st)
 
     def _entry(self, rel: bytes, full: bytes, st: os.stat_result) -> Entry:
-        kind = _KINDS[stat.S_IFMT(st.st_mode)]
+        kind = KIND_OF_MODE[stat.S_IFMT(st.st_mode)]
         entry = Entry(
             rel,
             kind,
