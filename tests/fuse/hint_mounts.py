@@ -5,12 +5,11 @@ Must not: mount anything (mounts.py `Mounter` does)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from mounts import Mount
+from support.polling import wait_for
 
 from weenvfs.core.node_hints import publish_run
 from weenvfs.format.hints import HintRecord
@@ -22,14 +21,12 @@ WAIT = 60.0  # seconds a condition may take before the test fails (a hang guard 
 
 def wait_for_state(mount: Mount, *states: str) -> dict[str, Any]:
     """Poll `weenv stats` until the replay is in one of `states`; return the stats."""
-    deadline = time.monotonic() + WAIT
-    while True:
+
+    def reached() -> dict[str, Any] | None:
         stats = mount.stats()
-        if stats["hints"]["state"] in states:
-            return stats
-        if time.monotonic() > deadline:
-            pytest.fail(f"replay still {stats['hints']['state']!r}, not in {states}")
-        time.sleep(0.05)
+        return stats if stats["hints"]["state"] in states else None
+
+    return wait_for(reached, f"a replay state in {states}", WAIT, interval=0.05)
 
 
 def publish_hint(store: Path, ref: str, paths: list[str], tag: str = "latest") -> int:

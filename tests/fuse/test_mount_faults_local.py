@@ -10,12 +10,12 @@ import os
 import random
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from mounts import Mounter, publish, run_weenv
 from support import trees
+from support.polling import wait_for
 from support.trees import file
 
 from weenvfs.fuse import daemon
@@ -27,16 +27,6 @@ pytestmark = [pytest.mark.requires_fuse, pytest.mark.usefixtures("both_paths")]
 KIB = 1 << 10
 MIB = 1 << 20
 WAIT = 30.0  # seconds any condition below may take to come true before the test fails
-
-
-def wait_until(condition: object, what: str) -> None:
-    """Poll `condition()` until true; fail after WAIT seconds (a hang guard, not a timing
-    assertion)."""
-    deadline = time.monotonic() + WAIT
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting until {what}")
-        time.sleep(0.01)
 
 
 def file_chunk(store_dir: Path, ref: str, path: str, k: int) -> tuple[Path, int, int, str]:
@@ -126,14 +116,14 @@ def test_kill_9_mid_fetch_then_remount_reads_correctly(tmp_path: Path,
     reader = threading.Thread(target=read_huge)
     reader.start()
     try:
-        wait_until(lambda: _cached_chunks(mount.cache) or outcome, "a chunk is cached")
+        wait_for(lambda: _cached_chunks(mount.cache) or outcome, "a chunk is cached", WAIT)
         os.kill(mount.pid, signal.SIGSTOP)  # freeze it mid-fetch, then kill it there
         assert not outcome, "the read finished before the daemon could be killed"
         os.kill(mount.pid, signal.SIGKILL)
     finally:
         reader.join(WAIT)
     assert isinstance(outcome[0], OSError), outcome[0]
-    wait_until(lambda: not daemon.process_alive(mount.pid), "the daemon is gone")
+    wait_for(lambda: not daemon.process_alive(mount.pid), "the daemon is gone", WAIT)
     run_weenv("umount", "--lazy", str(mount.mountpoint))  # fusermount3 -u -z of the stale mount
     assert not daemon.is_mounted(mount.mountpoint)
     again = mounter.mount(ref, tmp_path / "store", mountpoint=mount.mountpoint,
@@ -161,10 +151,10 @@ def test_cache_bound_is_respected(tmp_path: Path, mounter: Mounter) -> None:
     mount = mounter.mount(ref, tmp_path / "store", extra=["--cache-size", str(bound)])
     for path, data in contents.items():
         assert (mount.mountpoint / path).read_bytes() == data
-    wait_until(lambda: cache_bytes(mount.cache) <= bound, f"the cache is under {bound}")
+    wait_for(lambda: cache_bytes(mount.cache) <= bound, f"the cache is under {bound}", WAIT)
     # Everything still reads (evicted chunks are fetched again) and stays bounded.
     for path, data in reversed(contents.items()):
         with open(mount.mountpoint / path, "rb", buffering=0) as f:
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
             assert f.read() == data
-    wait_until(lambda: cache_bytes(mount.cache) <= bound, f"the cache is under {bound}")
+    wait_for(lambda: cache_bytes(mount.cache) <= bound, f"the cache is under {bound}", WAIT)

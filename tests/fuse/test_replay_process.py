@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 import random
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from hint_mounts import WAIT, publish_hint, wait_for_state
 from mounts import Mounter, publish, run_weenv
 from support import trees
+from support.polling import wait_for
 from support.trees import file
 
 from weenvfs.store import open_store
@@ -80,10 +80,8 @@ def test_the_replay_runs_apart_and_counts_for_the_mount(env, mounter: Mounter) -
     after = mount.stats()
     assert after["fetch"]["cache_misses"] == 0
     assert after["fetch"]["prefetch"]["hint_hits"] == count and after["hints"]["waste"] == 0
-    deadline = time.monotonic() + WAIT
-    while warm_processes(env_digest(store)):  # it exits once it has reported
-        assert time.monotonic() < deadline, "the replay process did not exit"
-        time.sleep(0.05)
+    digest = env_digest(store)  # the replay process exits once it has reported:
+    wait_for(lambda: not warm_processes(digest), "the replay process's exit", WAIT)
 
 
 def test_without_a_node_service_the_mount_replays_itself(env, mounter: Mounter,
@@ -105,12 +103,7 @@ def test_unmounting_ends_a_replay_whose_store_hangs(env, mounter: Mounter) -> No
     with RangeHTTPServer(store) as server, \
             FaultProxy(server.url, "t*", stall=3600, match=r"^GET .*/blobs/") as proxy:
         mount = mounter.mount("env:t", proxy.url)  # type: ignore[arg-type]
-        deadline = time.monotonic() + WAIT
-        while proxy.requests(code="t") == 0:  # the replay waits for a stalled chunk
-            assert time.monotonic() < deadline, "the replay never asked for a chunk"
-            time.sleep(0.02)
+        wait_for(lambda: proxy.requests(code="t"), "the replay's stalled chunk request", WAIT)
         assert warm_processes(digest)
         run_weenv("umount", str(mount.mountpoint))
-        while warm_processes(digest):
-            assert time.monotonic() < deadline, "the replay outlived its mount"
-            time.sleep(0.05)
+        wait_for(lambda: not warm_processes(digest), "the replay's end with its mount", WAIT)

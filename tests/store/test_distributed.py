@@ -25,7 +25,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.config import Config
+from support.polling import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fuse"))
 from mounts import Mounter  # noqa: E402 - tests/fuse is not on the path by itself
@@ -58,21 +58,6 @@ ACCESS_KEY, SECRET_KEY = "distributed", "distributed-secret-key"
 
 def _sh(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True, timeout=30)
-
-
-def wait_until(condition: Any, what: str, seconds: float = WAIT) -> Any:
-    """Poll `condition()` until it returns something true; fail after `seconds`."""
-    deadline = time.monotonic() + seconds
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            result = condition()
-            if result:
-                return result
-        except Exception as e:  # not yet
-            last = e
-        time.sleep(0.2)
-    pytest.fail(f"timed out waiting until {what} (last error: {last})")
 
 
 def _free_subnet() -> int:
@@ -157,8 +142,10 @@ class Cluster:
             "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={self.root / 's3.json'}",
             "-s3.autoCreateBucket=false",
         ])
-        wait_until(lambda: len(self.data_nodes()) == 2, "both volume servers joined")
-        wait_until(self._bucket_ready, "the S3 gateway takes writes")
+        wait_for(lambda: len(self.data_nodes()) == 2, "both volume servers joined", WAIT,
+                 not_yet=(Exception,), interval=0.2)
+        wait_for(self._bucket_ready, "the S3 gateway takes writes", WAIT, not_yet=(Exception,),
+                 interval=0.2)
 
     def _addr(self, role: str) -> list[str]:
         http, grpc = self.ports[role]
@@ -328,7 +315,8 @@ def test_reads_survive_a_dead_volume_server_and_a_cut_gateway(
 
         cluster.set_link("filer", up=True)
         first = sets["C"][0]
-        wait_until(lambda: _read(mp / first) == contents[first], "the gateway serves again")
+        wait_for(lambda: _read(mp / first) == contents[first], "the gateway serves again", WAIT,
+                 not_yet=(Exception,), interval=0.2)
         for path in sets["C"]:
             assert _read(mp / path) == contents[path], path
         errors = mount.stats()["fetch"]["errors"]

@@ -11,14 +11,20 @@ from typing import Any
 import pytest
 
 
-def wait_for(condition: Callable[[], object], what: str, timeout: float = 30.0) -> Any:
+def wait_for(condition: Callable[[], object], what: str, timeout: float = 30.0, *,
+             not_yet: tuple[type[BaseException], ...] = (), interval: float = 0.02) -> Any:
     """Poll `condition` until it returns something truthy (returned); fail after `timeout`
-    seconds."""
+    seconds. An exception of a type in `not_yet` counts as "not yet" (a server starting)."""
     deadline = time.monotonic() + timeout
+    last: BaseException | None = None
     while True:
-        value = condition()
+        try:
+            value = condition()
+        except not_yet as error:
+            value, last = None, error
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.02)
+            detail = f" (last error: {last})" if last is not None else ""
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}{detail}")
+        time.sleep(interval)
