@@ -32,12 +32,8 @@ damaged file is logged, removed and treated as a miss, never served. (Residual r
 damaged by hand in place, or at a reused inode number, during the boot that verified it;
 crashes cannot produce that.)
 
-One fetch per chunk across processes. The fetching process holds `flock(LOCK_EX)` on
-`locks/<hex>`; others block on the same file (in a thread), then find the chunk cached. The
-holder unlinks the lock file before releasing it, and a locker that wakes on an unlinked or
-replaced file retries with the current one, so lock files do not accumulate and never split
-into two locks. A task that holds chunk locks never blocks on another chunk lock, which rules
-out deadlocks between processes.
+One fetch per chunk across processes: the fetching process holds the chunk's lock file
+(chunk_locks.py says how those locks work).
 
 Eviction. Files are LRU-ordered by mtime, which `open` refreshes at most once per
 `touch_interval`. Each process tracks the cache size from a scan plus what it inserted and
@@ -75,8 +71,10 @@ from typing import TYPE_CHECKING
 from weenvfs.errors import WeenvError
 from weenvfs.format.digest import digest_bytes, short
 
+from .chunk_locks import ChunkLock, lock_file, remove_if_unlocked, wait_for_lock
+
 if TYPE_CHECKING:
-    import trio
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +89,6 @@ FREE_MARGIN_FRACTION = 0.05  # of the file system's size, kept free ...
 FREE_MARGIN_MAX = 1 << 30  # ... or this much, whichever is smaller
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 _HEX = frozenset("0123456789abcdef")
-# Threads blocked waiting for another process's chunk lock get their own limiter, so that many
-# of them never starve trio's default thread limiter (decoding, the FUSE layer's calls).
-# trio is imported on first use only: `weenv mount`'s parent process needs this module for
-# `default_cache_dir` and must not pay trio's import (about 0.1 s of the mount budget).
-_LOCK_WAITS: trio.lowlevel.RunVar[trio.CapacityLimiter] | None = None
-_MAX_LOCK_WAITS = 256
 TRUST_XATTR = "user.weenv.verified"  # value: the boot id of the boot that verified the file
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _CACHEDIR_TAG = (
@@ -170,54 +162,6 @@ class ChunkHandle:
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-class ChunkLock:
-    """The cross-process fetch lock of one chunk. `release()` unlinks the lock file, then
-    unlocks (see the module docstring for why that is safe)."""
-
-    __slots__ = ("_fd", "_path")
-
-    def __init__(self, fd: int, path: str) -> None:
-        self._fd = fd
-        self._path = path
-
-    def release(self) -> None:
-        """Unlink and unlock. Idempotent."""
-        if self._fd < 0:
-            return
-        with contextlib.suppress(OSError):
-            os.unlink(self._path)
-        os.close(self._fd)
-        self._fd = -1
-
-
-class _LockWaiter:
-    """A blocking lock wait in a worker thread that the trio side may abandon at a deadline;
-    if the thread gets the lock after that, it releases it at once instead of leaking it."""
-
-    def __init__(self, cache: ChunkCache, digest: bytes) -> None:
-        self._cache = cache
-        self._digest = digest
-        self._mutex = threading.Lock()
-        self._abandoned = False
-        self._lock: ChunkLock | None = None
-
-    def run(self) -> ChunkLock:
-        lock = self._cache.lock(self._digest)
-        with self._mutex:
-            if self._abandoned:
-                lock.release()
-            else:
-                self._lock = lock
-        return lock
-
-    def abandon(self) -> None:
-        with self._mutex:
-            self._abandoned = True
-            lock, self._lock = self._lock, None
-        if lock is not None:
-            lock.release()
 
 
 class ChunkCache:
@@ -449,32 +393,10 @@ class ChunkCache:
         lock = self.try_lock(digest)
         if lock is not None:
             return lock
-        import trio
-
-        waiter = _LockWaiter(self, digest)
-        try:
-            return await trio.to_thread.run_sync(
-                waiter.run, abandon_on_cancel=True, limiter=_lock_wait_limiter()
-            )
-        except BaseException:
-            waiter.abandon()
-            raise
+        return await wait_for_lock(lambda: self.lock(digest))
 
     def _lock(self, digest: bytes, blocking: bool) -> ChunkLock | None:
-        path = os.path.join(self._locks, digest.hex())
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-            except BlockingIOError:
-                os.close(fd)
-                return None
-            except BaseException:
-                os.close(fd)
-                raise
-            if _same_file(fd, path):
-                return ChunkLock(fd, path)
-            os.close(fd)  # the holder unlinked it while we waited: lock the current file
+        return lock_file(os.path.join(self._locks, digest.hex()), blocking)
 
     # -- size bound ---------------------------------------------------------------------------
 
@@ -626,7 +548,7 @@ class ChunkCache:
         removed = 0
         for folder in (self._tmp, self._locks):
             for name in _listdir(folder):
-                removed += _remove_if_unlocked(os.path.join(folder, name))
+                removed += remove_if_unlocked(os.path.join(folder, name))
         return removed
 
     def prune(self, max_bytes: int | None = None, *, everything: bool = False) -> EvictResult:
@@ -652,33 +574,9 @@ def current_boot_id() -> bytes:
         return b""
 
 
-def _lock_wait_limiter() -> trio.CapacityLimiter:
-    """The limiter of lock-waiting threads of the current trio run (made on first use)."""
-    import trio
-
-    global _LOCK_WAITS
-    if _LOCK_WAITS is None:
-        _LOCK_WAITS = trio.lowlevel.RunVar("weenv_lock_waits")
-    try:
-        return _LOCK_WAITS.get()
-    except LookupError:
-        limiter = trio.CapacityLimiter(_MAX_LOCK_WAITS)
-        _LOCK_WAITS.set(limiter)
-        return limiter
-
-
 def _write_all(fd: int, view: memoryview) -> None:
     while view:
         view = view[os.write(fd, view) :]
-
-
-def _same_file(fd: int, path: str) -> bool:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    fst = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
 
 
 def _listdir(folder: str) -> list[str]:
@@ -686,25 +584,3 @@ def _listdir(folder: str) -> list[str]:
         return os.listdir(folder)
     except FileNotFoundError:
         return []
-
-
-def _remove_if_unlocked(path: str) -> int:
-    """Unlink `path` if nobody holds its flock (its writer or fetcher died); 1 if removed."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return 0
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return 0
-    try:
-        if _same_file(fd, path):
-            os.unlink(path)
-            return 1
-        return 0
-    except OSError:
-        return 0
-    finally:
-        os.close(fd)

@@ -31,7 +31,8 @@ from enum import IntEnum
 
 import trio
 
-from weenvfs.core.cache import DISK_FULL, ChunkCache, ChunkHandle, ChunkLock
+from weenvfs.core.cache import DISK_FULL, ChunkCache, ChunkHandle
+from weenvfs.core.chunk_locks import ChunkLock
 from weenvfs.core.chunk_plan import (
     DEFAULT_COALESCE_GAP,
     DEFAULT_MAX_REQUEST_BYTES,
