@@ -17,6 +17,7 @@ from support import trees
 from support.polling import wait_for
 from support.trees import file
 
+from weenvfs.fuse import mountd
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
@@ -107,3 +108,28 @@ def test_unmounting_ends_a_replay_whose_store_hangs(env, mounter: Mounter) -> No
         assert warm_processes(digest)
         run_weenv("umount", str(mount.mountpoint))
         wait_for(lambda: not warm_processes(digest), "the replay's end with its mount", WAIT)
+
+
+def test_no_hint_starts_no_replay_process(env, mounter: Mounter) -> None:
+    store, contents = env
+    mount = mounter.mount("env:t", store)
+    stats = wait_for_state(mount, "no hint")
+    assert stats["hints"]["replayer"] == "mount daemon"
+    assert not warm_processes(env_digest(store))
+    assert (mount.mountpoint / "lib/big0").read_bytes() == contents["lib/big0"]
+
+
+def test_the_node_service_runs_at_most_max_replays(env, mounter: Mounter) -> None:
+    """Replays whose store hangs keep running: one mount more than the cap replays itself."""
+    store, _ = env
+    publish_hint(store, "env:t", ["lib/big2"])
+    with RangeHTTPServer(store) as server, \
+            FaultProxy(server.url, "t*", stall=3600, match=r"^GET .*/blobs/") as proxy:
+        mounts = [mounter.mount("env:t", proxy.url)  # type: ignore[arg-type]
+                  for _ in range(mountd.MAX_REPLAYS + 1)]
+        wait_for(lambda: proxy.requests(code="t") >= mountd.MAX_REPLAYS + 1,
+                 "every replay's stalled chunk request", WAIT)
+        where = sorted(m.stats()["hints"]["replayer"] for m in mounts)
+        assert where == ["mount daemon"] + ["separate process"] * mountd.MAX_REPLAYS
+        for mount in mounts:
+            run_weenv("umount", str(mount.mountpoint))

@@ -49,7 +49,7 @@ NO_HINT = "none"
 # Upper bound of a merged hint. A 5 GB environment has some 10k chunks of 1 MiB; runs that
 # touch more than this many chunks keep the ones most runs share, earliest first.
 DEFAULT_MAX_RECORDS = 1 << 18
-_HEX64 = re.compile(r"(?:blake3:)?([0-9a-f]{64})")
+HINT_DIGEST = re.compile(r"(?:blake3:)?([0-9a-f]{64})")  # a --hint that names a hint object
 
 
 class HintRecorder:
@@ -139,7 +139,7 @@ def check_hint_spec(spec: str, what: str = "--hint", allow_none: bool = True) ->
     if spec == NO_HINT:
         if allow_none:
             return spec
-    elif _HEX64.fullmatch(spec):
+    elif HINT_DIGEST.fullmatch(spec):
         return spec
     else:
         with contextlib.suppress(FormatError):
@@ -170,7 +170,7 @@ def find_hint(
     for a malformed `spec`."""
     if spec == NO_HINT:
         return None
-    match = _HEX64.fullmatch(spec)
+    match = HINT_DIGEST.fullmatch(spec)
     if match is not None:
         return _load(repo, match.group(1), f"hint {short(match.group(1))}", manifest_digest,
                      indexes)

@@ -60,6 +60,11 @@ log = logging.getLogger(__name__)
 SOCKET_ENV = "WEENV_MOUNTD_SOCKET"
 SWITCH_ENV = "WEENV_MOUNTD"  # "off": never use a server
 CONNECT_TIMEOUT = 5.0  # seconds for a server to accept and answer one request
+DAEMON, REPLAY = "daemon", "replay"  # what a request starts (`launch`'s kind)
+# Hint replays (`weenv cache warm` for a mount, fuse/replay_process.py) the server runs at
+# once: one per two CPUs. A replay apart from its mount daemon uses a core of its own; when
+# many environments start together there is none to spare, and each daemon replays its own.
+MAX_REPLAYS = max(1, (os.cpu_count() or 1) // 2)
 MAX_REQUEST = 1 << 20
 AUTO_IDLE = 600.0  # seconds an auto-started server lingers with no request and no daemon
 HOUSEKEEPING_EVERY = 60.0  # seconds between two runs of HOUSEKEEPING while the server runs
@@ -115,15 +120,17 @@ def _namespaces() -> dict[str, str]:
 # -- client ---------------------------------------------------------------------------------
 
 
-def launch(args: list[str], ready_fd: int, log_fd: int, start: bool = True) -> bool:
+def launch(args: list[str], ready_fd: int, log_fd: int, start: bool = True,
+           kind: str = DAEMON) -> bool:
     """Ask the server to start `python -m weenvfs ARGS --ready-fd N` as a daemon whose
     readiness pipe is `ready_fd` and whose stdout/stderr is `log_fd`; True if it did. With
-    `start`, a server is started first when none answers and this process may (`may_start`)."""
+    `start`, a server is started first when none answers and this process may (`may_start`).
+    `kind` REPLAY marks a mount's hint replay, which the server caps (MAX_REPLAYS)."""
     if not enabled():
         return False
     request = json.dumps({
         "argv": list(args), "env": dict(os.environ), "umask": _umask(),
-        "fingerprint": fingerprint(), "namespaces": _namespaces(),
+        "fingerprint": fingerprint(), "namespaces": _namespaces(), "kind": kind,
     }).encode() + b"\n"
     answer = _ask(request, ready_fd, log_fd)
     if answer is None and start and may_start() and start_server():
@@ -350,6 +357,7 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
     if exporter is not None and exporter.socket is not None:
         held += (exporter.socket,)
     daemons: dict[int, str] = {}  # pid -> start time, of every daemon forked and alive
+    replays: dict[int, str] = {}  # the same, of the hint replays among them
     last = time.monotonic()
     chores = last + HOUSEKEEPING_EVERY
     while True:
@@ -364,18 +372,17 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
             waits.append(last + idle - now)
         readable, _, _ = select.select([listener], [], [], max(0.0, min(waits)))
         if not readable:
-            if idle > 0 and time.monotonic() >= last + idle:
-                daemons = {p: t for p, t in daemons.items() if daemon.start_time(p) == t}
-                if not daemons:
-                    log.info("mount server idle for %g s with no daemon left: exiting", idle)
-                    return
+            if idle > 0 and time.monotonic() >= last + idle and not _alive(daemons):
+                log.info("mount server idle for %g s with no daemon left: exiting", idle)
+                return
             continue
         conn, _ = listener.accept()
         last = time.monotonic()
         with conn:
             # What a forked daemon must not keep: above all the lock (flock belongs to the
             # open file, so a daemon holding it would lock out the next server).
-            if not _handle(conn, (conn, *held), code_print, namespaces, run, daemons):
+            if not _handle(conn, (conn, *held), code_print, namespaces, run, daemons,
+                           replays):
                 return
 
 
@@ -416,9 +423,9 @@ def leave_caller_cgroups() -> None:
 
 def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
             namespaces: dict[str, str], run: Callable[[list[str]], int],
-            daemons: dict[int, str]) -> bool:
-    """Serve one request (the daemon it forks is added to `daemons`); False when this
-    server must exit (its code is stale)."""
+            daemons: dict[int, str], replays: dict[int, str]) -> bool:
+    """Serve one request (the daemon it forks is added to `daemons`, and to `replays` if it
+    is a hint replay); False when this server must exit (its code is stale)."""
     conn.settimeout(CONNECT_TIMEOUT)
     fds: list[int] = []
     try:
@@ -440,9 +447,15 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
         if len(fds) != 2:
             _answer(conn, "refused: a request passes exactly two file descriptors")
             return True
+        replay = request.get("kind") == REPLAY
+        if replay and _alive(replays) >= MAX_REPLAYS:
+            _answer(conn, f"busy: {MAX_REPLAYS} hint replay(s) run already")
+            return True
         pid = _fork_daemon(request, fds, held, run)
         if pid:
             daemons[pid] = daemon.start_time(pid)
+            if replay:
+                replays[pid] = daemons[pid]
         _answer(conn, "ok")
     except (OSError, ValueError, KeyError, TypeError) as error:
         log.warning("bad mount request: %s", error)
@@ -453,6 +466,14 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
             with contextlib.suppress(OSError):
                 os.close(fd)
     return True
+
+
+def _alive(children: dict[int, str]) -> int:
+    """Forget the children of `children` (pid -> start time) that ended; how many are left."""
+    for pid, started in list(children.items()):
+        if daemon.start_time(pid) != started:
+            del children[pid]
+    return len(children)
 
 
 def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
