@@ -48,6 +48,7 @@ import struct
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -285,6 +286,29 @@ def serve(idle: float, run: Callable[[list[str]], int],
     it. An `exporter` serves the node's metrics from a child process while the server runs
     (exporter.py); an address it cannot bind fails the server before `ready()`. `preload`
     names the modules of the other commands `run` is asked to run (the CLI knows them)."""
+    _preload(preload)
+    if leave_cgroups:
+        leave_caller_cgroups()
+    server = _listen(exporter)
+    if server is None:
+        return 0
+    previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    log.info("mount server %d listening on %s", os.getpid(), server.path)
+    if ready is not None:
+        ready()
+    try:
+        _loop(server.listener, server.lock, idle, run, exporter)
+    except _Stop:
+        log.info("mount server stopping")
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        _close(server, exporter)
+    return 0
+
+
+def _preload(preload: tuple[str, ...]) -> None:
+    """Import what forked children run, and warm the S3 client, before the first fork."""
     import importlib
 
     for name in (*PRELOAD, *preload):
@@ -292,8 +316,22 @@ def serve(idle: float, run: Callable[[list[str]], int],
     from weenvfs.store import warm_up
 
     warm_up()
-    if leave_cgroups:
-        leave_caller_cgroups()
+
+
+@dataclass
+class _Listening:
+    """A server's socket, the lock that makes it the node's only one, and its pid file."""
+
+    path: Path
+    lock: Any
+    listener: socket.socket
+    bound: int  # the socket file's inode: removed at the end only if still ours
+    pid_path: Path
+
+
+def _listen(exporter: Exporter | None) -> _Listening | None:
+    """Take the server lock, start the exporter, bind the socket (0600) and write the pid
+    file; None when another server holds the lock already."""
     path = socket_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = open(_sibling(path, ".lock"), "a+b")  # noqa: SIM115 - held for the server's life
@@ -302,7 +340,7 @@ def serve(idle: float, run: Callable[[list[str]], int],
     except BlockingIOError:
         log.info("a mount server already listens on %s", path)
         lock.close()
-        return 0
+        return None
     if exporter is not None:
         try:
             exporter.start((lock,))
@@ -321,30 +359,23 @@ def serve(idle: float, run: Callable[[list[str]], int],
     listener.listen(64)
     pid_path = _sibling(path, ".pid")
     pid_path.write_text(f"{os.getpid()}\n")
+    return _Listening(path, lock, listener, bound, pid_path)
 
-    def on_signal(signum: int, frame: object) -> None:
-        raise _Stop
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    log.info("mount server %d listening on %s", os.getpid(), path)
-    if ready is not None:
-        ready()
-    try:
-        _loop(listener, lock, idle, run, exporter)
-    except _Stop:
-        log.info("mount server stopping")
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        with contextlib.suppress(OSError):
-            if os.stat(path).st_ino == bound:  # still ours
-                path.unlink()
-        listener.close()
-        pid_path.unlink(missing_ok=True)
-        if exporter is not None:
-            exporter.stop()
-        lock.close()
-    return 0
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _Stop
+
+
+def _close(server: _Listening, exporter: Exporter | None) -> None:
+    """Undo `_listen`: the socket file (if still ours), the pid file, the exporter, the lock."""
+    with contextlib.suppress(OSError):
+        if os.stat(server.path).st_ino == server.bound:
+            server.path.unlink()
+    server.listener.close()
+    server.pid_path.unlink(missing_ok=True)
+    if exporter is not None:
+        exporter.stop()
+    server.lock.close()
 
 
 def _loop(listener: socket.socket, lock: Any, idle: float,
