@@ -20,7 +20,7 @@ from pathlib import Path
 from rt_support import EnvRef, controller, pid_visible, run_weenv
 
 from weenvfs.fuse import daemon
-from weenvfs.runtime import cgroups, sandbox
+from weenvfs.runtime import cgroups, sandbox_state
 from weenvfs.runtime.environment import TIMEOUT_EXIT, Environment
 from weenvfs.runtime.sandbox import UPPERS_ROOT, Sandbox
 
@@ -99,7 +99,8 @@ def test_weenv_run_terminated_removes_its_sandbox(env_ref: EnvRef) -> None:
         assert child.stdout is not None
         assert child.stdout.readline() == b"started\n"
         running = [
-            i for i in sandbox.list_ids() if Sandbox.load(i).state["owner"]["pid"] == child.pid
+            i for i in sandbox_state.list_ids()
+            if Sandbox.load(i).state["owner"]["pid"] == child.pid
         ]
         assert len(running) == 1
         box = Sandbox.load(running[0])
@@ -112,7 +113,7 @@ def test_weenv_run_terminated_removes_its_sandbox(env_ref: EnvRef) -> None:
         if child.poll() is None:
             child.kill()
             child.wait()
-    assert not sandbox.exists(box.id)
+    assert not sandbox_state.exists(box.id)
     assert not any(daemon.process_alive(p) for p in pids)
     assert not daemon.is_mounted(env_ref.mountpoint())
 
@@ -131,14 +132,14 @@ def test_gc_clears_orphans_after_kill_9_of_the_controller(env_ref: EnvRef) -> No
         assert len(pids) == 2
         child.kill()  # SIGKILL: no clean-up code runs
         child.wait(WAIT)
-    assert sandbox.exists(sandbox_id) and all(daemon.process_alive(p) for p in pids)
+    assert sandbox_state.exists(sandbox_id) and all(daemon.process_alive(p) for p in pids)
     listed = json.loads(run_weenv("sandbox", "ls", "--json").stdout)
     assert {"id": sandbox_id, "status": "orphaned"}.items() <= next(
         b for b in listed["sandboxes"] if b["id"] == sandbox_id
     ).items()
     report = json.loads(run_weenv("sandbox", "gc", "--json").stdout)
     assert sandbox_id in report["sandboxes"]
-    assert not sandbox.exists(sandbox_id)
+    assert not sandbox_state.exists(sandbox_id)
     assert not any(pid_visible(p) and daemon.process_alive(p) for p in pids)
     assert not cgroups.cgroup_dirs(f"/weenv/{sandbox_id}")
     assert not (UPPERS_ROOT / sandbox_id).exists()
@@ -191,10 +192,10 @@ def test_gc_clears_a_sandbox_whose_creator_died_halfway(env_ref: EnvRef) -> None
     # What a creator killed right after writing the state leaves: a folder and a state that
     # names it (a process that has exited) as the owner, nothing built yet.
     dead = subprocess.Popen(["true"])
-    start = sandbox.process_start(dead.pid)
+    start = sandbox_state.process_start(dead.pid)
     dead.wait()
     sandbox_id = "weenv-halfmadetest"
-    folder = sandbox.SANDBOXES_ROOT / sandbox_id
+    folder = sandbox_state.SANDBOXES_ROOT / sandbox_id
     folder.mkdir(parents=True)
     state = {
         "id": sandbox_id,

@@ -276,6 +276,20 @@ def has_hint(repo: Repository, manifest_digest: str, manifest: Manifest,
 # -- for a mounted environment --------------------------------------------------------------
 
 
+def may_have_hint(env: LoadedEnv, spec: str) -> bool:
+    """Whether `spec` (`--hint`: a tag, a hint digest, none) may name a hint of `env`: a
+    digest does; a tag if it exists or the manifest names a hint (one store request; a
+    store error: maybe, the replay will say)."""
+    if spec == NO_HINT:
+        return False
+    if HINT_DIGEST.fullmatch(spec):
+        return True
+    try:
+        return has_hint(Repository(env.store), env.digest, env.manifest, spec)
+    except (StoreError, FormatError):
+        return True
+
+
 def env_hint_lookup(env: LoadedEnv, spec: str = DEFAULT_TAG) -> Callable[[], FoundHint | None]:
     """A call (for a thread) that finds the hint `spec` names for `env` (see `find_hint`)."""
     return functools.partial(

@@ -25,10 +25,7 @@ import trio
 
 from weenvfs.core.fetcher import Fetcher
 from weenvfs.core.loaded_env import LoadedEnv
-from weenvfs.core.node_hints import HINT_DIGEST, NO_HINT, has_hint
-from weenvfs.errors import StoreError
-from weenvfs.format.errors import FormatError
-from weenvfs.store.repository import Repository
+from weenvfs.core.node_hints import may_have_hint
 
 from . import mountd
 from .config import MountConfig
@@ -44,7 +41,7 @@ def launch(env: LoadedEnv, config: MountConfig) -> int | None:
     to replay (one tag lookup, so that a node starts no process for nothing), no node
     service, or the service runs as many replays as it takes already (`mountd.MAX_REPLAYS`:
     on a node starting many environments at once each mount daemon replays its own)."""
-    if not _may_have_hint(env, config.hint):
+    if not may_have_hint(env, config.hint):
         return None
     logs = [h.baseFilename for h in logging.getLogger().handlers
             if isinstance(h, logging.FileHandler)]
@@ -64,19 +61,6 @@ def launch(env: LoadedEnv, config: MountConfig) -> int | None:
         return None
     log.info("hint replay of %s runs in a process of the node service", env.digest[:12])
     return read_fd
-
-
-def _may_have_hint(env: LoadedEnv, spec: str) -> bool:
-    """Whether `spec` (a tag, a hint digest) may name a hint of `env`: a digest does; a tag
-    if it exists or the manifest names a hint (a store error: maybe, the replay will say)."""
-    if spec == NO_HINT:
-        return False
-    if HINT_DIGEST.fullmatch(spec):
-        return True
-    try:
-        return has_hint(Repository(env.store), env.digest, env.manifest, spec)
-    except (StoreError, FormatError):
-        return True
 
 
 class ReplayProcess:

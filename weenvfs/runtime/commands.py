@@ -498,12 +498,12 @@ def _describe(box: Sandbox, node: NodeView) -> dict[str, Any]:
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
-    from . import mounts, sandbox
+    from . import mounts, sandbox, sandbox_state
     from .elastic import NodeView
 
     boxes = []
     node = NodeView.take()
-    for sandbox_id in sandbox.list_ids():
+    for sandbox_id in sandbox_state.list_ids():
         with contextlib.suppress(UsageError):
             boxes.append(_describe(sandbox.Sandbox.load(sandbox_id), node))
     if args.json:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from weenvfs.errors import UsageError, WeenvError
 
-from . import cgroups, elastic, mounts, sandbox
+from . import cgroups, elastic, mounts, sandbox, sandbox_state
 from .cgroups import CGROUP_PARENT
 from .launcher import Launcher, default_launcher
 from .sandbox import KEPT_MARKER, UPPERS_ROOT, Sandbox
@@ -63,7 +63,7 @@ def is_orphan(box: Sandbox) -> bool:
     """Whether `box` has lost its owner; or, for a detached sandbox (no owner), its init."""
     owner = box.state.get("owner")
     if owner is not None:
-        return not sandbox.owner_alive(owner)
+        return not sandbox_state.owner_alive(owner)
     # A live owner deals with its own dead sandbox; a detached one has nobody else.
     return box.state.get("status") == "running" and box.launcher.status(box.id) != "running"
 
@@ -75,7 +75,7 @@ def collect(*, mounts_only: bool = False, launcher: Launcher | None = None) -> G
     if not mounts_only:
         launcher = launcher or default_launcher()
         _sandboxes(report, launcher)
-        report.registrations.extend(elastic.drop_orphans(sandbox.exists))
+        report.registrations.extend(elastic.drop_orphans(sandbox_state.exists))
         _containers(report, launcher)
         _cgroups(report)
         _uppers(report)
@@ -86,7 +86,7 @@ def collect(*, mounts_only: bool = False, launcher: Launcher | None = None) -> G
 
 
 def _sandboxes(report: GcReport, launcher: Launcher) -> None:
-    for sandbox_id in sandbox.list_ids():
+    for sandbox_id in sandbox_state.list_ids():
         try:
             box = Sandbox.load(sandbox_id, launcher)
         except UsageError:
@@ -102,7 +102,7 @@ def _sandboxes(report: GcReport, launcher: Launcher) -> None:
 
 def _containers(report: GcReport, launcher: Launcher) -> None:
     for container in launcher.list_ids():
-        if sandbox.exists(container):
+        if sandbox_state.exists(container):
             continue
         try:
             launcher.destroy(container)
@@ -114,7 +114,7 @@ def _containers(report: GcReport, launcher: Launcher) -> None:
 def _cgroups(report: GcReport) -> None:
     for parent in cgroups.cgroup_dirs(f"/{CGROUP_PARENT}"):
         for child in sorted(p for p in parent.iterdir() if p.is_dir()):
-            if sandbox.exists(child.name):
+            if sandbox_state.exists(child.name):
                 continue
             removed = cgroups.remove_cgroup(f"/{CGROUP_PARENT}/{child.name}")
             report.cgroups.extend(str(p) for p in removed if str(p) not in report.cgroups)
@@ -128,7 +128,7 @@ def _uppers(report: GcReport) -> None:
     for folder in folders:
         name = folder.name
         kept = (folder / KEPT_MARKER).exists()
-        if name.startswith(".trash-") or (not kept and not sandbox.exists(name)):
+        if name.startswith(".trash-") or (not kept and not sandbox_state.exists(name)):
             if not name.startswith(".trash-") and _mounted_below(folder):
                 continue
             shutil.rmtree(folder, ignore_errors=True)
@@ -144,15 +144,15 @@ def _mounted_below(folder: Path) -> bool:
 def _env_mounts(report: GcReport) -> None:
     for mount in mounts.list_mounts():
         with mounts.locked(mount.key) as folder:
-            stale = mounts.prune_holders(folder, sandbox.exists)
+            stale = mounts.prune_holders(folder, sandbox_state.exists)
         report.holders.extend(f"{mount.key[:12]}/{h}" for h in stale)
         try:
-            if mounts.expire(mount.key, sandbox.exists):
+            if mounts.expire(mount.key, sandbox_state.exists):
                 report.mounts.append(mount.key)
         except (OSError, WeenvError) as error:
             report.errors.append(f"mount {mount.key[:12]}: {error}")
     try:
-        report.mounts.extend(k for k in mounts.evict_idle(is_live=sandbox.exists)
+        report.mounts.extend(k for k in mounts.evict_idle(is_live=sandbox_state.exists)
                              if k not in report.mounts)
     except (OSError, WeenvError) as error:
         report.errors.append(f"evicting idle mounts: {error}")

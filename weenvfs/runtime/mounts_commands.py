@@ -102,10 +102,10 @@ def _until(when: float | None) -> str:
 
 
 def _cmd_evict(args: argparse.Namespace) -> int:
-    from . import mounts, sandbox
+    from . import mounts, sandbox_state
 
     if args.expired:
-        evicted = mounts.evict_idle(is_live=sandbox.exists if _is_root() else None)
+        evicted = mounts.evict_idle(is_live=sandbox_state.exists if _is_root() else None)
     else:
         listed = mounts.list_mounts()
         if args.key is not None:

@@ -30,16 +30,13 @@ Must not: parse arguments (commands.py), capture output or apply timeouts (envir
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
@@ -52,15 +49,23 @@ from .cgroups import Limits, cgroup_pids, remove_cgroup
 from .launcher import DEFAULT_CAPS, Launcher, LaunchSpec, ProcessSpec, default_launcher
 from .lower_modes import DEFAULT_LOWER, LOWER_MODES
 from .lowers import acquire_lowers, plan_lowers, release_lowers
+from .sandbox_state import (
+    SANDBOXES_ROOT,
+    exists,
+    initial_state,
+    locked,
+    owner_alive,
+    owner_record,
+    read_state,
+    sandbox_dir,
+    write_state,
+)
 
 log = logging.getLogger(__name__)
 
-SANDBOXES_ROOT = Path("/run/weenv/sandboxes")
 UPPERS_ROOT = Path("/var/lib/weenv/sandboxes")
 KEPT_MARKER = "KEPT"
 SECCOMP_FILE = "seccomp.json"  # in the bundle: the filter every start of the sandbox applies
-STATE_VERSION = 2  # 2: `mounts` names the keys of the shared mounts (lowers.py)
-_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 class CommandNotFound(WeenvError):
@@ -106,59 +111,6 @@ class EnvSource:
     command: tuple[str, ...] = ()  # entrypoint + cmd
     groups: tuple[str, ...] = ()  # the groups' index digests, lowest first
     record_hint: bool = False  # read through a recording mount, publish its hint (recording.py)
-
-
-def process_start(pid: int) -> int | None:
-    """The start time (clock ticks since boot) of `pid`, or None if it does not run."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] in (b"Z", b"X") else int(fields[19])
-
-
-def owner_alive(owner: dict[str, Any] | None) -> bool:
-    """Whether the owner recorded in a state still runs (None: detached, never orphaned)."""
-    if owner is None:
-        return True
-    start = process_start(int(owner["pid"]))
-    return start is not None and start == owner.get("start")
-
-
-def sandbox_dir(sandbox_id: str) -> Path:
-    """The state folder of sandbox `sandbox_id`."""
-    if not _ID.fullmatch(sandbox_id):
-        raise UsageError(f"invalid sandbox id {sandbox_id!r}")
-    return SANDBOXES_ROOT / sandbox_id
-
-
-def exists(sandbox_id: str) -> bool:
-    """Whether sandbox `sandbox_id` has a state folder (used as the env-mount liveness test)."""
-    return _ID.fullmatch(sandbox_id) is not None and (SANDBOXES_ROOT / sandbox_id).is_dir()
-
-
-def list_ids() -> list[str]:
-    """Ids of every sandbox with a state folder on this node."""
-    try:
-        return sorted(p.name for p in SANDBOXES_ROOT.iterdir() if _ID.fullmatch(p.name))
-    except FileNotFoundError:
-        return []
-
-
-@contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[bool]:
-    """Hold the sandbox's lock; yields False if the sandbox vanished while we waited."""
-    try:
-        fd = os.open(folder / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except FileNotFoundError:
-        yield False
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield (folder / "state.json").exists()
-    finally:
-        os.close(fd)
 
 
 def require_root() -> None:
@@ -270,13 +222,11 @@ class Sandbox:
 
     def _reload(self) -> None:
         with contextlib.suppress(OSError, ValueError):
-            self.state = json.loads((self.dir / "state.json").read_text())
+            self.state = read_state(self.dir)
 
     def save(self) -> None:
         """Write the state file atomically."""
-        tmp = self.dir / ".state.json.tmp"
-        tmp.write_text(json.dumps(self.state, indent=1))
-        tmp.replace(self.dir / "state.json")
+        write_state(self.dir, self.state)
 
     # -- life -----------------------------------------------------------------------------
 
@@ -307,7 +257,7 @@ class Sandbox:
         except FileExistsError:
             raise UsageError(f"sandbox {sandbox_id} exists already") from None
         creator = os.getpid()
-        sandbox = cls(_initial_state(sandbox_id, source, options, creator), launcher)
+        sandbox = cls(initial_state(sandbox_id, _record(source, options), creator), launcher)
         sandbox.state["seccomp"] = syscalls.name
         sandbox.save()
         sandbox.bundle.mkdir(parents=True)
@@ -320,7 +270,7 @@ class Sandbox:
             sandbox.destroy(keep_upper=False)
             raise
         if owner_pid != creator:
-            sandbox.state["owner"] = _owner(owner_pid)
+            sandbox.state["owner"] = owner_record(owner_pid)
             sandbox.save()
         return sandbox
 
@@ -328,7 +278,7 @@ class Sandbox:
     def load(cls, sandbox_id: str, launcher: Launcher | None = None) -> Sandbox:
         """The sandbox `sandbox_id` (UsageError if there is none)."""
         try:
-            state = json.loads((sandbox_dir(sandbox_id) / "state.json").read_text())
+            state = read_state(sandbox_dir(sandbox_id))
         except (OSError, ValueError):
             raise UsageError(f"no sandbox {sandbox_id}") from None
         return cls(state, launcher)
@@ -441,7 +391,7 @@ class Sandbox:
         upper layer away and start again from the pristine environment. Returns seconds."""
         require_root()
         started = time.monotonic()
-        with _locked(self.dir) as present:
+        with locked(self.dir) as present:
             if not present:
                 raise UsageError(f"no sandbox {self.id}")
             self._reload()  # another process may have reset it since we loaded it
@@ -489,7 +439,7 @@ class Sandbox:
         `keep_upper` (default: as the sandbox was created)."""
         require_root()
         keep = self.state.get("keep_upper", False) if keep_upper is None else keep_upper
-        with _locked(self.dir) as present:
+        with locked(self.dir) as present:
             if not present:
                 return
             if self.is_elastic:
@@ -574,23 +524,9 @@ class Sandbox:
         return cgroups.kill_session(self.cgroup_path, leader) if self.cgroup_path else 0
 
 
-def _owner(pid: int | None) -> dict[str, Any] | None:
-    if pid is None:
-        return None
-    start = process_start(pid)
-    if start is None:
-        raise WeenvError(f"owner process {pid} does not run")
-    return {"pid": pid, "start": start}
-
-
-def _initial_state(sandbox_id: str, source: EnvSource, options: SandboxOptions,
-                   creator: int) -> dict[str, Any]:
+def _record(source: EnvSource, options: SandboxOptions) -> dict[str, Any]:
+    """What the state of a new sandbox keeps of `source` and `options`."""
     return {
-        "version": STATE_VERSION,
-        "id": sandbox_id,
-        "created": time.time(),
-        "owner": _owner(creator),
-        "status": "creating",
         "env": {"ref": source.ref, "digest": source.digest, "store": source.store_url,
                 "cache": str(source.cache_dir)},
         "limits": asdict(options.limits),
@@ -601,7 +537,4 @@ def _initial_state(sandbox_id: str, source: EnvSource, options: SandboxOptions,
         "keep_upper": options.keep_upper,
         "keep_warm": options.keep_warm,
         "lower_mode": options.lower,
-        "launcher": "runc",
-        "process": ProcessSpec((), ()).to_json(),
-        "resets": 0,
     }

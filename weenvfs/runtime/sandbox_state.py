@@ -1,0 +1,141 @@
+"""A sandbox's state on disk: where it lives, what it records, and how it is changed.
+
+Owns `/run/weenv/sandboxes/ID/state.json` (`SandboxState`: owner pid and start time, the
+environment, limits, upper and lower choices, cgroup, default process, status) and the
+folder's `lock`, flock'ed while the sandbox changes (reset, rm); sandbox ids; the owner
+record and whether the owner still runs. Read by every process that finds a sandbox by id
+(`weenv sandbox exec|ls|gc`), written atomically (a reader never sees half a state).
+
+Must not: build, start or tear down anything (sandbox.py does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TypedDict
+
+from weenvfs.errors import UsageError, WeenvError
+
+from .launcher import ProcessSpec
+
+SANDBOXES_ROOT = Path("/run/weenv/sandboxes")
+STATE_VERSION = 2  # 2: `mounts` names the keys of the shared mounts (lowers.py)
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class SandboxState(TypedDict, total=False):
+    """The fields of state.json (a version 1 state lacks `mounts`, see sandbox.py)."""
+
+    version: int
+    id: str
+    created: float
+    owner: dict[str, int] | None  # {"pid", "start"}; None: detached (`sandbox create`)
+    status: str  # creating, created (weenv run, before its init), running, resetting
+    env: dict[str, str]  # ref, digest, store, cache
+    limits: dict[str, Any]  # cgroups.Limits as a dict
+    network: str
+    tmpfs_upper: bool
+    tmpfs_size: int | None
+    disk: int | None
+    keep_upper: bool
+    keep_warm: float | None
+    lower_mode: str
+    launcher: str
+    process: dict[str, Any]  # ProcessSpec.to_json(): the default process
+    resets: int
+    seccomp: str
+    elastic: dict[str, Any]
+    mounts: list[str]  # keys of the shared mounts under the overlay (mounts.py)
+    cgroup: dict[str, Any]  # {"path", "resources"} once the init started
+    init_pid: int
+
+
+def process_start(pid: int) -> int | None:
+    """The start time (clock ticks since boot) of `pid`, or None if it does not run."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in (b"Z", b"X") else int(fields[19])
+
+
+def owner_alive(owner: dict[str, Any] | None) -> bool:
+    """Whether the owner recorded in a state still runs (None: detached, never orphaned)."""
+    if owner is None:
+        return True
+    start = process_start(int(owner["pid"]))
+    return start is not None and start == owner.get("start")
+
+
+def sandbox_dir(sandbox_id: str) -> Path:
+    """The state folder of sandbox `sandbox_id`."""
+    if not _ID.fullmatch(sandbox_id):
+        raise UsageError(f"invalid sandbox id {sandbox_id!r}")
+    return SANDBOXES_ROOT / sandbox_id
+
+
+def exists(sandbox_id: str) -> bool:
+    """Whether sandbox `sandbox_id` has a state folder (used as the env-mount liveness test)."""
+    return _ID.fullmatch(sandbox_id) is not None and (SANDBOXES_ROOT / sandbox_id).is_dir()
+
+
+def list_ids() -> list[str]:
+    """Ids of every sandbox with a state folder on this node."""
+    try:
+        return sorted(p.name for p in SANDBOXES_ROOT.iterdir() if _ID.fullmatch(p.name))
+    except FileNotFoundError:
+        return []
+
+
+@contextlib.contextmanager
+def locked(folder: Path) -> Iterator[bool]:
+    """Hold the sandbox's lock; yields False if the sandbox vanished while we waited."""
+    try:
+        fd = os.open(folder / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError:
+        yield False
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield (folder / "state.json").exists()
+    finally:
+        os.close(fd)
+
+
+def owner_record(pid: int | None) -> dict[str, Any] | None:
+    if pid is None:
+        return None
+    start = process_start(pid)
+    if start is None:
+        raise WeenvError(f"owner process {pid} does not run")
+    return {"pid": pid, "start": start}
+
+
+def initial_state(sandbox_id: str, record: dict[str, Any], creator: int) -> SandboxState:
+    """The state a sandbox starts with: `record` (what it is made of) plus its identity."""
+    return SandboxState(  # type: ignore[typeddict-item]
+        version=STATE_VERSION, id=sandbox_id, created=time.time(),
+        owner=owner_record(creator), status="creating", launcher="runc",
+        process=ProcessSpec((), ()).to_json(), resets=0, **record,
+    )
+
+
+def read_state(folder: Path) -> SandboxState:
+    """The state in `folder` (OSError if missing, ValueError if not JSON)."""
+    state: SandboxState = json.loads((folder / "state.json").read_text())
+    return state
+
+
+def write_state(folder: Path, state: SandboxState | dict[str, Any]) -> None:
+    """Write `state` into `folder` atomically."""
+    tmp = folder / ".state.json.tmp"
+    tmp.write_text(json.dumps(state, indent=1))
+    tmp.replace(folder / "state.json")
