@@ -1,11 +1,13 @@
 """The fetcher: gets chunks into the node cache and serves chunk bytes to readers (trio).
 
-Owns: issuing the ranged GETs that chunk_plan.py groups (adjacent chunks of one blob in one
-request, small gaps read through), priorities (demand before prefetch), bounded concurrency
-(slots in fetch_slots.py), timeouts, retries and the overall deadline, verification before
-anything is cached or served, one fetch per chunk however many readers wait, and error
-reporting once per chunk. Must not: know files, inodes or FUSE (the reader maps file offsets
-to `ChunkLoc`s), or touch cache files directly (see cache.py).
+Owns: what to fetch and who waits for it: the cache lookups of a read, one fetch per chunk
+however many readers wait (in this process: flights; across processes: the cache's chunk
+locks), the ranged requests chunk_plan.py groups (adjacent chunks of one blob in one request,
+small gaps read through), priorities (demand before prefetch; read-ahead and prefetch
+workers), the overall deadline, cache maintenance, and error reporting once per chunk. One
+request itself (its slot, timeout, retries, verification, decoding, caching) is
+range_fetch.py's. Must not: know files, inodes or FUSE (the reader maps file offsets to
+`ChunkLoc`s), or touch cache files directly (see cache.py).
 
 Trio discipline: code between two `await`s is atomic, which is what keeps `_flights` (digest
 -> the in-process fetch that owns it) consistent without locks. Calls sent to threads: every
@@ -23,15 +25,13 @@ corrupt, WARNING for unavailable); callers should not log these again above DEBU
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import IntEnum
 
 import trio
 
-from weenvfs.core.cache import DISK_FULL, ChunkCache, ChunkHandle
+from weenvfs.core.cache import ChunkCache, ChunkHandle
 from weenvfs.core.chunk_locks import ChunkLock
 from weenvfs.core.chunk_plan import (
     DEFAULT_COALESCE_GAP,
@@ -40,37 +40,25 @@ from weenvfs.core.chunk_plan import (
     Span,
     plan_requests,
 )
-from weenvfs.core.fetch_slots import DemandLimiter, Handoff, NoLock
+from weenvfs.core.fetch_slots import DemandLimiter, NoLock
+from weenvfs.core.range_fetch import (
+    INLINE_CODEC_BYTES,
+    PREFETCH_RETRY,
+    Outcome,
+    Priority,
+    RangeFetcher,
+)
 from weenvfs.core.stats import Stats
 from weenvfs.errors import (
     ChunkCorrupt,
     ChunkUnavailable,
-    ObjectMissing,
-    StoreError,
-    StoreUnavailable,
 )
-from weenvfs.format.chunk import decode_chunk
-from weenvfs.format.errors import FormatError
-from weenvfs.format.refs import object_key
 from weenvfs.store.base import Store
 from weenvfs.store.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
-# Above this many plaintext bytes, decoding/verifying/caching runs in a thread. Below it the
-# loop stalls for well under a millisecond; benchmarks/ is where to tune it.
-INLINE_CODEC_BYTES = 128 << 10
-# Prefetch gives up sooner than demand (nydus: prefetch 1 retry, on-demand 3).
-PREFETCH_RETRY = RetryPolicy(max_attempts=2, base_delay=0.2, max_delay=1.0, max_elapsed=5.0)
 MAX_BACKGROUND_PREFETCH = 64  # read-ahead batches queued or running at once
-
-Outcome = ChunkHandle | bytes | ChunkUnavailable
-
-
-class Priority(IntEnum):
-    DEMAND = 0
-    PREFETCH = 1
-
 
 @dataclass(eq=False)
 class _Flight:
@@ -104,13 +92,16 @@ class Fetcher:
         self.cache = cache
         self.stats = stats if stats is not None else Stats()
         self.deadline = deadline
-        self.request_timeout = request_timeout
         self.coalesce_gap = coalesce_gap
         self.max_request_bytes = max_request_bytes
-        self._retry = {Priority.DEMAND: retry or RetryPolicy(), Priority.PREFETCH: prefetch_retry}
         self._demand = DemandLimiter(demand_concurrency)
-        self._prefetch = trio.CapacityLimiter(prefetch_concurrency)
         self._prefetch_workers = prefetch_concurrency
+        self._ranges = RangeFetcher(
+            store, cache, self.stats, request_timeout=request_timeout,
+            retry={Priority.DEMAND: retry or RetryPolicy(), Priority.PREFETCH: prefetch_retry},
+            demand=self._demand, prefetch=trio.CapacityLimiter(prefetch_concurrency),
+            cache_error=self._cache_error, after_insert=self._schedule_maintenance,
+        )
         self._flights: dict[bytes, _Flight] = {}
         self._reported: set[bytes] = set()
         self._cache_errors: set[int] = set()
@@ -354,7 +345,7 @@ class Fetcher:
             runs = plan_requests(todo, self.coalesce_gap, self.max_request_bytes)
             async with trio.open_nursery() as nursery:
                 for run in runs:
-                    nursery.start_soon(self._fetch_run, run, priority, out)
+                    nursery.start_soon(self._ranges.fetch_run, run, priority, out)
         finally:
             for _loc, lock in held:
                 lock.release()
@@ -376,7 +367,7 @@ class Fetcher:
                 self.stats.waited_for_other += 1
                 out[loc.digest] = handle
             else:
-                await self._fetch_run([loc], priority, out)
+                await self._ranges.fetch_run([loc], priority, out)
         finally:
             lock.release()
 
@@ -413,162 +404,6 @@ class Fetcher:
             log.warning("read-ahead of %d chunk(s) failed: %s", len(locs), e)
         finally:
             self._background -= 1
-
-    # -- one ranged request -------------------------------------------------------------------
-
-    async def _fetch_run(
-        self, run: list[ChunkLoc], priority: Priority, out: dict[bytes, Outcome]
-    ) -> None:
-        """Fetch one coalesced range, verify and cache each chunk; a chunk that fails
-        verification is fetched once more on its own before it is declared corrupt."""
-        start = run[0].offset
-        end = max(c.offset + c.clen for c in run)
-        try:
-            data = await self._get_range(run[0].blob, start, end - start, priority)
-        except _RangeFailed as e:
-            for loc in run:
-                out[loc.digest] = ChunkUnavailable(loc.digest.hex(), e.reason)
-            return
-        for loc, err in await self._decode_and_store(run, data, start, priority, out):
-            log.debug(
-                "chunk %s failed verification (%s); fetching it again", loc.digest.hex()[:12], err
-            )
-            self.stats.retries += 1
-            try:
-                frame = await self._get_range(loc.blob, loc.offset, loc.clen, priority)
-            except _RangeFailed as e:
-                out[loc.digest] = ChunkUnavailable(loc.digest.hex(), e.reason)
-                continue
-            for _loc, err2 in await self._decode_and_store([loc], frame, loc.offset, priority, out):
-                self.stats.record_error("corrupt")
-                out[loc.digest] = ChunkCorrupt(loc.digest.hex(), f"{err2} (fetched twice)")
-
-    async def _get_range(
-        self, blob: str | None, offset: int, length: int, priority: Priority
-    ) -> bytes:
-        """One ranged GET with the request timeout, retried with backoff while the error is
-        temporary and the policy allows; raises _RangeFailed otherwise."""
-        assert blob is not None
-        key = object_key("blobs", blob)
-        policy = self._retry[priority]
-        first = trio.current_time()
-        attempt = 1
-        while True:
-            err = await self._try_get_range(key, offset, length, priority)
-            if isinstance(err, bytes):
-                return err
-            delay = policy.delay(attempt, random.random())
-            elapsed = trio.current_time() - first
-            if attempt >= policy.max_attempts or elapsed + delay > policy.max_elapsed:
-                self.stats.record_error("unavailable")
-                raise _RangeFailed(f"{err} (gave up after {attempt} attempt(s))")
-            log.debug("%s %d+%d: %s; retry %d in %.2f s", key, offset, length, err, attempt, delay)
-            self.stats.retries += 1
-            await trio.sleep(delay)
-            attempt += 1
-
-    async def _try_get_range(
-        self, key: str, offset: int, length: int, priority: Priority
-    ) -> bytes | StoreUnavailable:
-        """One attempt: the data, or the temporary error to retry; raises _RangeFailed on a
-        permanent one. The slot is taken before the timeout starts (queueing is not a store
-        failure) and is held until the thread really ends, even when the call is abandoned."""
-        if priority == Priority.PREFETCH:
-            await self._demand.wait_idle()
-            self.stats.prefetch_requests += 1
-        limiter = self._demand if priority == Priority.DEMAND else self._prefetch
-        handoff = Handoff(limiter)
-        await handoff.acquire()
-        self.stats.requests += 1
-        start = trio.current_time()
-        try:
-            with trio.move_on_after(self.request_timeout):
-                data = await trio.to_thread.run_sync(
-                    self.store.get_range,
-                    key,
-                    offset,
-                    length,
-                    abandon_on_cancel=True,
-                    limiter=handoff,
-                )
-                self.stats.record_request(len(data), trio.current_time() - start)
-                return data
-        except StoreUnavailable as e:
-            self.stats.record_error("store_unavailable")
-            if not e.temporary:
-                raise _RangeFailed(str(e)) from None
-            return e
-        except ObjectMissing as e:
-            self.stats.record_error("missing")
-            raise _RangeFailed(str(e)) from None
-        except (StoreError, ValueError) as e:
-            self.stats.record_error("store_error")
-            raise _RangeFailed(str(e)) from None
-        finally:
-            handoff.release_if_unused()
-        self.stats.record_error("timeout")
-        return StoreUnavailable(f"no answer within {self.request_timeout:g} s", temporary=True)
-
-    async def _decode_and_store(
-        self,
-        run: list[ChunkLoc],
-        data: bytes,
-        start: int,
-        priority: Priority,
-        out: dict[bytes, Outcome],
-    ) -> list[tuple[ChunkLoc, FormatError]]:
-        """Decode and verify each chunk of a fetched range, cache the good ones and put their
-        plaintext in `out`; return the ones that failed verification."""
-        if sum(c.ulen for c in run) <= INLINE_CODEC_BYTES:
-            results = self._decode_sync(run, data, start)
-        else:
-            results = await trio.to_thread.run_sync(self._decode_sync, run, data, start)
-        bad = []
-        for loc, value in results:
-            if isinstance(value, FormatError):
-                bad.append((loc, value))
-                continue
-            plain, cache_error = value
-            out[loc.digest] = plain
-            self.stats.chunks_fetched += 1
-            self.stats.bytes_decompressed += len(plain)
-            if priority == Priority.PREFETCH:
-                self.stats.record_prefetched(loc.digest, len(plain))
-            if cache_error is not None:
-                self._cache_error("cannot write the chunk cache", cache_error)
-        await self._schedule_maintenance()
-        return bad
-
-    def _decode_sync(
-        self, run: list[ChunkLoc], data: bytes, start: int
-    ) -> list[tuple[ChunkLoc, FormatError | tuple[bytes, OSError | None]]]:
-        view = memoryview(data)
-        results: list[tuple[ChunkLoc, FormatError | tuple[bytes, OSError | None]]] = []
-        for loc in run:
-            frame = view[loc.offset - start : loc.offset - start + loc.clen]
-            try:
-                plain = decode_chunk(frame, loc.digest, loc.ulen)
-            except FormatError as e:
-                results.append((loc, e))
-                continue
-            results.append((loc, (plain, self._insert(loc.digest, plain))))
-        return results
-
-    def _insert(self, digest: bytes, plain: bytes) -> OSError | None:
-        """Cache `plain`; on a full disk, evict and retry once. The error if it is not cached
-        (the read is then served from memory, never failed: the next read fetches it again)."""
-        try:
-            self.cache.insert(digest, plain)
-            return None
-        except OSError as e:
-            if e.errno not in DISK_FULL:
-                return e
-        try:
-            self.cache.make_room()
-            self.cache.insert(digest, plain)
-        except OSError as e:
-            return e
-        return None
 
     # -- results, errors, maintenance ----------------------------------------------------------
 
@@ -634,11 +469,3 @@ class Fetcher:
             self._cache_error("cannot evict from the chunk cache", e)
         finally:
             self._maintaining = False
-
-
-class _RangeFailed(Exception):
-    """A ranged request failed for good (permanent error or retries exhausted)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
