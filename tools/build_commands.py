@@ -24,16 +24,32 @@ from weenvfs.format import constants as C
 from weenvfs.format.chunk import DEFAULT_LEVEL
 from weenvfs.format.manifest import RuntimeConfig
 from weenvfs.format.refs import parse_name_tag
-from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.units import format_size, size_arg
 
 from .builder import BuildOptions, BuildResult, build_group, open_source
 from .chunker import DEFAULT_MAX_BLOB_SIZE, ChunkOptions
+from .command_repo import open_repo
 from .hint_command import add_hint_command_argument, check_hint_command, record_hint
 from .layout import load_layout_order
 from .progress import Progress
 from .publish import compose_env
+
+
+def add_layout_and_output_arguments(p: argparse.ArgumentParser, hint_note: str = "") -> None:
+    """`--hint REF`, `--hint-tag TAG` (the data a hint reads first: layout.py), `--json`
+    and `--quiet`: every command that builds groups takes them (build, convert)."""
+    p.add_argument(
+        "--hint",
+        metavar="REF",
+        help="put the data this prefetch hint reads first, in its order, in blob(s) of its "
+        f"own{hint_note}: an environment (its hint tag --hint-tag) or a hint digest",
+    )
+    p.add_argument(
+        "--hint-tag", default="latest", metavar="TAG", help="hint tag of --hint (default latest)"
+    )
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
 def add_chunk_arguments(p: argparse.ArgumentParser) -> None:
@@ -141,17 +157,7 @@ def _register_build(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         help="do not reuse chunks of earlier versions of NAME (by default: the version NAME:TAG "
         "points at now, then the newest other tags of NAME, at most 3)",
     )
-    p.add_argument(
-        "--hint",
-        metavar="REF",
-        help="put the data this prefetch hint reads first, in its order, in blob(s) of its "
-        "own: an environment (its hint tag --hint-tag) or a hint digest",
-    )
-    p.add_argument(
-        "--hint-tag", default="latest", metavar="TAG", help="hint tag of --hint (default latest)"
-    )
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_layout_and_output_arguments(p)
 
 
 def _register_compose(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -239,18 +245,13 @@ def _cmd_build(args: argparse.Namespace) -> int:
     name, tag = parse_name_tag(args.group, "group")
     options = _build_options(args)
     progress = Progress.quiet() if args.quiet or args.json else Progress()
-    store = open_store(args.store, create=True)
-    try:
-        store.check(write=True)
-        repo = Repository(store)
+    with open_repo(args.store, write=True) as repo:
         options = _with_layout(options, repo, args)
         source = open_source(args.source)
         try:
             result = build_group(source, repo, name, tag, options, progress)
         finally:
             source.close()
-    finally:
-        store.close()
     if args.json:
         print_json(result.as_dict())
     else:
@@ -290,11 +291,8 @@ def _cmd_compose(args: argparse.Namespace) -> int:
         raise UsageError(f"--cwd must be an absolute path, got {config.cwd!r}")
     check_hint_command(args)
     provenance: dict[str, Any] = {"composed_by": "weenv compose", "groups": list(args.groups)}
-    store = open_store(args.store)
-    try:
-        digest = compose_env(Repository(store), name, tag, args.groups, config, provenance)
-    finally:
-        store.close()
+    with open_repo(args.store, check=False) as repo:  # compose_env says what is missing
+        digest = compose_env(repo, name, tag, args.groups, config, provenance)
     if args.json:
         print_json({"env": f"{name}:{tag}", "manifest": digest})
     else:

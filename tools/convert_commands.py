@@ -20,11 +20,10 @@ from weenvfs.cli import add_command
 from weenvfs.cli_args import add_store, print_json
 from weenvfs.errors import UsageError
 from weenvfs.format.refs import parse_name_tag
-from weenvfs.store import open_store
-from weenvfs.store.repository import Repository
 from weenvfs.units import format_size
 
-from .build_commands import add_chunk_arguments, chunk_options
+from .build_commands import add_chunk_arguments, add_layout_and_output_arguments, chunk_options
+from .command_repo import open_repo
 from .convert import ConvertOptions, ConvertResult, GroupSpec, convert_image
 from .hint_command import add_hint_command_argument, check_hint_command, record_hint
 from .image_source import SourceOptions
@@ -101,20 +100,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="also reuse chunks of this environment or group; repeatable",
     )
     p.add_argument("--no-reuse", action="store_true", help="rebuild groups the store already has")
-    p.add_argument(
-        "--hint",
-        metavar="REF",
-        help="put the data this prefetch hint reads first, in its order, in blob(s) of its "
-        "own (implies --no-reuse): an environment (its hint tag --hint-tag) or a hint digest",
-    )
-    p.add_argument(
-        "--hint-tag", default="latest", metavar="TAG", help="hint tag of --hint (default latest)"
-    )
+    add_layout_and_output_arguments(p, " (implies --no-reuse)")
     p.add_argument(
         "--tmp-dir", type=Path, metavar="DIR", help="where downloads and blobs are staged"
     )
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_hint_command_argument(p)
 
 
@@ -166,16 +155,11 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     with open_image_source(args.source, source_options) as source:
         assert options.platform is not None
         image = source.resolve(options.platform)  # auth and manifest before any write
-        store = open_store(args.store, create=True)
-        try:
-            store.check(write=True)
-            repo = Repository(store)
+        with open_repo(args.store, write=True) as repo:
             if args.hint is not None:
                 layout = load_layout_order(repo, args.hint, args.hint_tag)
                 options = dataclasses.replace(options, layout=layout)
             result = convert_image(source, repo, name, tag, options, progress, image)
-        finally:
-            store.close()
     if args.json:
         print_json(result.as_dict())
     else:

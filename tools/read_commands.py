@@ -12,18 +12,18 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weenvfs.cli import add_command
 from weenvfs.cli_args import add_store, print_json
-from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.units import format_size
 
 from . import gc as gc_mod
 from . import inspect as insp
+from .command_repo import with_repo
 from .export import export_tree
 from .progress import Progress
 from .reader import ChunkReader, load_env, load_group_ref
@@ -65,21 +65,6 @@ def _group_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _open_repo(url: str) -> Repository:
-    store = open_store(url)
-    store.check()
-    return Repository(store)
-
-
-def _with_repo(fn: Callable[[argparse.Namespace, Repository], int]) -> Callable[..., int]:
-    def handler(args: argparse.Namespace) -> int:
-        repo = _open_repo(args.store)
-        try:
-            return fn(args, repo)
-        finally:
-            repo.store.close()
-
-    return handler
 
 
 # -- ls -----------------------------------------------------------------------------------------
@@ -97,7 +82,7 @@ def _register_ls(subparsers: Subparsers) -> None:
         ),
         examples=["weenv ls --store /srv/weenv",
                   "weenv ls --store s3://envs/weenv --json | jq '.environments[].name'"],
-        func=_with_repo(_cmd_ls),
+        func=with_repo(_cmd_ls),
     )
     _store_arg(p)
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -160,7 +145,7 @@ def _register_inspect(subparsers: Subparsers) -> None:
             "weenv inspect base-os:bookworm --group --store /srv/weenv --json",
             "weenv inspect py-env:v1 --store /srv/weenv --files --tree /usr/lib/python3",
         ],
-        func=_with_repo(_cmd_inspect),
+        func=with_repo(_cmd_inspect),
     )
     p.add_argument("ref", metavar="REF", help="NAME[:TAG] or digest")
     _store_arg(p)
@@ -218,7 +203,7 @@ def _register_verify(subparsers: Subparsers) -> None:
             "weenv verify base-os:bookworm --group --store s3://bucket/weenv --quick",
             "weenv verify py-env:v1 --store /srv/weenv --json",
         ],
-        func=_with_repo(_cmd_verify),
+        func=with_repo(_cmd_verify),
     )
     p.add_argument("ref", metavar="REF", help="NAME[:TAG] or digest")
     _store_arg(p)
@@ -282,7 +267,7 @@ def _register_export(subparsers: Subparsers) -> None:
             "weenv export py-env:v1 /tmp/rootfs --store /srv/weenv",
             "weenv export base-os:bookworm /tmp/base --group --store /srv/weenv",
         ],
-        func=_with_repo(_cmd_export),
+        func=with_repo(_cmd_export),
     )
     p.add_argument("ref", metavar="REF", help="NAME[:TAG] or digest")
     p.add_argument("dir", metavar="DIR", type=Path, help="destination (empty or absent)")
@@ -331,7 +316,7 @@ def _register_gc(subparsers: Subparsers) -> None:
             "weenv gc --store /srv/weenv --delete",
             "weenv gc --store /srv/weenv --delete --grace 6h --json",
         ],
-        func=_with_repo(_cmd_gc),
+        func=with_repo(_cmd_gc),
     )
     _store_arg(p)
     mode = p.add_mutually_exclusive_group()
