@@ -1,7 +1,8 @@
 """Canonical JSON (SPEC.md 8.2, 8.3) against its golden vectors (format/vectors/canonical-json/).
 
-- `generate_canonical_json.py --check` passes: the files are the generator's (whose expected
-  bytes are written out by hand) plus the two manifests kept as today's tools wrote them;
+- `cases.json` lists exactly the files generate.py writes there (canonical_json_vectors.py,
+  whose expected bytes are written out by hand, and two manifests kept as today's tools
+  wrote them); generate.py --check is test_vectors.py's;
 - every valid case decodes to what a plain JSON parser reads, and encodes back byte for byte
   from the plain spelling (`.in.json`, keys unsorted, non-ASCII escaped); digests match;
 - every invalid case is refused with one FormatError line (manifest cases by the manifest
@@ -16,11 +17,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -54,25 +53,15 @@ def _ids(cases: list[dict[str, Any]]) -> list[str]:
     return [c["name"] for c in cases]
 
 
-def _generator() -> ModuleType:
-    name = "weenv_vectors_generate_canonical_json"
-    if name not in sys.modules:
-        path = VECTORS_DIR / "generate_canonical_json.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def _old_encoder(value: Any) -> bytes:
     """How every manifest was written before SPEC.md 8.2 existed."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def test_generator_check_passes() -> None:
-    assert _generator().main(["--check"]) == 0
+def test_the_generator_writes_this_folder(generator: ModuleType) -> None:
+    files = generator.build_all()  # generate.py --check is test_vectors.py's
+    listed = {f"canonical-json/{c[key]}" for c in CASES for key in ("file", "input") if key in c}
+    assert listed | {"canonical-json/cases.json"} == {n for n in files if "/" in n}
 
 
 def test_vectors_cover_the_rules() -> None:

@@ -1,4 +1,5 @@
-"""Golden vectors of canonical JSON (SPEC.md 8.2, 8.3, 13): `format/vectors/canonical-json/`.
+"""Golden vectors of canonical JSON (SPEC.md 8.2, 8.3, 13): the files of
+`format/vectors/canonical-json/`, which `generate.py` writes and checks with the others.
 
 Plain files another language's tests can load, listed in `canonical-json/cases.json`:
 
@@ -15,18 +16,13 @@ Plain files another language's tests can load, listed in `canonical-json/cases.j
   re-encode them byte for byte, and refuse the invalid ones (whose defects are all canonical
   JSON defects, so a plain canonical JSON reader refuses them too).
 
-Must not: import anything but the stdlib and `weenvfs.format` (tests import it by path).
-Changing these bytes changes what readers accept: note it in SPEC.md's changelog.
-
-    python format/vectors/generate_canonical_json.py          # (re)write the vectors
-    python format/vectors/generate_canonical_json.py --check  # compare only; exit 1 on a difference
+Must not: import anything but the stdlib and `weenvfs.format` (generate.py imports it by
+path). Changing these bytes changes what readers accept: note it in SPEC.md's changelog.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -225,8 +221,8 @@ def _refused(data: bytes, manifest: bool) -> bool:
     return False
 
 
-def build_all() -> dict[str, bytes]:
-    """Every generated file of canonical-json/ by relative path (COMPAT files excluded)."""
+def build_files() -> dict[str, bytes]:
+    """Every file of canonical-json/ by path inside it (the COMPAT files as they are)."""
     files: dict[str, bytes] = {}
     cases: list[dict[str, Any]] = []
     for name, (value, expected, what) in VALID.items():
@@ -243,6 +239,7 @@ def build_all() -> dict[str, bytes]:
         data = (HERE / "valid" / f"{name}.json").read_bytes()
         if encode_manifest(decode_manifest(data)) != data:
             raise SystemExit(f"{name}: no longer decodes to the same bytes")
+        files[f"valid/{name}.json"] = data
         cases.append({"name": name, "kind": "manifest", "valid": True, "what": what,
                       "file": f"valid/{name}.json", "digest": digest_hex(data)})
     valid_manifests, invalid_manifests = manifest_cases()
@@ -273,41 +270,3 @@ def build_all() -> dict[str, bytes]:
     }
     files["cases.json"] = json.dumps(doc, indent=1, ensure_ascii=True).encode() + b"\n"
     return files
-
-
-def _differences(out: Path, files: dict[str, bytes]) -> list[str]:
-    problems = []
-    for name, data in sorted(files.items()):
-        path = out / name
-        if not path.is_file():
-            problems.append(f"missing: {name}")
-        elif path.read_bytes() != data:
-            problems.append(f"differs: {name}")
-    keep = set(files) | {f"valid/{name}.json" for name in COMPAT}
-    for path in sorted(p for p in out.rglob("*") if p.is_file()):
-        if path.relative_to(out).as_posix() not in keep:
-            problems.append(f"stale: {path.relative_to(out)}")
-    return problems
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Write the vectors (or, with --check, compare them) and return an exit status."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="compare only, write nothing")
-    args = parser.parse_args(argv)
-    files = build_all()
-    if args.check:
-        problems = _differences(HERE, files)
-        for line in problems:
-            print(line, file=sys.stderr)
-        return 1 if problems else 0
-    for name, data in files.items():
-        path = HERE / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-    print(f"wrote {len(files)} files to {HERE}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
