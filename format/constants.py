@@ -99,6 +99,13 @@ MANIFEST_SCHEMA_EROFS = 2  # schema 1 plus groups[].erofs (SPEC.md 8.1, 15.9)
 MANIFEST_MEDIA_TYPE = "application/vnd.weenv.manifest.v1+json"
 MAX_GROUPS = 128
 
+# -- canonical JSON (SPEC.md 8.2) --------------------------------------------------------
+
+# The integers an IEEE-754 double holds exactly (JavaScript's Number.MAX_SAFE_INTEGER), so
+# every JSON reader reads them exactly; canonical JSON has no other numbers.
+MAX_SAFE_INTEGER = (1 << 53) - 1
+MAX_JSON_DEPTH = 16  # arrays and objects nest at most this deep; the outermost is level 1
+
 # -- object size limits (SPEC.md 12.1) ------------------------------------------------------
 # Every reader bounds an object by its kind BEFORE it reads it whole or decompresses it, so a
 # hostile store cannot make a node allocate more than these; writers never exceed them.

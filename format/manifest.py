@@ -1,16 +1,19 @@
 """Environment manifests: canonical JSON naming an ordered list of group indexes.
 
-The canonical encoding (SPEC.md) is `json.dumps(sort_keys=True, separators=(",", ":"),
-ensure_ascii=False)` in UTF-8; a manifest's digest is the BLAKE3 of exactly those bytes, and a
-decoder refuses any other encoding of the same content, so one manifest has one digest.
+A manifest is stored as the canonical JSON (SPEC.md 8.2, `canonical_json`) of its fields; its
+digest is the BLAKE3 of exactly those bytes, and a decoder refuses any other encoding of the
+same content, so one manifest has one digest. `provenance` is free-form but held to the same
+value rules (no floats, integers within +-(2^53 - 1), bounded depth, SPEC.md 8.3):
+`check_provenance` lets a writer refuse a bad one before it publishes anything.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import canonical_json
 from . import constants as C
 from .digest import check_digest
 from .errors import FormatError, UnsupportedFormat
@@ -78,14 +81,17 @@ def _group_json(g: GroupRef) -> dict[str, str]:
 def encode_manifest(m: Manifest) -> bytes:
     """The canonical bytes of `m` (validated first)."""
     _validate(m)
-    try:
-        data = json.dumps(
-            _to_json(m), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
-        return data.encode("utf-8")
-    except (ValueError, TypeError, RecursionError) as exc:
-        # NaN/Infinity, lone surrogates, non-JSON values or absurd nesting in provenance.
-        raise FormatError("manifest", f"cannot be encoded as canonical JSON: {exc}") from None
+    data = canonical_json.encode(_to_json(m), "manifest")
+    if len(data) > C.MAX_MANIFEST_SIZE:
+        raise FormatError("manifest", f"{len(data)} bytes exceed {C.MAX_MANIFEST_SIZE}")
+    return data
+
+
+def check_provenance(provenance: Mapping[str, Any]) -> None:
+    """Refuse (FormatError, naming the place) provenance that no manifest can hold: a float,
+    an integer beyond +-(2^53 - 1), a non-JSON value, nesting too deep (SPEC.md 8.3). For
+    writers, before they publish anything the manifest will name."""
+    canonical_json.encode({"provenance": dict(provenance)}, "manifest")
 
 
 def _strs(value: Any, what: str) -> tuple[str, ...]:
@@ -101,19 +107,11 @@ def _field(obj: dict[str, Any], key: str, kind: type, what: str) -> Any:
     return value
 
 
-def _refuse_constant(name: str) -> Any:
-    # Python's json accepts NaN and Infinity; standard JSON (and other readers) do not.
-    raise ValueError(f"{name} is not JSON")
-
-
 def decode_manifest(data: bytes) -> Manifest:
     """Parse and validate a stored manifest; refuse non-canonical bytes."""
     if len(data) > C.MAX_MANIFEST_SIZE:
         raise FormatError("manifest", f"{len(data)} bytes exceed {C.MAX_MANIFEST_SIZE}")
-    try:
-        obj = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as exc:
-        raise FormatError("manifest", f"not valid JSON: {exc}") from None
+    obj = canonical_json.decode(data, "manifest")
     if not isinstance(obj, dict):
         raise FormatError("manifest", "must be a JSON object")
     if obj.get("schemaVersion") not in (C.MANIFEST_SCHEMA, C.MANIFEST_SCHEMA_EROFS):
@@ -146,7 +144,10 @@ def decode_manifest(data: bytes) -> Manifest:
         raise FormatError("manifest.hints", "must be a digest or null")
     m = Manifest(tuple(groups), config, hints, _field(obj, "provenance", dict, "manifest"))
     if encode_manifest(m) != data:
-        raise FormatError("manifest", "not in canonical encoding (or unknown fields)")
+        # Canonical JSON already, so the content differs: a field this schema lacks, or a
+        # schemaVersion that does not match groups[].erofs.
+        raise FormatError("manifest", "not the canonical encoding of a manifest (an unknown "
+                                      "field, or a schemaVersion that groups[].erofs contradicts)")
     return m
 
 

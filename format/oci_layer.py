@@ -8,7 +8,9 @@ group twice, so that every containerd client path finds it:
   prepares (CRI, nerdctl and any client that pulls with `WithPullUnpack`), as eStargz does
   with `containerd.io/snapshot/stargz/toc.digest`;
 - in the layer blob (`encode_layer_tar()`): an uncompressed tar holding exactly one file,
-  `.weenv/layer-<N>.json`, the same reference as canonical JSON. A client that unpacks the
+  `.weenv/layer-<N>.json`, the same reference as canonical JSON (SPEC.md 8.2; byte for
+  byte what this module wrote before that section existed, for every ASCII store URL, so
+  re-pushing an environment gives the same layers). A client that unpacks the
   blob itself (`ctr images pull`) writes that file into the snapshot, where the snapshotter
   finds it when the snapshot is committed (`decode_marker`).
 
@@ -17,18 +19,20 @@ the reference. A client without WeEnv unpacks the markers and nothing else: the 
 runnable there (docs/containerd.md).
 
 Owns: the annotation keys, the marker's path and JSON, and their validation (hex digests,
-position range, no control characters in the store URL). Must not: decide whether a store URL
+position range, no control characters in the store URL). A marker is read with the value
+rules of canonical JSON but in any spelling: no digest depends on its JSON alone, and markers
+pushed before SPEC.md 8.2 escaped non-ASCII characters. Must not: decide whether a store URL
 is acceptable on a node (the snapshotter allows only the stores it is configured with).
 """
 
 from __future__ import annotations
 
 import io
-import json
 import re
 import tarfile
 from dataclasses import dataclass
 
+from . import canonical_json
 from .errors import FormatError
 
 LABEL_PREFIX = "containerd.io/snapshot/weenv/"
@@ -71,7 +75,7 @@ class LayerRef:
         """The marker file's bytes: canonical JSON."""
         body = {"version": MARKER_VERSION, "store": self.store, "manifest": self.manifest,
                 "position": self.position, "index": self.index}
-        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        return canonical_json.encode(body, "weenv layer marker")
 
 
 def _check(ref: LayerRef) -> None:
@@ -125,10 +129,7 @@ def decode_marker(name: str, data: bytes) -> LayerRef:
         raise FormatError("weenv layer marker", f"unexpected file name {name!r:.80}")
     if len(data) > MAX_MARKER:
         raise FormatError("weenv layer marker", f"{len(data)} bytes, over {MAX_MARKER}")
-    try:
-        body = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise FormatError("weenv layer marker", f"not JSON: {error}") from None
+    body = canonical_json.parse(data, "weenv layer marker")
     if not isinstance(body, dict) or body.get("version") != MARKER_VERSION:
         raise FormatError("weenv layer marker", f"expected version {MARKER_VERSION}")
     ref = LayerRef(body.get("store"), body.get("manifest"),  # type: ignore[arg-type]

@@ -42,8 +42,9 @@ from typing import Any
 
 from weenvfs.errors import ObjectMissing, RefNotFound, SourceError, StoreError, UsageError
 from weenvfs.format.digest import short
+from weenvfs.format.errors import FormatError
 from weenvfs.format.index import GroupIndex
-from weenvfs.format.manifest import GroupRef, Manifest, encode_manifest
+from weenvfs.format.manifest import GroupRef, Manifest, check_provenance, encode_manifest
 from weenvfs.format.refs import check_name, check_tag
 from weenvfs.store.repository import Repository
 
@@ -359,6 +360,10 @@ def convert_image(
     progress = progress or Progress.quiet()
     if image is None:
         image = source.resolve(options.platform or Platform.host())
+    try:  # the manifest will hold it: fail before anything is built
+        check_provenance({"image": image.provenance()})
+    except FormatError as error:
+        raise SourceError(f"{image.source}: {error}") from None
     for layer in image.layers:
         check_media_type(layer)
     plans = plan_groups(options.groups, image.layers)

@@ -84,7 +84,10 @@ class Image:
         return "/".join(p for p in (c.os, c.architecture, c.variant) if p)
 
     def provenance(self) -> dict[str, Any]:
-        """Where the image came from, for the environment manifest."""
+        """Where the image came from, for the environment manifest: strings, nulls (a digest
+        a source does not have) and integers (byte sizes) only, never a float, as canonical
+        JSON requires (SPEC.md 8.3). A size beyond 2^53 - 1 bytes is refused when the
+        manifest is checked, before anything is converted."""
         out: dict[str, Any] = {
             "source": self.source,
             "manifest": self.manifest_digest,

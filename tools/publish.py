@@ -23,7 +23,13 @@ from weenvfs.format.chunk import compress_object
 from weenvfs.format.digest import short
 from weenvfs.format.erofs_group import group_image
 from weenvfs.format.index import GroupIndex
-from weenvfs.format.manifest import GroupRef, Manifest, RuntimeConfig, encode_manifest
+from weenvfs.format.manifest import (
+    GroupRef,
+    Manifest,
+    RuntimeConfig,
+    check_provenance,
+    encode_manifest,
+)
 from weenvfs.format.refs import check_name, check_tag, parse_name_tag
 from weenvfs.store.repository import Repository
 
@@ -160,10 +166,12 @@ def compose_env(
 ) -> str:
     """Store a manifest of `groups` (lowest first) and tag it `name:tag`; return its digest.
 
-    Every group must resolve to a stored index before anything is written.
+    Every group must resolve, and `provenance` must be canonical JSON (no floats: SPEC.md
+    8.3), before anything is written.
     """
     check_name(name, "environment name")
     check_tag(tag)
+    check_provenance(provenance or {})
     if not groups:
         raise UsageError("an environment needs at least one group")
     refs = publish_images(repo, [group_ref(repo, g) for g in groups])

@@ -6,7 +6,9 @@ blob packing) and the files of this folder: for each vector `<group>.index.bin` 
 has data), `<vector>.manifest.json`, `<vector>.hint.zst`, and `vectors.json` with every digest
 and the expected entries, reads and (for `env`) composed tree. The derived EROFS image
 (SPEC.md section 15) of the declared tree `EROFS_TREE` is `erofs-tree.img`; its data device is
-rebuilt by `build_erofs` (its digest is in vectors.json) rather than stored.
+rebuilt by `build_erofs` (its digest is in vectors.json) rather than stored. The canonical JSON
+vectors (SPEC.md 8.2) in `canonical-json/` come from `canonical_json_vectors.py` beside this
+file, and are written and checked with the rest.
 
 Deterministic: no clock, no randomness, and no dependency on the zstd version: every frame here
 is a zstd frame of *raw* (stored) blocks, which every zstd decoder reads and no compressor
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import stat
@@ -30,6 +33,7 @@ import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from weenvfs.format import constants as C
@@ -633,9 +637,23 @@ def build_vector(name: str, vector: Vector) -> tuple[dict[str, bytes], dict[str,
     return files, entry
 
 
+def _canonical_json_vectors() -> ModuleType:
+    """canonical_json_vectors.py beside this file (imported by path: this folder is no
+    package)."""
+    name = "weenv_canonical_json_vectors"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, HERE / "canonical_json_vectors.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def build_all() -> dict[str, bytes]:
-    """Every generated file of this folder, by name."""
-    files: dict[str, bytes] = {}
+    """Every generated file of this folder, by path inside it."""
+    files = {f"canonical-json/{name}": data
+             for name, data in _canonical_json_vectors().build_files().items()}
     listing = []
     for name, vector in VECTORS.items():
         vfiles, entry = build_vector(name, vector)
@@ -672,10 +690,11 @@ def _differences(out: Path, files: dict[str, bytes]) -> list[str]:
             problems.append(f"missing: {name}")
         elif path.read_bytes() != data:
             problems.append(f"differs: {name}")
-    keep = set(files) | {Path(__file__).name}
-    for path in sorted(out.iterdir()):
-        if path.is_file() and path.name not in keep:
-            problems.append(f"stale: {path.name}")
+    keep = set(files) | {Path(__file__).name, "canonical_json_vectors.py"}
+    for path in sorted(out.rglob("*")):
+        name = path.relative_to(out).as_posix()
+        if path.is_file() and name not in keep and "__pycache__" not in name:
+            problems.append(f"stale: {name}")
     return problems
 
 
@@ -698,6 +717,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
     args.out.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
+        (args.out / name).parent.mkdir(parents=True, exist_ok=True)
         (args.out / name).write_bytes(data)
     print(f"wrote {len(files)} files to {args.out}")
     return 0

@@ -22,11 +22,13 @@ from support.trees import dir, file  # noqa: A004
 
 from weenvfs.cli import main
 from weenvfs.errors import StoreError
+from weenvfs.format.errors import FormatError
 from weenvfs.format.index import GroupIndex
 from weenvfs.store.faulty import FaultyStore
 from weenvfs.store.local import LocalStore
 from weenvfs.store.repository import Repository
 from weenvfs.tools.builder import BuildOptions, build_group
+from weenvfs.tools.publish import compose_env
 from weenvfs.tools.source_dir import DirSource
 
 MIB = 1 << 20
@@ -240,6 +242,16 @@ def test_compose_with_a_missing_group_publishes_nothing(tmp_path, capsys, store)
         capsys, "compose", "env", "--group", "base", "--store", store.url, "--cmd", "echo hi"
     )
     assert code == 2 and "JSON list" in err
+
+
+def test_compose_refuses_a_float_in_provenance_before_writing(tmp_path, capsys, store, repo):
+    # Canonical JSON has integers only (SPEC.md 8.2): a float is refused, not rounded.
+    src = small_tree(tmp_path / "src")
+    assert run(capsys, "build", str(src), "--store", store.url, "--group", "base")[0] == 0
+    with pytest.raises(FormatError, match=r"manifest\.provenance\.built\.at: a float"):
+        compose_env(repo, "env", "v1", ["base"], None, {"built": {"at": 1e-05}})
+    assert list(store.list("manifests/")) == [] and list(store.list("tags/envs/")) == []
+    assert list(store.list("erofs/")) == []
 
 
 def test_upload_failure_tags_nothing_and_cleans_up(tmp_path, store, store_state):

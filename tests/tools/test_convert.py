@@ -506,6 +506,14 @@ def test_diff_id_mismatch(tmp_path, capsys):
     assert "diff_id mismatch" in line, line
 
 
+def test_a_size_the_manifest_cannot_hold_is_refused_before_anything_is_built(tmp_path, capsys):
+    # The provenance records each layer's size; canonical JSON holds integers up to 2^53 - 1.
+    image = O.rewrite_manifest(_image(tmp_path), lambda m: m["layers"][0].update(size=2**53))
+    line = assert_refused(capsys, tmp_path / "store", f"oci:{image.layout}:latest", "bad")
+    assert "provenance.image.layers[0].size: integer 9007199254740992 is outside" in line, line
+    assert not list((tmp_path / "store").glob("*/*")), "nothing may be uploaded"
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
