@@ -17,8 +17,17 @@ import pytest
 import trio
 
 from weenvfs.cli import main
-from weenvfs.core.cache import TRUST_XATTR, ChunkCache, current_boot_id, default_cache_dir
+from weenvfs.core.cache import (
+    LOG_FOLDER,
+    LOG_KEEP,
+    NODE_FOLDERS,
+    TRUST_XATTR,
+    ChunkCache,
+    current_boot_id,
+    default_cache_dir,
+)
 from weenvfs.core.fetcher import Fetcher
+from weenvfs.core.node_files import touch, write_atomically
 from weenvfs.format.digest import digest_bytes
 from weenvfs.store.faulty import FaultyStore
 
@@ -222,6 +231,39 @@ def test_open_refreshes_the_lru_time(tmp_path: Path, pattern) -> None:
     cache.open(a, CHUNK).close()  # a is now the most recently used
     cache.evict(2 * CHUNK)
     assert [cache.contains(d) for d in (a, b, c)] == [True, False, True]
+
+
+def test_node_files_count_against_the_bound_and_go_in_lru_order(tmp_path: Path,
+                                                                 pattern) -> None:
+    """Indexes, images and layouts mounts keep beside the chunks are evicted with them, least
+    recently used first; `touch` (what their users call) keeps a used one."""
+    root = tmp_path / "cache"
+    cache = ChunkCache(root, max_bytes=4 * CHUNK, touch_interval=1e9)
+    chunk = _insert(cache, pattern(300, CHUNK))
+    _age(cache, chunk, 500)
+    index = root / NODE_FOLDERS[0] / ("ab" * 32)
+    image = root / NODE_FOLDERS[1] / "stack.img"
+    for n, path in enumerate((index, image)):
+        write_atomically(path, pattern(310 + n, CHUNK))
+        os.utime(path, (time.time() - 1000, time.time() - 1000))  # older than the chunk
+    touch(image)  # the image was used just now: the index is the least recently used
+    usage = cache.usage()
+    assert (usage.node_files, usage.node_bytes, usage.total_bytes) == (2, 2 * CHUNK, 3 * CHUNK)
+    result = cache.evict(2 * CHUNK)
+    assert result is not None and result.removed_node_files == 1
+    assert not index.exists() and image.exists() and cache.contains(chunk)
+    assert cache.prune(everything=True).bytes_left == 0
+    assert not image.exists() and not cache.contains(chunk)
+
+
+def test_clean_removes_week_old_mount_logs(tmp_path: Path) -> None:
+    logs = tmp_path / "cache" / LOG_FOLDER
+    logs.mkdir(parents=True)
+    (logs / "old.log").write_text("x")
+    (logs / "new.log").write_text("x")
+    os.utime(logs / "old.log", (time.time() - LOG_KEEP - 60,) * 2)
+    ChunkCache(tmp_path / "cache")  # a mount's cache cleans as it opens
+    assert sorted(p.name for p in logs.iterdir()) == ["new.log"]
 
 
 # -- locks and cleaning ----------------------------------------------------------------------------

@@ -13,6 +13,8 @@ Layout under `root` (default `DEFAULT_CACHE_DIR`, or $WEENV_CACHE):
     <root>/tmp/<hex>.<pid>.<random>   a chunk being written (never read)
     <root>/locks/<hex>        the per-chunk lock file of a chunk being fetched
     <root>/evict.lock         taken by the process that evicts
+    <root>/indexes/, erofs/   node files: group indexes, EROFS images, device layouts
+    <root>/logs/              mount daemons' logs
     <root>/CACHEDIR.TAG       tells backup tools to skip the folder
 
 Crash safety without an fsync per chunk. A chunk is written to a temp file (flocked by its
@@ -42,6 +44,9 @@ rescans after inserting max_bytes/8 (so other processes' writes are noticed); wh
 lock. Eviction unlinks, and an open descriptor keeps reading the unlinked file, so an open
 `ChunkHandle` is a pin that eviction can never break; chunks pinned in the evicting process
 are also skipped. The bound counts file sizes and can be exceeded briefly by writes in flight.
+The node files mounts keep beside the chunks (`indexes/`, `erofs/`: NODE_FOLDERS) count
+against the same bound and are evicted in the same LRU order (their users refresh their
+mtime: node_files.touch); the mount logs in `logs/` are removed once a week old.
 
 Free space. The effective bound is min(max_bytes, cached + free - margin), read from statvfs at
 every rescan and eviction, where the margin is FREE_MARGIN_FRACTION of the file system or
@@ -59,6 +64,7 @@ import fcntl
 import logging
 import os
 import secrets
+import stat
 import threading
 import time
 from collections import Counter
@@ -88,6 +94,12 @@ _MIN_RESCAN_BYTES = 1 << 20  # but not more often than every MiB (a tiny or full
 FREE_MARGIN_FRACTION = 0.05  # of the file system's size, kept free ...
 FREE_MARGIN_MAX = 1 << 30  # ... or this much, whichever is smaller
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+# What mounts keep next to the chunks, counted in the bound and evicted with them (LRU by
+# mtime, which their users refresh as `open` does a chunk's): group indexes
+# (index_cache.py), EROFS images and device layouts (kernel_image.py).
+NODE_FOLDERS = ("indexes", "erofs")
+LOG_FOLDER = "logs"  # the mount daemons' logs: removed once untouched for LOG_KEEP seconds
+LOG_KEEP = 7 * 86400
 _HEX = frozenset("0123456789abcdef")
 TRUST_XATTR = "user.weenv.verified"  # value: the boot id of the boot that verified the file
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
@@ -112,6 +124,13 @@ class CacheUsage:
     lock_files: int
     oldest_use: float | None
     newest_use: float | None
+    node_files: int = 0  # indexes, images and layouts (NODE_FOLDERS)
+    node_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        """What counts against the bound: chunks and node files."""
+        return self.bytes + self.node_bytes
 
 
 @dataclass(frozen=True)
@@ -119,9 +138,10 @@ class EvictResult:
     """What one eviction removed and what is left."""
 
     removed_chunks: int
-    removed_bytes: int
+    removed_bytes: int  # chunks' and node files'
     chunks_left: int
-    bytes_left: int
+    bytes_left: int  # chunks' and node files'
+    removed_node_files: int = 0
 
 
 class ChunkHandle:
@@ -439,7 +459,7 @@ class ChunkCache:
             stale = self._estimate is None or self._added >= self._rescan_bytes()
         if stale:
             since = self._added_now()
-            self._rebase(self.usage().bytes, since)
+            self._rebase(self.usage().total_bytes, since)
         with self._mutex:
             over = self._estimate is not None and self._estimate > self._bound
             target = int(self._bound * LOW_WATER)
@@ -451,40 +471,48 @@ class ChunkCache:
         """After a write failed for lack of space: re-read the free space and evict down to
         LOW_WATER * the new bound (waiting for another evicting process)."""
         since = self._added_now()
-        self._rebase(self.usage().bytes, since)
+        self._rebase(self.usage().total_bytes, since)
         with self._mutex:
             target = int(self._bound * LOW_WATER)
         return self.evict(target, wait=True)
 
     def evict(self, target_bytes: int, *, wait: bool = True) -> EvictResult | None:
-        """Remove least recently used chunks until at most `target_bytes` remain, skipping
-        chunks pinned in this process. None if `wait` is false and another process evicts."""
+        """Remove the least recently used chunks and node files until at most `target_bytes`
+        remain, skipping chunks pinned in this process. None if `wait` is false and another
+        process evicts. (A node file in use stays usable: its user holds it open or in
+        memory, and the next mount fetches or derives it again.)"""
         with self._evict_lock(wait) as locked:
             if not locked:
                 return None
             since = self._added_now()
-            entries = sorted(self._scan_chunks())
-            total, count = sum(e[1] for e in entries), len(entries)
-            removed = freed = 0
+            entries = sorted([*self._scan_chunks(), *self._scan_node_files()])
+            total = sum(e[1] for e in entries)
+            count = sum(1 for e in entries if e[2])
+            removed = freed = node_removed = 0
             with self._mutex:
                 pinned = set(self._pins)
             for _mtime, size, hexd, path in entries:
                 if total <= target_bytes:
                     break
-                digest = bytes.fromhex(hexd)
+                digest = bytes.fromhex(hexd) if hexd else b""
                 if digest in pinned:
                     continue
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
-                    removed, freed = removed + 1, freed + size
-                self._verified.pop(digest, None)
-                total, count = total - size, count - 1
+                    freed += size
+                    if hexd:
+                        removed += 1
+                    else:
+                        node_removed += 1
+                if hexd:
+                    self._verified.pop(digest, None)
+                    count -= 1
+                total -= size
         self._rebase(total, since)
-        if removed:
-            log.info(
-                "chunk cache: evicted %d chunk(s), %d bytes; %d bytes left", removed, freed, total
-            )
-        return EvictResult(removed, freed, count, total)
+        if removed or node_removed:
+            log.info("chunk cache: evicted %d chunk(s) and %d node file(s), %d bytes; %d bytes "
+                     "left", removed, node_removed, freed, total)
+        return EvictResult(removed, freed, count, total, node_removed)
 
     def _added_now(self) -> int:
         with self._mutex:
@@ -528,9 +556,25 @@ class ChunkCache:
                     st = entry.stat(follow_symlinks=False)
                     yield st.st_mtime, st.st_size, entry.name, entry.path
 
+    def _scan_node_files(self) -> Iterator[tuple[float, int, str, str]]:
+        """(mtime, size, "", path) of every node file (NODE_FOLDERS; temp files skipped)."""
+        for folder in NODE_FOLDERS:
+            try:
+                entries = list(os.scandir(os.path.join(self._root, folder)))
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue  # write_atomically's temp file: its writer renames or removes it
+                with contextlib.suppress(FileNotFoundError):
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode):
+                        yield st.st_mtime, st.st_size, "", entry.path
+
     def usage(self) -> CacheUsage:
-        """Scan the cache: chunk count and bytes, leftover files, LRU time range."""
+        """Scan the cache: chunk count and bytes, node files, leftover files, LRU time range."""
         chunks = list(self._scan_chunks())
+        nodes = list(self._scan_node_files())
         times = [c[0] for c in chunks]
         return CacheUsage(
             chunks=len(chunks),
@@ -539,16 +583,27 @@ class ChunkCache:
             lock_files=len(_listdir(self._locks)),
             oldest_use=min(times) if times else None,
             newest_use=max(times) if times else None,
+            node_files=len(nodes),
+            node_bytes=sum(n[1] for n in nodes),
         )
 
     # -- housekeeping -------------------------------------------------------------------------
 
     def clean(self) -> int:
-        """Remove temp files and lock files whose owner is gone (their flock is free)."""
+        """Remove temp files and lock files whose owner is gone (their flock is free), and
+        mount logs untouched for LOG_KEEP seconds."""
         removed = 0
         for folder in (self._tmp, self._locks):
             for name in _listdir(folder):
                 removed += remove_if_unlocked(os.path.join(folder, name))
+        logs = os.path.join(self._root, LOG_FOLDER)
+        old = time.time() - LOG_KEEP
+        for name in _listdir(logs):
+            path = os.path.join(logs, name)
+            with contextlib.suppress(OSError):
+                if os.stat(path).st_mtime < old:
+                    os.unlink(path)
+                    removed += 1
         return removed
 
     def prune(self, max_bytes: int | None = None, *, everything: bool = False) -> EvictResult:

@@ -49,9 +49,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "prune",
         help="evict least recently used chunks and leftovers of crashed processes",
         description=(
-            "Remove temp and lock files left by crashed processes, then evict the least\n"
-            "recently used chunks down to --max-size (default: the default cache bound),\n"
-            "or every chunk with --all. Safe while mounts run: data they hold open stays\n"
+            "Remove temp and lock files left by crashed processes and week-old mount logs,\n"
+            "then evict the least recently used chunks and node files (indexes, EROFS\n"
+            "images, layouts) down to --max-size (default: the default cache bound), or\n"
+            "all of them with --all. Safe while mounts run: data they hold open stays\n"
             "readable, anything else is fetched again on use."
         ),
         examples=["weenv cache prune --max-size 5G", "weenv cache prune --all"],
@@ -120,6 +121,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     print(f"cache       {cache.root}")
     print(f"chunks      {usage.chunks}")
     print(f"size        {format_size(usage.bytes)} ({usage.bytes} bytes)")
+    print(f"node files  {usage.node_files} (indexes, images, layouts), "
+          f"{format_size(usage.node_bytes)}")
     print(f"least used  {_when(usage.oldest_use)}")
     print(f"last used   {_when(usage.newest_use)}")
     print(f"leftovers   {usage.temp_files} temp file(s), {usage.lock_files} lock file(s)")
@@ -133,8 +136,9 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     except OSError as e:
         raise _failed(cache, "prune", e) from None
     print(
-        f"removed {result.removed_chunks} chunk(s), {format_size(result.removed_bytes)}; "
-        f"{result.chunks_left} chunk(s), {format_size(result.bytes_left)} left"
+        f"removed {result.removed_chunks} chunk(s) and {result.removed_node_files} node "
+        f"file(s), {format_size(result.removed_bytes)}; {result.chunks_left} chunk(s), "
+        f"{format_size(result.bytes_left)} left"
     )
     return 0
 

@@ -21,7 +21,7 @@ from weenvfs.format.index import GroupIndex
 from weenvfs.format.validate import check_tree
 from weenvfs.store.repository import Repository
 
-from .node_files import has_verdict, set_verdict, write_atomically
+from .node_files import has_verdict, set_verdict, touch, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ def load_index(repo: Repository, digest: str, cache_dir: Path | None = None) -> 
     path = cache_dir / INDEX_DIR / digest
     data = _node_copy(path, digest)
     if data is not None:
+        touch(path)
         if has_verdict(path, TREE_VERDICT):
             return GroupIndex.from_object(data)
         index = _checked(data)

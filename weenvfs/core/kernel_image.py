@@ -38,7 +38,7 @@ from weenvfs.store.base import Store
 from weenvfs.store.repository import Repository
 
 from .layer_tree import LayerTree
-from .node_files import write_atomically
+from .node_files import touch, write_atomically
 from .tree import ROOT_INODE, Tree
 
 log = logging.getLogger(__name__)
@@ -125,6 +125,8 @@ def cached_image(cache_dir: Path, key: str, build: Callable[[], bytes]) -> Path:
     with contextlib.suppress(OSError):
         want = digest_path.read_text().strip()
         if digest_hex(path.read_bytes()) == want:
+            touch(path)
+            touch(digest_path)
             return path
         log.warning("EROFS image %s does not match its digest: making it again", path)
     data = build()
@@ -141,6 +143,7 @@ def cached_layout(cache_dir: Path, index_digest: str, index: GroupIndex) -> Devi
         saved = path.read_bytes()
         body, digest = saved[:-32], saved[-32:]
         if digest_bytes(body) == digest:
+            touch(path)
             return DeviceLayout.from_bytes(body)
         log.warning("the device layout %s does not match its digest: deriving it again", path)
     layout = DeviceLayout(index)

@@ -7,15 +7,26 @@ is never served. What costs more than a hash is a verdict about the content, suc
 index is a tree" (25 ms at 100k files): it is recorded on the file as an xattr whose name says
 which check gave it, and holds as long as the file still hashes to the same digest.
 
-Owns: atomic writes and verdict markers. Must not: decide what a file means or how it is
-checked (index_cache.py, kernel_image.py).
+Owns: atomic writes, verdict markers, and `touch`: the cache evicts these files with its
+chunks, least recently used first by mtime (cache.py), so each use refreshes it. Must not:
+decide what a file means or how it is checked (index_cache.py, kernel_image.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
+
+TOUCH_INTERVAL = 60.0  # seconds between mtime refreshes of one file (the cache's LRU resolution)
+
+
+def touch(path: Path) -> None:
+    """Mark `path` as used now (its mtime), at most once per TOUCH_INTERVAL; best effort."""
+    with contextlib.suppress(OSError):
+        if time.time() - os.stat(path).st_mtime > TOUCH_INTERVAL:
+            os.utime(path)
 
 
 def has_verdict(path: Path, name: str) -> bool:
