@@ -22,27 +22,6 @@ from weenvfs.snapshotter.pull import Containerd
 pytestmark = pytest.mark.usefixtures("containerd_requirements")
 
 
-def _push(node: Node, env: str, tag: str, *extra: str) -> str:
-    ref = f"{node.registry.host}/{env}:{tag}"
-    done = node.weenv("push", f"{env}:v1", ref, "--store", str(node.store), "--insecure",
-                      "--json", *extra)
-    assert json.loads(done.stdout)["manifest"] == node.envs[env]
-    return ref
-
-
-def _remove(node: Node, ref: str) -> None:
-    node.ctr("images", "rm", "--sync", ref)
-    assert node.snapshots() == []
-    assert node.our_mounts() == []
-    assert list((node.snap_root / "snapshots").iterdir()) == []
-
-
-def _run(node: Node, ref: str, name: str, *command: str) -> int:
-    """`ctr run --rm` of `ref` with the weenv snapshotter; the container's exit code."""
-    return node.ctr("run", "--rm", "--snapshotter", "weenv", ref, name, *command,
-                    check=False).returncode
-
-
 def _group_mounts(node: Node) -> dict[int, Path]:
     """position -> mount point of this module's mounted group mounts."""
     out = {}
@@ -54,17 +33,15 @@ def _group_mounts(node: Node) -> dict[int, Path]:
 
 
 def test_pull_run_export_equal_and_removal_leaves_nothing(node: Node, tmp_path: Path) -> None:
-    ref = _push(node, "two", "a")
-    done = node.weenv("pull", ref, "--insecure", "--containerd-socket", str(node.socket),
-                      "--json")
+    ref = node.push("two", "a")
+    done = node.pull(ref, "--json")
     result = json.loads(done.stdout)
     assert result["weenv_layers"] == [0, 1]  # both prepared through their labels
     assert len(node.snapshots()) == 2
-    # The image's config came through: its command checks cwd and env. (Exit codes, not
-    # output: ctr 1.6 `run` sometimes ends before the output of a short task is copied.)
-    assert _run(node, ref, "t-two") == 0
-    assert _run(node, ref, "t-two-no", "/bin/sh", "-c", 'test "$TASK" = 2') == 1
-    assert _run(node, ref, "t-two-motd", "/bin/sh", "-c",
+    # The image's config came through: its command checks cwd and env.
+    assert node.run(ref, "t-two") == 0
+    assert node.run(ref, "t-two-no", "/bin/sh", "-c", 'test "$TASK" = 2') == 1
+    assert node.run(ref, "t-two-motd", "/bin/sh", "-c",
                 'test "$(cat /etc/motd)" = "a task environment"') == 0
     # Only what was read was fetched: a shell and a few files, not the 100 MiB group.
     stats = {pos: read_stats(mp) for pos, mp in _group_mounts(node).items()}
@@ -94,48 +71,37 @@ def test_pull_run_export_equal_and_removal_leaves_nothing(node: Node, tmp_path: 
     finally:
         containerd.ctr("leases", "delete", containerd.lease)
         containerd.close()
-    _remove(node, ref)
+    node.remove_image(ref)
 
 
 def test_ctr_pull_reads_the_markers(node: Node) -> None:
-    ref = _push(node, "one", "b")
+    ref = node.push("one", "b")
     node.ctr("images", "pull", "--plain-http", "--snapshotter", "weenv", ref)
     log = (node.tmp / "snapshotter.log").read_text()
     assert "committed as" in log and "(from its marker)" in log
-    assert _run(node, ref, "t-one", "/bin/sh", "-c", "test -x /bin/ls && test ! -e /.weenv") == 0
-    _remove(node, ref)
+    assert node.run(ref, "t-one", "/bin/sh", "-c", "test -x /bin/ls && test ! -e /.weenv") == 0
+    node.remove_image(ref)
 
 
 def test_restart_with_a_container_running(node: Node) -> None:
-    ref = _push(node, "two", "c")
-    node.weenv("pull", ref, "--insecure", "--containerd-socket", str(node.socket))
+    ref = node.push("two", "c")
+    node.pull(ref)
     node.ctr("run", "-d", "--snapshotter", "weenv", ref, "t-long", "/bin/sleep", "600")
     try:
         node.stop_snapshotter()
         node.start_snapshotter()
         _wait_reconnected(node)
-        _wait_reconnected(node)
         # The running container keeps reading its files; a new one starts.
         done = node.ctr("tasks", "exec", "--exec-id", "e1", "t-long", "/bin/sh", "-c",
                         'test "$(cat /etc/motd)" = "a task environment"', check=False)
         assert done.returncode == 0
-        assert _run(node, ref, "t-next", "/bin/sh", "-c", "test -s /work/task.txt") == 0
+        assert node.run(ref, "t-next", "/bin/sh", "-c", "test -s /work/task.txt") == 0
         assert "2 WeEnv mounts restored" in (node.tmp / "snapshotter.log").read_text()
     finally:
         node.ctr("tasks", "kill", "-s", "SIGKILL", "t-long", check=False)
         _wait_task_gone(node, "t-long")
         node.ctr("containers", "rm", "t-long", check=False)
-    _remove(node, ref)
-
-
-def _wait_reconnected(node: Node) -> None:
-    """Until containerd dials the restarted snapshotter again: its proxy plugin backs off up
-    to 3 s between attempts and fails calls with `unavailable` meanwhile."""
-    for _ in range(300):
-        if node.ctr("snapshots", "--snapshotter", "weenv", "ls", check=False).returncode == 0:
-            return
-        subprocess.run(["sleep", "0.05"], check=True)
-    raise AssertionError("containerd did not reconnect to the snapshotter")
+    node.remove_image(ref)
 
 
 def _wait_reconnected(node: Node) -> None:
@@ -158,9 +124,8 @@ def _wait_task_gone(node: Node, name: str) -> None:
 
 
 def test_a_store_the_snapshotter_does_not_serve_is_refused(node: Node, tmp_path: Path) -> None:
-    ref = _push(node, "one", "d", "--store-url", "http://192.0.2.1/elsewhere")
-    done = node.weenv("pull", ref, "--insecure", "--containerd-socket", str(node.socket),
-                      check=False)
+    ref = node.push("one", "d", "--store-url", "http://192.0.2.1/elsewhere")
+    done = node.pull(ref, check=False)
     assert done.returncode == 1
     assert "which this snapshotter does not serve" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1

@@ -19,6 +19,7 @@ Tests that use `node` need root, containerd, ctr, runc, docker-registry and FUSE
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -28,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,12 +152,45 @@ class Node:
                 and _cache_of(m.key) == str(self.cache)}
         return found + sorted(keys)
 
+    def group_mounts(self) -> list[dict[str, Any]]:
+        """The rows of `weenv mounts --json` of this node's mounted group mounts (those of its
+        chunk cache)."""
+        rows = json.loads(self.weenv("mounts", "--json").stdout)
+        return [r for r in rows if r["mounted"] and _cache_of(r["key"]) == str(self.cache)]
+
+    def push(self, env: str, tag: str, *extra: str) -> str:
+        """`weenv push` environment `env` (its v1) as `<registry>/<env>:<tag>`; the ref."""
+        ref = f"{self.registry.host}/{env}:{tag}"
+        done = self.weenv("push", f"{env}:v1", ref, "--store", str(self.store), "--insecure",
+                          "--json", *extra)
+        assert json.loads(done.stdout)["manifest"] == self.envs[env]
+        return ref
+
+    def pull(self, ref: str, *extra: str, check: bool = True
+             ) -> subprocess.CompletedProcess[str]:
+        """`weenv pull` of `ref` into this containerd."""
+        return self.weenv("pull", ref, "--insecure", "--containerd-socket", str(self.socket),
+                          *extra, check=check)
+
+    def run(self, ref: str, name: str, *command: str) -> int:
+        """`ctr run --rm` of `ref` with the weenv snapshotter; the container's exit code.
+        (Exit codes, not output: ctr 1.6 `run` sometimes ends before the output of a short
+        task is copied.)"""
+        return self.ctr("run", "--rm", "--snapshotter", "weenv", ref, name, *command,
+                        check=False).returncode
+
+    def remove_image(self, ref: str) -> None:
+        """`ctr images rm --sync`; then nothing of it is left: no snapshot, mount or
+        folder."""
+        self.ctr("images", "rm", "--sync", ref)
+        assert self.snapshots() == []
+        assert self.our_mounts() == []
+        assert list((self.snap_root / "snapshots").iterdir()) == []
+
 
 def _cache_of(key: str) -> str | None:
     info = mounts.env_dir(key) / "mount.json"
     with contextlib.suppress(OSError, ValueError):
-        import json
-
         return json.loads(info.read_text()).get("cache")
     return None
 
