@@ -17,7 +17,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from weenvfs.format.oci_layer import KEY_MANIFEST, MARKER_DIR
+from weenvfs.format.oci_layer import MARKER_DIR
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools.image_source import SourceOptions
@@ -50,17 +50,17 @@ def tar_layer(*members: layers.Spec) -> Layer:
     return Blob(LAYER_TAR_GZIP, layers.gzip(raw)), "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
-def marker_layer(annotations: dict[str, str], marker: dict[str, Any] | None = None,
+def marker_layer(annotations: dict[str, str], marker: dict[str, Any] | bytes | None = None,
                  name: str = "layer-0.json") -> Layer:
-    """An uncompressed layer with `annotations` whose blob holds `.weenv/<name>` with the
-    JSON `marker` (none: an empty folder `.weenv/`)."""
+    """An uncompressed layer with `annotations` whose blob holds `.weenv/<name>` with
+    `marker` (a dict: as JSON; none: an empty folder `.weenv/`)."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         folder = tarfile.TarInfo(MARKER_DIR)
         folder.type, folder.mode = tarfile.DIRTYPE, 0o755
         tar.addfile(folder)
         if marker is not None:
-            data = json.dumps(marker).encode()
+            data = marker if isinstance(marker, bytes) else json.dumps(marker).encode()
             entry = tarfile.TarInfo(f"{MARKER_DIR}/{name}")
             entry.size, entry.mode = len(data), 0o644
             tar.addfile(entry, io.BytesIO(data))
@@ -89,8 +89,3 @@ def push(image: PushImage, ref: str, creds: tuple[str, str] | None = None) -> st
     """Upload `image` as `ref` (HOST/REPO:TAG, plain HTTP on loopback); `ref`."""
     push_image(image, parse_target(ref), SourceOptions(creds=creds, insecure=True))
     return ref
-
-
-def env_annotation(image: PushImage) -> dict[str, str]:
-    """The manifest annotation `weenv push` writes (the environment's digest)."""
-    return {KEY_MANIFEST: json.loads(image.manifest)["annotations"][KEY_MANIFEST]}

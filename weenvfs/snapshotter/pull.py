@@ -152,6 +152,7 @@ def pull(ref: str, image: Image, containerd: Containerd) -> PullResult:
         raise WeenvError(f"{ref}: the image config lists no diff IDs")
     result = PullResult(chain_ids([d for d in diff_ids if d is not None]))
     containerd.lease = containerd.ctr("leases", "create", "--expires", LEASE_EXPIRES).strip()
+    done = False
     try:
         parent = ""
         for layer, chain in zip(image.layers, result.chain_ids, strict=True):
@@ -170,11 +171,20 @@ def pull(ref: str, image: Image, containerd: Containerd) -> PullResult:
         if containerd.creds:
             args += ["--user", ":".join(containerd.creds)]
         containerd.ctr(*args, ref.removeprefix("docker://"), timeout=CTR_TIMEOUT)
+        done = True
     finally:
-        lease, containerd.lease = containerd.lease, None
-        try:
-            containerd.ctr("leases", "delete", lease)
-        except WeenvError as error:
-            log.warning("lease %s not deleted (it expires in %s): %s", lease, LEASE_EXPIRES,
-                        error)
+        _end_lease(containerd, done)
     return result
+
+
+def _end_lease(containerd: Containerd, done: bool) -> None:
+    """Delete the pull's lease. After a failure, synchronously: containerd's garbage
+    collection then removes the layers prepared so far (their group mounts released) before
+    the command returns, instead of at its next collection."""
+    lease, containerd.lease = containerd.lease, None
+    if lease is None:
+        return
+    try:
+        containerd.ctr("leases", "delete", *([] if done else ["--sync"]), lease)
+    except WeenvError as error:
+        log.warning("lease %s not deleted (it expires in %s): %s", lease, LEASE_EXPIRES, error)
