@@ -121,11 +121,15 @@ def _cmd_snapshotter(args: argparse.Namespace) -> int:
 
 def _cmd_pull(args: argparse.Namespace) -> int:
     from weenvfs.tools.image_source import SourceOptions
-    from weenvfs.tools.registry_auth import parse_creds
+    from weenvfs.tools.registry import Reference
+    from weenvfs.tools.registry_auth import config_creds, parse_creds
 
     from .pull import Containerd, pull, resolve
 
-    creds = parse_creds(args.creds) if args.creds else None
+    # The docker config's credentials are looked up here, not only by our registry client:
+    # `ctr images pull` reads no docker config, it must be given them.
+    host = Reference.parse(args.ref.removeprefix("docker://")).host
+    creds = parse_creds(args.creds) if args.creds else config_creds(host)
     image = resolve(args.ref, SourceOptions(creds=creds, insecure=args.insecure))
     containerd = Containerd(args.containerd_socket, args.namespace, args.snapshotter,
                             args.insecure, creds)

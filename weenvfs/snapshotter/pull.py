@@ -86,7 +86,10 @@ class Containerd:
         done = subprocess.run(["ctr", "-a", str(self.socket), "-n", self.namespace, *args],
                               capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
-            detail = " ".join((done.stderr or done.stdout).split())[-500:]
+            # Its own error line, without the info lines containerd's client logs before it.
+            text = done.stderr or done.stdout
+            ours = [line for line in text.splitlines() if line.startswith("ctr: ")]
+            detail = " ".join(" ".join(ours or [text]).split())[-500:]
             raise WeenvError(f"ctr {args[0]} {args[1] if len(args) > 1 else ''}: {detail}")
         return done.stdout
 
