@@ -13,7 +13,8 @@ Owns:
   stopped by pid when the session ends; tests of the server start their own
   (tests/fuse/test_mountd.py). $WEENV_KEEP_WARM is 0 unless set: a shared mount is unmounted
   when its last sandbox goes, as tests of sandboxes expect (tests of warm mounts opt in).
-  $WEENV_METRICS is off: no server of the tests exports metrics unless its test asks.
+  $WEENV_METRICS and $WEENV_SNAPSHOTTER_METRICS are off: no server of the tests exports
+  metrics unless its test asks.
 It must not start servers or build fixtures of any area; those live in tests/<area>/conftest.py.
 """
 
@@ -44,8 +45,10 @@ os.environ["WEENV_MOUNTD_SOCKET"] = os.path.join(
     tempfile.mkdtemp(prefix="weenv-tests-mountd-"), "mountd.sock")
 os.environ.setdefault("WEENV_KEEP_WARM", "0")
 # The servers the tests' mounts start export no metrics (the node's port is not theirs);
-# tests of the metrics choose an address (tests/fuse/test_metrics.py).
+# tests of the metrics choose an address (tests/fuse/test_metrics.py); so do the
+# snapshotter's (tests/support/containerd.py).
 os.environ["WEENV_METRICS"] = "off"
+os.environ["WEENV_SNAPSHOTTER_METRICS"] = "off"
 _SESSION_SOCKET = os.environ["WEENV_MOUNTD_SOCKET"]
 
 

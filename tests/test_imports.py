@@ -84,9 +84,10 @@ RULES: dict[str, Rule] = {
     "provision": _rule({"trio"}, {"units"}),
     # containerd's remote snapshotter (DESIGN.md: on top of runtime and tools, like the CLI):
     # gRPC and protobuf for containerd's API; WeEnv layers mount through the runtime's shared
-    # mounts; `weenv pull` reads images through the tools' registry client.
-    "snapshotter": _rule({"grpc", "google"}, {"format", "store", "runtime", "fuse", "tools",
-                                              "errors", "units"}),
+    # mounts; `weenv pull` reads images through the tools' registry client; its Prometheus
+    # metrics (its own calls and snapshots, and the node's through fuse/metrics.py).
+    "snapshotter": _rule({"grpc", "google", "prometheus_client"},
+                         {"format", "store", "runtime", "fuse", "tools", "errors", "units"}),
     "errors": _rule(set(), set()),
     "units": _rule(set(), set()),  # byte sizes for humans: stdlib only, shared by every room
     # weenvfs/__init__.py: the version only; importing it must not pull in anything.

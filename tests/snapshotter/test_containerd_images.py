@@ -1,17 +1,20 @@
 """WeEnv images that meet other images under real containerd 1.6 (the `node` fixture: its own
 store, registry, `weenv snapshotter` and containerd): two images on the same lower group
 share one group mount and the node's chunk cache; a mixed image, an ordinary gzip tar layer
-over a WeEnv group, runs with the tar's files, whiteouts and opaque folder applied."""
+over a WeEnv group, runs with the tar's files, whiteouts and opaque folder applied; the
+snapshotter's metrics endpoint counts its calls and layers and the node's fetches."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import layers, pushed
 from support.containerd import Node
 
+from weenvfs.format.oci_layer import KEY_STORE
 from weenvfs.fuse.commands import read_stats
 
 pytestmark = pytest.mark.usefixtures("containerd_requirements")
@@ -95,3 +98,47 @@ def test_a_tar_layer_over_a_weenv_group(node: Node, how: str) -> None:
     assert (group / "etc/debian_version").exists()
     assert (group / "etc/issue").read_bytes() != b"the tar layer wins\n"
     node.remove_image(ref)
+
+
+def _delta(before: dict[Any, float], after: dict[Any, float], name: str,
+           **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def test_metrics_count_calls_layers_and_the_node_fetches(node: Node) -> None:
+    """The snapshotter's endpoint (`--metrics`, with `--node-metrics`): its calls, snapshots
+    and WeEnv layers, and the fetches of the node's mounts, moved by what the test did."""
+    before = node.scrape()
+    ref = node.push("two", "m")
+    node.pull(ref)
+    held = node.scrape()
+    assert _delta(before, held, "weenv_snapshotter_weenv_layers_total", via="labels") == 2
+    assert _delta(before, held, "weenv_snapshotter_calls_total", method="Prepare",
+                  code="ALREADY_EXISTS") >= 2
+    assert held[("weenv_snapshotter_snapshots", (("kind", "committed"), ("weenv", "true")))] == 2
+    assert held[("weenv_snapshotter_group_mounts", ())] == 2
+    assert sum(v for (name, _), v in held.items() if name == "weenv_mounts") == 2
+    assert held[("weenv_snapshotter_call_seconds_count", (("method", "Prepare"),))] >= 2
+
+    read = "cat /usr/lib/*/libapt-pkg.so.6.0.0 > /dev/null"  # read by no other test here
+    assert node.run(ref, "t-metrics", "/bin/sh", "-c", read) == 0
+    ran = node.scrape()
+    assert _delta(held, ran, "weenv_fetched_bytes_total") > 1 << 18  # compressed: 460 KB
+    assert _delta(held, ran, "weenv_served_bytes_total") > 1 << 20
+    assert _delta(held, ran, "weenv_reads_total") > 0
+
+    refused = pushed.push(pushed.assemble([pushed.marker_layer(
+        {**pushed.weenv_layers(node.store, "one:v1")[0][0].annotations,
+         KEY_STORE: "http://192.0.2.1/weenv"})]), f"{node.registry.host}/refused:m")
+    assert node.pull(refused, check=False).returncode == 1
+    node.remove_image(ref)
+    after = node.scrape()
+    assert _delta(ran, after, "weenv_snapshotter_refused_layers_total") == 1
+    assert _delta(ran, after, "weenv_snapshotter_calls_total", method="Prepare",
+                  code="FAILED_PRECONDITION") == 1
+    assert _delta(ran, after, "weenv_snapshotter_calls_total", method="Remove", code="OK") >= 2
+    assert after[("weenv_snapshotter_group_mounts", ())] == 0
+    # The node's counters keep what the unmounted mounts did (their exit reports).
+    assert _delta(held, after, "weenv_fetched_bytes_total") == _delta(
+        held, ran, "weenv_fetched_bytes_total")

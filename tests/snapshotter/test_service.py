@@ -6,15 +6,18 @@ containerd tests are test_containerd.py)."""
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from weenvfs.format.oci_layer import LayerRef
 from weenvfs.snapshotter import api
@@ -50,11 +53,11 @@ class Server:
         self.store = tmp / "store"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> Client:
+    def start(self, *extra: str) -> Client:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "weenvfs", "snapshotter", "--store", str(self.store),
              "--socket", str(self.socket), "--root", str(self.root), "--cache",
-             str(self.root.parent / "cache")])
+             str(self.root.parent / "cache"), *extra])
         deadline = time.monotonic() + 30
         while not self.socket.exists():
             assert self.proc.poll() is None and time.monotonic() < deadline
@@ -135,3 +138,42 @@ def test_bad_weenv_labels_are_refused(server: Server, labels: dict[str, str],
     assert code == status and fragment in details
     assert list((server.root / "snapshots").iterdir()) == []
     server.stop()
+
+
+def _scrape(socket: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    address = socket.with_name(socket.name + ".metrics").read_text().strip()
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_endpoint(server: Server) -> None:
+    client = server.start("--metrics", "127.0.0.1:0")
+    client("Prepare", key="ns/1/a", parent="")
+    client.code("Stat", key="nope")
+    client.code("Prepare", key="ns/1/x", parent="", labels=REMOTE)
+    samples = _scrape(server.socket)
+    assert samples[("weenv_snapshotter_calls_total", (("code", "OK"), ("method", "Prepare")))] == 1
+    assert samples[("weenv_snapshotter_calls_total",
+                    (("code", "NOT_FOUND"), ("method", "Stat")))] == 1
+    assert samples[("weenv_snapshotter_refused_layers_total", ())] == 1
+    assert samples[("weenv_snapshotter_snapshots", (("kind", "active"), ("weenv", "false")))] == 1
+    assert not any(name.startswith("weenv_fetched") for name, _ in samples)  # no node metrics
+    server.stop()
+    assert not server.socket.with_name(server.socket.name + ".metrics").exists()
+
+
+def test_a_metrics_address_in_use_fails_in_one_line(server: Server) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "weenvfs", "snapshotter", "--store", str(server.store),
+             "--socket", str(server.socket), "--root", str(server.root),
+             "--metrics", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip() == (f"weenv: error: cannot serve metrics on 127.0.0.1:{port}: "
+                                   "Address already in use")
+    assert not server.socket.exists()

@@ -5,8 +5,9 @@ containerd, a real registry, `weenv snapshotter`.
   task group over it, composed into two environments (`one` = minbase, `two` = minbase +
   task); a registry (Debian docker-registry, tests/support/registry.py); a snapshotter
   (`python -m weenvfs snapshotter`, its own socket, root and chunk cache under the module's
-  tmp folder); containerd 1.6 with its own root, state, config and sockets there too, and
-  the snapshotter as proxy plugin `weenv`. Every process is stopped by its pid; containerd's
+  tmp folder, its metrics and the node's on 127.0.0.1, any free port: `Node.scrape()`);
+  containerd 1.6 with its own root, state, config and sockets there too, and the
+  snapshotter as proxy plugin `weenv`. Every process is stopped by its pid; containerd's
   leftover mounts under its own root are unmounted, and the group mounts of this module's
   cache are evicted.
 - `Node.ctr(...)`, `Node.weenv(...)`: run `ctr` against that containerd / the CLI.
@@ -26,12 +27,14 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from support import trees
 from support.registry import Registry, run_registry
@@ -118,9 +121,18 @@ class Node:
         self.snapshotter = subprocess.Popen(
             [sys.executable, "-m", "weenvfs", "-v", "snapshotter", "--store", str(self.store),
              "--socket", str(self.snap_socket), "--root", str(self.snap_root),
-             "--cache", str(self.cache)], stdout=log, stderr=subprocess.STDOUT)
+             "--cache", str(self.cache), "--metrics", "127.0.0.1:0", "--node-metrics"],
+            stdout=log, stderr=subprocess.STDOUT)
         log.close()
         _wait_for(lambda: self.snap_socket.exists(), self.snapshotter, "the snapshotter")
+
+    def scrape(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """The snapshotter's metrics now: (sample name, sorted labels) -> value."""
+        address = (self.snap_socket.parent / (self.snap_socket.name + ".metrics")).read_text()
+        with urllib.request.urlopen(f"http://{address.strip()}/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
 
     def stop_snapshotter(self) -> None:
         _stop(self.snapshotter)

@@ -64,13 +64,14 @@ def parse_address(text: str, what: str = "--metrics") -> Address | None:
     return Address(host, int(port))
 
 
-def choose(flag: str | None) -> tuple[Address | None, bool]:
-    """The address to serve on and whether someone chose it (the flag, else $WEENV_METRICS)
-    rather than it being the built-in default."""
+def choose(flag: str | None, env: str = ENV, default: str = DEFAULT_METRICS
+           ) -> tuple[Address | None, bool]:
+    """The address to serve on and whether someone chose it (the flag, else $`env`, by
+    default $WEENV_METRICS) rather than it being the built-in `default`."""
     if flag is not None:
         return parse_address(flag), True
-    chosen = os.environ.get(ENV)
-    return parse_address(chosen or DEFAULT_METRICS, f"${ENV}"), chosen is not None
+    chosen = os.environ.get(env)
+    return parse_address(chosen or default, f"${env}"), chosen is not None
 
 
 def address_file(server_socket: Path) -> Path:

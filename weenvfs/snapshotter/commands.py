@@ -12,6 +12,7 @@ from pathlib import Path
 
 from weenvfs.cli import add_command
 from weenvfs.cli_args import print_json
+from weenvfs.errors import UsageError
 
 PLUGIN = "weenv"
 DEFAULT_SOCKET = Path("/run/weenv/snapshotter.sock")
@@ -32,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "mounts and chunk cache `weenv run` uses); containerd never downloads or unpacks\n"
             "it. Other layers are kept as containerd's overlayfs snapshotter keeps them.\n"
             "Snapshots survive a restart. Only groups in the --store URLs are mounted.\n"
+            "Prometheus metrics on --metrics (docs/metrics.md).\n"
             "Configuration for containerd and Kubernetes: --print-config, docs/containerd.md."
         ),
         examples=[
@@ -39,6 +41,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "weenv snapshotter --store /srv/weenv --socket /run/weenv/snapshotter.sock "
             "--root /var/lib/weenv/snapshotter",
             "weenv snapshotter --print-config >> /etc/containerd/config.toml",
+            "weenv snapshotter --store s3://bucket/weenv --metrics 127.0.0.1:9388 "
+            "--node-metrics",
         ],
         func=_cmd_snapshotter,
     )
@@ -53,6 +57,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--keep-warm", type=float, metavar="SECS",
                    help="seconds a group mount stays after its last snapshot is removed "
                    "(default: the node's policy, $WEENV_KEEP_WARM)")
+    p.add_argument("--metrics", type=_metrics_address, metavar="HOST:PORT|off",
+                   help="where to serve the snapshotter's Prometheus metrics (default "
+                   "$WEENV_SNAPSHOTTER_METRICS, else 127.0.0.1:9388; port 0: any free port, "
+                   "written to SOCKET.metrics), or off")
+    p.add_argument("--node-metrics", action="store_true",
+                   help="serve the node's mount metrics there too (for a node whose mount "
+                   "server serves none: docs/metrics.md)")
     p.add_argument("--print-config", action="store_true",
                    help="print containerd's configuration for this snapshotter and exit")
     _register_pull(subparsers)
@@ -92,6 +103,16 @@ def _register_pull(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
+def _metrics_address(text: str) -> str:
+    from weenvfs.fuse.exporter import parse_address
+
+    try:
+        parse_address(text)
+    except UsageError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--metrics: ")) from None
+    return text
+
+
 def containerd_config(socket: Path) -> str:
     """The containerd 1.6 config.toml entries: the proxy plugin and CRI's use of it."""
     return (
@@ -115,7 +136,8 @@ def _cmd_snapshotter(args: argparse.Namespace) -> int:
     from .server import ServerOptions, serve
 
     options = ServerOptions(args.socket.absolute(), args.root.absolute(), tuple(args.stores),
-                            (args.cache or default_cache_dir()).absolute(), args.keep_warm)
+                            (args.cache or default_cache_dir()).absolute(), args.keep_warm,
+                            args.metrics, args.node_metrics)
     return serve(options)
 
 

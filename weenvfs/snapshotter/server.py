@@ -1,11 +1,12 @@
 """Serving the snapshotter: a gRPC server on a unix socket that containerd's proxy plugin
 dials (docs/containerd.md has the configuration).
 
-Start: take the root (one snapshotter per root), restore every WeEnv snapshot's group mount
-(snapshots.restore), then listen: the socket (mode 0600, root's) appears only once the
-snapshots answer. Stop (SIGTERM, SIGINT): stop answering, wait up to STOP_GRACE seconds for
-calls in flight, remove the socket. Mounts are left as they are: they belong to the node
-(runtime/mounts.py), containers keep running on them, and the next start takes them again.
+Start: take the root (one snapshotter per root), serve the metrics (metrics.py), restore
+every WeEnv snapshot's group mount (snapshots.restore), then listen: the socket (mode 0600,
+root's) appears only once the snapshots answer. Stop (SIGTERM, SIGINT): stop answering, wait
+up to STOP_GRACE seconds for calls in flight, remove the socket. Mounts are left as they are:
+they belong to the node (runtime/mounts.py), containers keep running on them, and the next
+start takes them again.
 
 Owns: the server's life. Must not: implement calls (snapshots.py) or parse arguments.
 """
@@ -26,8 +27,9 @@ import grpc
 
 from weenvfs.errors import UsageError
 
+from . import metrics
 from .remote import Groups
-from .service import handler
+from .service import Observe, handler
 from .snapshots import Snapshots
 from .state import SnapshotState
 
@@ -46,6 +48,8 @@ class ServerOptions:
     stores: tuple[str, ...]
     cache_dir: Path
     keep_warm: float | None = None
+    metrics: str | None = None  # --metrics HOST:PORT|off (None: $WEENV_SNAPSHOTTER_METRICS...)
+    node_metrics: bool = False  # serve the node's mount metrics too (metrics.py)
 
 
 def serve(options: ServerOptions, ready: Callable[[], None] | None = None) -> int:
@@ -58,17 +62,26 @@ def serve(options: ServerOptions, ready: Callable[[], None] | None = None) -> in
     try:
         groups = Groups(list(options.stores), options.cache_dir, options.root, options.keep_warm)
         snaps = Snapshots(state, groups)
-        restored, failed = snaps.restore()
-        for line in failed:
-            log.error("could not restore a WeEnv snapshot: %s", line)
-        log.info("snapshotter: %d snapshots in %s, %d WeEnv mounts restored",
-                 len(state.by_key), options.root, restored)
-        return _listen(options.socket, snaps, ready)
+        # Before the restore: a bad address fails first, and the node's metrics are settled
+        # before a mount starts the node's mount server.
+        endpoint = metrics.start(snaps, options.metrics, options.socket, options.node_metrics)
+        try:
+            restored, failed = snaps.restore()
+            for line in failed:
+                log.error("could not restore a WeEnv snapshot: %s", line)
+            log.info("snapshotter: %d snapshots in %s, %d WeEnv mounts restored",
+                     len(state.by_key), options.root, restored)
+            return _listen(options.socket, snaps, ready,
+                           endpoint.observe if endpoint else None)
+        finally:
+            if endpoint is not None:
+                endpoint.close()
     finally:
         state.close()
 
 
-def _listen(path: Path, snaps: Snapshots, ready: Callable[[], None] | None) -> int:
+def _listen(path: Path, snaps: Snapshots, ready: Callable[[], None] | None,
+            observe: Observe | None) -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -79,7 +92,7 @@ def _listen(path: Path, snaps: Snapshots, ready: Callable[[], None] | None) -> i
     path.unlink(missing_ok=True)
     server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS,
                                             thread_name_prefix="snapshotter"))
-    server.add_generic_rpc_handlers((handler(snaps),))
+    server.add_generic_rpc_handlers((handler(snaps, observe) if observe else handler(snaps),))
     old_mask = os.umask(0o177)
     try:
         if server.add_insecure_port(f"unix:{path}") == 0:

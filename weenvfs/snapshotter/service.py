@@ -3,6 +3,7 @@
 A protocol adapter only: messages in, `Snapshots` calls, messages out; `SnapshotError`s
 become the status their `code` names, with their message (containerd shows it to the user),
 and any other exception becomes INTERNAL with one line, logged with its traceback here.
+Every call's method, status and duration go to an `observe` callback (the metrics).
 
 Owns: the method handlers (`handler()`), message conversion. Must not: decide anything a
 snapshot does.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -42,35 +44,55 @@ def _record(info: Any) -> Record:
     return Record(0, info.name, info.parent, info.kind, dict(info.labels))
 
 
-def _guarded(method: str, fn: Callable[..., Any]) -> Callable[[Any, grpc.ServicerContext], Any]:
+Observe = Callable[[str, str, float], None]  # (method, status code name, seconds) per call
+
+
+def _ignore(method: str, code: str, seconds: float) -> None:
+    pass
+
+
+def _guarded(method: str, fn: Callable[..., Any], observe: Observe
+             ) -> Callable[[Any, grpc.ServicerContext], Any]:
     @functools.wraps(fn)
     def call(request: Any, context: grpc.ServicerContext) -> Any:
+        started, code = time.monotonic(), "INTERNAL"
         try:
-            return fn(request)
+            answer = fn(request)
+            code = "OK"
+            return answer
         except SnapshotError as error:
             log.info("%s: %s", method, error)
+            code = error.code
             context.abort(getattr(grpc.StatusCode, error.code), str(error))
         except Exception as error:  # noqa: BLE001 - the one place that answers INTERNAL
             log.exception("%s failed", method)
             context.abort(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
+        finally:
+            observe(method, code, time.monotonic() - started)
     return call
 
 
-def _guarded_stream(method: str, fn: Callable[[Any], Iterator[Any]]
+def _guarded_stream(method: str, fn: Callable[[Any], Iterator[Any]], observe: Observe
                     ) -> Callable[[Any, grpc.ServicerContext], Iterator[Any]]:
     def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        started, code = time.monotonic(), "INTERNAL"
         try:
             yield from fn(request)
+            code = "OK"
         except SnapshotError as error:
+            code = error.code
             context.abort(getattr(grpc.StatusCode, error.code), str(error))
         except Exception as error:  # noqa: BLE001
             log.exception("%s failed", method)
             context.abort(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
+        finally:
+            observe(method, code, time.monotonic() - started)
     return call
 
 
-def handler(snaps: Snapshots) -> grpc.GenericRpcHandler:
-    """The service's handlers, for `grpc.Server.add_generic_rpc_handlers`."""
+def handler(snaps: Snapshots, observe: Observe = _ignore) -> grpc.GenericRpcHandler:
+    """The service's handlers, for `grpc.Server.add_generic_rpc_handlers`; `observe` is told
+    of every call (metrics.py)."""
     empty = api.message("google.protobuf.Empty")
 
     def prepare(r: Any) -> Any:
@@ -126,10 +148,10 @@ def handler(snaps: Snapshots) -> grpc.GenericRpcHandler:
         encode = api.message(response).SerializeToString
         if streaming:
             handlers[name] = grpc.unary_stream_rpc_method_handler(
-                _guarded_stream(name, list_), request_deserializer=decode,
+                _guarded_stream(name, list_, observe), request_deserializer=decode,
                 response_serializer=encode)
         else:
             handlers[name] = grpc.unary_unary_rpc_method_handler(
-                _guarded(name, unary[name]), request_deserializer=decode,
+                _guarded(name, unary[name], observe), request_deserializer=decode,
                 response_serializer=encode)
     return grpc.method_handlers_generic_handler(api.SERVICE, handlers)

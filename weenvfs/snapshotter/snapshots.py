@@ -21,9 +21,11 @@ mounts what `mounts()` returns).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -73,6 +75,21 @@ class Snapshots:
         self.state = state
         self.groups = groups
         self.lock = threading.RLock()
+        # WeEnv layers taken (`labels`, `marker`) and refused, snapshots `restored` (and
+        # `restore_failed`) at start: plain integers, read by metrics.py at each scrape.
+        self.counts: Counter[str] = Counter()
+
+    @contextlib.contextmanager
+    def _refusals(self) -> Iterator[None]:
+        """Count a WeEnv layer refused: any SnapshotError of the block but AlreadyExists (how
+        a layer taken through its labels answers)."""
+        try:
+            yield
+        except AlreadyExists:
+            raise
+        except SnapshotError:
+            self.counts["refused"] += 1
+            raise
 
     # -- create -------------------------------------------------------------------------------
 
@@ -80,9 +97,10 @@ class Snapshots:
         with self.lock:
             self._check_new(key, parent)
             target = labels.get(TARGET_LABEL)
-            ref = _layer_ref(labels)
-            if ref is not None and target:
-                self._commit_remote(target, parent, labels, ref)
+            with self._refusals():
+                ref = _layer_ref(labels)
+                if ref is not None and target:
+                    self._commit_remote(target, parent, labels, ref)
             record = self.state.create(key, parent, ACTIVE, labels)
             return self._mounts(record)
 
@@ -112,6 +130,7 @@ class Snapshots:
             record = self.state.create(target, parent, COMMITTED,
                                        {**labels, REMOTE_LABEL: REMOTE_VALUE}, layer.to_json())
             self._take_mount(record, layer)
+            self.counts["labels"] += 1
             log.info("WeEnv layer %d of %s ready as %s", layer.position, layer.manifest[:12],
                      target)
         elif existing.parent != parent:
@@ -142,21 +161,29 @@ class Snapshots:
             if self.state.get(name) is not None:
                 raise AlreadyExists(f"snapshot {name!r} already exists")
             merged = {**record.labels, **labels}
-            marker = _marker(self.state.dir(record) / "fs")
-            if marker is None:
+            layer = self._take_marker(record)
+            if layer is None:
                 self.state.save(replace(record, key=name, kind=COMMITTED, labels=merged), key)
                 return
+            self.state.save(replace(record, key=name, kind=COMMITTED, weenv=layer.to_json(),
+                                    labels={**merged, REMOTE_LABEL: REMOTE_VALUE}), key)
+            remove_tree(self.state.dir(record) / "fs" / MARKER_DIR)
+            log.info("WeEnv layer %d of %s committed as %s (from its marker)", layer.position,
+                     layer.manifest[:12], name)
+
+    def _take_marker(self, record: Record) -> WeenvLayer | None:
+        """When `record`'s files are exactly a WeEnv marker: its group, mounted for it."""
+        with self._refusals():
+            marker = _marker(self.state.dir(record) / "fs")
+            if marker is None:
+                return None
             layer = self._check_layer(marker)
-            committed = replace(record, key=name, kind=COMMITTED, weenv=layer.to_json(),
-                                labels={**merged, REMOTE_LABEL: REMOTE_VALUE})
             try:
                 self.groups.acquire(layer, record.id, self.state.dir(record))
             except LayerRefused as error:
                 raise FailedPrecondition(str(error)) from None
-            self.state.save(committed, key)
-            remove_tree(self.state.dir(record) / "fs" / MARKER_DIR)
-            log.info("WeEnv layer %d of %s committed as %s (from its marker)", layer.position,
-                     layer.manifest[:12], name)
+        self.counts["marker"] += 1
+        return layer
 
     def remove(self, key: str) -> None:
         with self.lock:
@@ -283,6 +310,7 @@ class Snapshots:
                     restored += 1
                 except LayerRefused as error:
                     failed.append(f"{record.key}: {error}")
+            self.counts["restored"], self.counts["restore_failed"] = restored, len(failed)
         return restored, failed
 
 
