@@ -16,7 +16,7 @@ group twice, so that every containerd client path finds it:
 
 The tar is deterministic (owner 0:0, mode 0644, mtime 0), so a layer's diff ID depends only on
 the reference. A client without WeEnv unpacks the markers and nothing else: the image is not
-runnable there (docs/containerd.md).
+runnable there, unless pushed with full layers (docs/containerd.md, "Without WeEnv").
 
 Owns: the annotation keys, the marker's path and JSON, and their validation (hex digests,
 position range, no control characters in the store URL). A marker is read with the value

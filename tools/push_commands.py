@@ -8,6 +8,8 @@ Must not: build image documents or speak HTTP itself.
 from __future__ import annotations
 
 import argparse
+import tempfile
+from pathlib import Path
 
 from weenvfs.cli import add_command
 from weenvfs.cli_args import add_store, print_json
@@ -16,7 +18,15 @@ from weenvfs.store.repository import Repository
 
 from .image_source import SourceOptions
 from .oci_docs import Platform
-from .push import build_image, parse_target, push_image
+from .push import (
+    LAYER_KINDS,
+    build_image,
+    check_registry,
+    full_layers,
+    marker_layers,
+    parse_target,
+    push_image,
+)
 from .registry_auth import parse_creds
 
 
@@ -29,16 +39,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Push environment ENV (NAME[:TAG] or a manifest digest) to the registry as an\n"
             "OCI image: its config carries the environment's entrypoint, command, env,\n"
-            "working directory and user; each group is one small layer that names the group\n"
-            "(store URL, manifest and index digests) in its annotations and in a marker tar.\n"
-            "The data stays in the store: nodes run the image through `weenv snapshotter`\n"
-            "(docs/containerd.md). Registry auth as `weenv convert`."
+            "working directory and user; each group is one layer that names the group\n"
+            "(store URL, manifest and index digests) in its annotations. Its blob is a marker\n"
+            "tar naming it again (the default: the data stays in the store, and only nodes\n"
+            "with `weenv snapshotter` can run the image), or with --layers full the group's\n"
+            "whole content: any containerd or Docker runs that image after downloading it\n"
+            "all, WeEnv nodes still mount it lazily (docs/containerd.md). Registry auth as\n"
+            "`weenv convert`."
         ),
         examples=[
             "weenv push py-env:v1 registry.example.com/team/py-env:v1 --store s3://bucket/weenv",
             "weenv push py-env:v1 127.0.0.1:5000/py-env:v1 --store /srv/weenv --insecure",
             "weenv push py-env:v1 127.0.0.1:5000/py-env:v1 --store /srv/weenv --insecure"
             " --store-url http://weenv-store.internal/weenv  # what nodes read from",
+            "weenv push py-env:v1 registry.example.com/team/py-env:v1 --store s3://bucket/weenv"
+            " --layers full  # also runnable without WeEnv",
         ],
         func=_cmd_push,
     )
@@ -48,6 +63,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--store-url", metavar="URL",
                    help="the store URL written into the image, as nodes reach it "
                    "(default: the --store URL)")
+    p.add_argument("--layers", choices=LAYER_KINDS, default="marker",
+                   help="what each layer's blob holds: `marker` (default: a few hundred "
+                   "bytes naming the group) or `full` (the group's content as a gzip tar, "
+                   "spooled in $TMPDIR first)")
     p.add_argument("--platform", type=Platform.parse, default=None, metavar="OS/ARCH",
                    help="the image's platform (default: this machine's)")
     p.add_argument("--creds", metavar="USER:PASS",
@@ -63,15 +82,22 @@ def _cmd_push(args: argparse.Namespace) -> int:
     target = parse_target(args.target)
     options = SourceOptions(creds=parse_creds(args.creds) if args.creds else None,
                             insecure=args.insecure, insecure_remote=args.insecure_remote)
-    with open_store(args.store) as store:
+    with open_store(args.store) as store, tempfile.TemporaryDirectory(
+            prefix="weenv-push-") as tmp:
         store.check()
-        digest, manifest = Repository(store).resolve_env(args.env)
+        repo = Repository(store)
+        digest, manifest = repo.resolve_env(args.env)
         store_url = args.store_url or store.url
-    image = build_image(manifest, digest, store_url, args.platform or Platform.host())
-    pushed = push_image(image, target, options)
+        if args.layers == "full":
+            check_registry(target, options)
+            layers = full_layers(manifest, digest, store_url, repo, Path(tmp))
+        else:
+            layers = marker_layers(manifest, digest, store_url)
+        image = build_image(manifest, digest, layers, args.platform or Platform.host())
+        pushed = push_image(image, target, options)
     if args.json:
         print_json({"image": str(target).removeprefix("docker://"), "digest": pushed,
-                    "manifest": digest, "store": store_url,
+                    "manifest": digest, "store": store_url, "layer_kind": args.layers,
                     "layers": [layer.digest for layer in image.layers]})
     else:
         print(f"pushed {args.env} ({digest[:12]}) as {str(target).removeprefix('docker://')}"

@@ -133,13 +133,15 @@ class RegistryClient:
 
     def request(
         self, method: str, url: str, headers: dict[str, str] | None = None, stream: bool = False,
-        data: bytes | None = None,
+        data: bytes | BinaryIO | None = None,
     ) -> requests.Response:
-        """Send (with body `data`, for uploads) with retries; answer one 401 with
-        credentials/a token."""
+        """Send (with body `data`, for uploads: bytes, or a file sent from its start at each
+        attempt) with retries; answer one 401 with credentials/a token."""
         answered = False
         delay = BACKOFF
         for attempt in range(RETRIES):
+            if data is not None and not isinstance(data, bytes):
+                data.seek(0)
             hdrs = dict(headers or {})
             if self._authorization:
                 hdrs["Authorization"] = self._authorization

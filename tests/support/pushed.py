@@ -2,7 +2,7 @@
 (tools/push.py) to a real registry: WeEnv layers next to ordinary gzip tar layers (a mixed
 image), and layers whose annotations or marker a test chose (hostile ones included).
 
-Owns: `weenv_layers` (the layers `weenv push` writes for an environment), `tar_layer` (an
+Owns: `weenv_layers` (the marker layers `weenv push` writes for an environment), `tar_layer` (an
 ordinary layer from `support.layers` entries), `marker_layer` (any annotations, any marker
 JSON), `assemble` (config and manifest over a list of layers) and `push`.
 Must not: validate anything (hostile layers are the point); the registry checks digests.
@@ -22,26 +22,25 @@ from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools.image_source import SourceOptions
 from weenvfs.tools.oci_docs import OCI_CONFIG, OCI_MANIFEST, Platform
-from weenvfs.tools.push import LAYER_TAR, Blob, PushImage, build_image, parse_target, push_image
+from weenvfs.tools.push import (
+    LAYER_TAR,
+    LAYER_TAR_GZIP,
+    Blob,
+    Layer,
+    PushImage,
+    marker_layers,
+    parse_target,
+    push_image,
+)
 
 from . import layers
 
-LAYER_TAR_GZIP = LAYER_TAR + "+gzip"
-
-Layer = tuple[Blob, str]  # the blob and its diff ID (the digest of its uncompressed tar)
-
-
-def weenv_image(store: Path, env: str) -> PushImage:
-    """The image `weenv push ENV` writes for environment `env` (NAME:TAG) of `store`."""
-    with open_store(str(store)) as opened:
-        digest, manifest = Repository(opened).resolve_env(env)
-        return build_image(manifest, digest, opened.url, Platform.host())
-
 
 def weenv_layers(store: Path, env: str) -> list[Layer]:
-    """The layers `weenv push` writes for `env`, lowest first (uncompressed: diff ID =
-    digest)."""
-    return [(blob, blob.digest) for blob in weenv_image(store, env).layers]
+    """The layers `weenv push` writes for `env` (NAME:TAG) of `store`, lowest first."""
+    with open_store(str(store)) as opened:
+        digest, manifest = Repository(opened).resolve_env(env)
+        return marker_layers(manifest, digest, opened.url)
 
 
 def tar_layer(*members: layers.Spec) -> Layer:

@@ -93,11 +93,15 @@ def _listen(path: Path, snaps: Snapshots, ready: Callable[[], None] | None,
     server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS,
                                             thread_name_prefix="snapshotter"))
     server.add_generic_rpc_handlers((handler(snaps, observe) if observe else handler(snaps),))
+    # Bound under another name and renamed once serving: a client that finds the socket is
+    # answered (a call between bind and start fails with `unavailable`).
+    binding = path.with_name(f".{path.name}.{os.getpid()}")
     old_mask = os.umask(0o177)
     try:
-        if server.add_insecure_port(f"unix:{path}") == 0:
+        if server.add_insecure_port(f"unix:{binding}") == 0:
             raise UsageError(f"cannot listen on {path}")
         server.start()
+        os.replace(binding, path)
     finally:
         os.umask(old_mask)
     log.info("snapshotter %d listening on %s", os.getpid(), path)
