@@ -22,10 +22,9 @@ Must not: parse layers (layers.py) or decide grouping, reuse or tags (convert.py
 
 from __future__ import annotations
 
-import io
 import logging
 import stat
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,28 +49,6 @@ log = logging.getLogger(__name__)
 
 def _parent(path: bytes) -> bytes:
     return path.rpartition(b"/")[0]
-
-
-class _Pieces(io.RawIOBase):
-    """A lower file's bytes as a stream (holes as zeros)."""
-
-    def __init__(self, pieces: Iterator[bytes | memoryview]) -> None:
-        self._pieces = pieces
-        self._buf = memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buf: memoryview) -> int:  # type: ignore[override]
-        while not self._buf:
-            nxt = next(self._pieces, None)
-            if nxt is None:
-                return 0
-            self._buf = memoryview(nxt)
-        n = min(len(buf), len(self._buf))
-        buf[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
-        return n
 
 
 class LowerView:
@@ -115,9 +92,7 @@ class LowerView:
             out.target = index.readlink(entry.inode)
         elif rec.is_reg:
             reader, ino = self.reader, entry.inode
-            out.open_data = lambda: DataStream(
-                io.BufferedReader(_Pieces(reader.iter_file(index, ino)), 1 << 20)
-            )
+            out.open_data = lambda: DataStream(reader.open_file(index, ino))
         return out
 
 

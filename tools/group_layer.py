@@ -33,7 +33,6 @@ import logging
 import os
 import stat
 import tarfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -64,7 +63,7 @@ class SpooledLayer:
     skipped_sockets: int
 
 
-class _Hashing(io.RawIOBase):
+class _HashingWriter(io.RawIOBase):
     """Hashes what is written to it, then passes it on."""
 
     def __init__(self, out: BinaryIO) -> None:
@@ -80,34 +79,13 @@ class _Hashing(io.RawIOBase):
         return len(data)
 
 
-class _FileData(io.RawIOBase):
-    """A regular file's data, read piece by piece from the store, as tarfile reads it."""
-
-    def __init__(self, pieces: Iterator[bytes | memoryview]) -> None:
-        self.pieces, self.left = pieces, memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self.left:
-            piece = next(self.pieces, None)
-            if piece is None:
-                return 0
-            self.left = memoryview(piece)
-        n = min(len(buffer), len(self.left))
-        buffer[:n] = self.left[:n]
-        self.left = self.left[n:]
-        return n
-
-
 def write_group_layer(index: GroupIndex, reader: ChunkReader, path: Path) -> SpooledLayer:
     """Write the gzip tar layer of `index` to `path` (replaced)."""
     with open(path, "wb") as out:
-        blob = _Hashing(out)
+        blob = _HashingWriter(out)
         with gzip.GzipFile(filename="", mode="wb", fileobj=blob, compresslevel=GZIP_LEVEL,
                            mtime=0) as compressed:
-            raw = _Hashing(compressed)  # type: ignore[arg-type]
+            raw = _HashingWriter(compressed)  # type: ignore[arg-type]
             with tarfile.open(fileobj=raw, mode="w|", format=tarfile.PAX_FORMAT,
                               encoding=_ENCODING, errors=_ERRORS) as tar:
                 sockets = _add_members(tar, index, reader)
@@ -172,7 +150,7 @@ def _add_inode(tar: tarfile.TarFile, index: GroupIndex, reader: ChunkReader, nam
         info.devmajor, info.devminor = os.major(rec.rdev), os.minor(rec.rdev)
     if rec.is_reg:
         info.size = rec.size
-        tar.addfile(info, io.BufferedReader(_FileData(reader.iter_file(index, ino)), 1 << 20))
+        tar.addfile(info, reader.open_file(index, ino))
     else:
         tar.addfile(info)
 

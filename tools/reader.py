@@ -12,6 +12,7 @@ weenvfs/core). Synchronous: the tools run in plain threads.
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 from collections import OrderedDict
@@ -212,6 +213,32 @@ class ChunkReader:
     def read_file(self, index: GroupIndex, ino: int) -> bytes:
         """The whole content of regular file `ino` (for small files and tests)."""
         return b"".join(self.iter_file(index, ino))
+
+    def open_file(self, index: GroupIndex, ino: int) -> io.BufferedReader:
+        """Regular file `ino` as a stream (holes as zeros), read piece by piece."""
+        return io.BufferedReader(_Pieces(self.iter_file(index, ino)), _ZERO_PIECE)
+
+
+class _Pieces(io.RawIOBase):
+    """Pieces of bytes as a raw stream."""
+
+    def __init__(self, pieces: Iterator[bytes | memoryview]) -> None:
+        self._pieces = pieces
+        self._buf = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: memoryview) -> int:  # type: ignore[override]
+        while not self._buf:
+            nxt = next(self._pieces, None)
+            if nxt is None:
+                return 0
+            self._buf = memoryview(nxt)
+        n = min(len(buf), len(self._buf))
+        buf[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
 
 
 # -- environments and groups --------------------------------------------------------------------

@@ -198,13 +198,9 @@ def _register_mountd(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def _metrics_address(text: str) -> str:
-    from .exporter import parse_address
+    from .exporter import argument
 
-    try:
-        parse_address(text)
-    except UsageError as error:
-        raise argparse.ArgumentTypeError(str(error).removeprefix("--metrics: ")) from None
-    return text
+    return argument(text)
 
 
 # -- mount ----------------------------------------------------------------------------------

@@ -64,6 +64,17 @@ def parse_address(text: str, what: str = "--metrics") -> Address | None:
     return Address(host, int(port))
 
 
+def argument(text: str) -> str:
+    """The argparse type of a `--metrics` option: `text`, checked."""
+    import argparse
+
+    try:
+        parse_address(text)
+    except UsageError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--metrics: ")) from None
+    return text
+
+
 def choose(flag: str | None, env: str = ENV, default: str = DEFAULT_METRICS
            ) -> tuple[Address | None, bool]:
     """The address to serve on and whether someone chose it (the flag, else $`env`, by

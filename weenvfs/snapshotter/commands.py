@@ -12,7 +12,6 @@ from pathlib import Path
 
 from weenvfs.cli import add_command
 from weenvfs.cli_args import print_json
-from weenvfs.errors import UsageError
 
 PLUGIN = "weenv"
 DEFAULT_SOCKET = Path("/run/weenv/snapshotter.sock")
@@ -104,13 +103,9 @@ def _register_pull(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
 
 
 def _metrics_address(text: str) -> str:
-    from weenvfs.fuse.exporter import parse_address
+    from weenvfs.fuse.exporter import argument
 
-    try:
-        parse_address(text)
-    except UsageError as error:
-        raise argparse.ArgumentTypeError(str(error).removeprefix("--metrics: ")) from None
-    return text
+    return argument(text)
 
 
 def containerd_config(socket: Path) -> str:
