@@ -154,7 +154,6 @@ def build_image(manifest: Manifest, digest: str, image_layers: Sequence[Layer],
         run["Labels"] = dict(cfg.labels)
     config_doc: dict[str, Any] = {
         "architecture": platform.architecture, "os": platform.os, "config": run,
-        # An uncompressed layer's diff ID is its digest.
         "rootfs": {"type": "layers", "diff_ids": [diff_id for _, diff_id in image_layers]},
         "history": [{"created_by": f"weenv group {g.name} ({g.index[:12]})"}
                     for g in manifest.groups],
