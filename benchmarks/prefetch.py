@@ -13,7 +13,7 @@ CLI as a user would run it:
    other chunk reused) and composed as `hint-reference-laid:bench`, whose own hint is then
    recorded the same way (a hint is bound to its manifest).
 Each round then runs, in turns, for each store (the local folder; SeaweedFS over loopback;
-the same SeaweedFS behind `ShapedLink`, a TCP proxy in this process that delays every byte by
+the same SeaweedFS behind a TCP relay in this process (tcp_relay.py) that delays every byte by
 `--delay-ms` each way and limits each connection to `--rate-mbs`, as a remote object store
 would): `weenv mount` + the workload in a chroot,
 timed together (time-to-ready), with an empty node cache and the page cache dropped:
@@ -40,16 +40,12 @@ import argparse
 import contextlib
 import json
 import os
-import queue
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -76,6 +72,7 @@ from _mounting import (
 )
 from docker_peer import Dockerd, Registry, docker_unavailable
 from docker_tree import ColdDockerRun, push_tree
+from tcp_relay import relay
 
 from weenvfs.store import open_store
 from weenvfs.tools.sample import sample_tree
@@ -468,89 +465,19 @@ def _seaweed(runner: Runner, pub: Published, laid: str, repeats: int,
         if "shaped" in stores:
             delay, rate = args.delay_ms / 1000, args.rate_mbs * MB
             with contextlib.ExitStack() as links:
-                port = links.enter_context(shaped_link(("127.0.0.1", server.ports["s3"]),
+                port = links.enter_context(relay(("127.0.0.1", server.ports["s3"]),
                                                        delay, rate))
                 shaped = f"s3://{server.bucket}/prefetch?endpoint=http://127.0.0.1:{port}" \
                          f"&region={REGION}"
                 cold_docker = None
                 if docker:  # the registry behind a link shaped the same way
-                    registry_port = links.enter_context(shaped_link(
+                    registry_port = links.enter_context(relay(
                         ("127.0.0.1", docker.registry.port), delay, rate))
                     cold_docker = docker.cold_run(registry_port)
                 name = f"seaweedfs, {2 * args.delay_ms:g} ms RTT, {args.rate_mbs:g} MB/s"
                 print(name, flush=True)
                 out[name] = measure_store(runner, shaped, pub, laid, repeats, cold_docker)
     return out
-
-
-# -- a shaped link -------------------------------------------------------------------------
-
-
-class ShapedLink:
-    """A TCP proxy on 127.0.0.1 to `target`: each direction of each connection delivers
-    every piece `delay` seconds after it arrived, at most `rate` bytes per second."""
-
-    def __init__(self, target: tuple[str, int], delay: float, rate: float) -> None:
-        self.target, self.delay, self.rate = target, delay, rate
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self._sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return  # closed
-            upstream = socket.create_connection(self.target)
-            for sock in (client, upstream):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sockets += [client, upstream]
-            self._pipe(client, upstream)
-            self._pipe(upstream, client)
-
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
-        pieces: queue.Queue[tuple[float, bytes]] = queue.Queue()
-
-        def read() -> None:
-            with contextlib.suppress(OSError):
-                while data := src.recv(256 << 10):
-                    pieces.put((time.monotonic() + self.delay, data))
-            pieces.put((time.monotonic() + self.delay, b""))
-
-        def write() -> None:
-            free = 0.0  # when the link is done sending what it took so far
-            with contextlib.suppress(OSError):
-                while True:
-                    due, data = pieces.get()
-                    start = max(due, free)
-                    time.sleep(max(0.0, start - time.monotonic()))
-                    if not data:
-                        dst.shutdown(socket.SHUT_WR)
-                        return
-                    free = start + len(data) / self.rate
-                    time.sleep(max(0.0, free - time.monotonic()))
-                    dst.sendall(data)
-
-        threading.Thread(target=read, daemon=True).start()
-        threading.Thread(target=write, daemon=True).start()
-
-    def close(self) -> None:
-        self.listener.close()
-        for sock in self._sockets:
-            with contextlib.suppress(OSError):
-                sock.close()
-
-
-@contextlib.contextmanager
-def shaped_link(target: tuple[str, int], delay: float, rate: float) -> Iterator[int]:
-    """A `ShapedLink` for the duration of the block; yields its port."""
-    link = ShapedLink(target, delay, rate)
-    try:
-        yield link.port
-    finally:
-        link.close()
 
 
 if __name__ == "__main__":

@@ -29,14 +29,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -54,6 +50,7 @@ from _common import (
     timed,
     write_json,
 )
+from tcp_relay import relay
 
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
@@ -122,71 +119,6 @@ class NamespacedSeaweedFS(SeaweedFS):
     def _command(self, data: Path, config: Path) -> list[str]:
         cmd = [arg.replace("127.0.0.1", self.address) for arg in super()._command(data, config)]
         return ["ip", "netns", "exec", self.namespace, *cmd, "-master.telemetry=false"]
-
-
-class DelayRelay:
-    """Forwards TCP connections from 127.0.0.1:`port` to `upstream`, holding each segment for
-    `rtt / 2` in each direction (what `netem delay` would do on the link)."""
-
-    def __init__(self, upstream: tuple[str, int], rtt: float) -> None:
-        self.upstream, self.delay = upstream, rtt / 2
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._connect, args=(client,), daemon=True).start()
-
-    def _connect(self, client: socket.socket) -> None:
-        time.sleep(2 * self.delay)  # the handshake's round trip
-        try:
-            upstream = socket.create_connection(self.upstream, timeout=10)
-        except OSError:
-            client.close()
-            return
-        for s in (client, upstream):
-            s.settimeout(None)
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sockets.append(s)
-        for src, dst in ((client, upstream), (upstream, client)):
-            pipe: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
-            threading.Thread(target=self._read, args=(src, pipe), daemon=True).start()
-            threading.Thread(target=self._write, args=(dst, pipe), daemon=True).start()
-
-    def _read(self, src: socket.socket, pipe: queue.SimpleQueue[tuple[float, bytes]]) -> None:
-        while True:
-            try:
-                data = src.recv(1 << 18)
-            except OSError:
-                data = b""
-            pipe.put((time.monotonic() + self.delay, data))
-            if not data:
-                return
-
-    def _write(self, dst: socket.socket, pipe: queue.SimpleQueue[tuple[float, bytes]]) -> None:
-        while True:
-            due, data = pipe.get()
-            wait = due - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-            try:
-                if not data:
-                    dst.shutdown(socket.SHUT_WR)
-                    return
-                dst.sendall(data)
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self._listener.close()
-        for s in self._sockets:
-            s.close()
 
 
 # -- stores and runs ----------------------------------------------------------------------------
@@ -312,9 +244,9 @@ def setup_contenders(stack: ExitStack, args: argparse.Namespace, tree: Path, wor
         ns, address = stack.enter_context(shaped_namespace(args.rate))
         far = stack.enter_context(NamespacedSeaweedFS(ns, address))
         publish(far.url(), tree, far.env())
-        relay = DelayRelay((address, far.ports["s3"]), args.rtt_ms / 1000)
-        stack.callback(relay.close)
-        url = f"s3://{far.bucket}?endpoint=http://127.0.0.1:{relay.port}&region=us-east-1"
+        port = stack.enter_context(relay((address, far.ports["s3"]), args.rtt_ms / 2000,
+                                         handshake=True))  # rtt / 2 each way
+        url = f"s3://{far.bucket}?endpoint=http://127.0.0.1:{port}&region=us-east-1"
         stores.append(("s3-link", url, far.env(), [far.directory]))
         notes["rtt_link_ms"] = rtt_probe(url, far.env()) * 1000
     return [Contender(name, url, env, dirs, hint, co)
