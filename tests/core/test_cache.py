@@ -20,12 +20,12 @@ from weenvfs.cli import main
 from weenvfs.core.cache import (
     LOG_FOLDER,
     LOG_KEEP,
-    NODE_FOLDERS,
     TRUST_XATTR,
     ChunkCache,
     current_boot_id,
     default_cache_dir,
 )
+from weenvfs.core.cache_bound import NODE_FOLDERS
 from weenvfs.core.fetcher import Fetcher
 from weenvfs.core.node_files import touch, write_atomically
 from weenvfs.format.digest import digest_bytes

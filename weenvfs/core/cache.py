@@ -37,23 +37,17 @@ crashes cannot produce that.)
 One fetch per chunk across processes: the fetching process holds the chunk's lock file
 (chunk_locks.py says how those locks work).
 
-Eviction. Files are LRU-ordered by mtime, which `open` refreshes at most once per
-`touch_interval`. Each process tracks the cache size from a scan plus what it inserted and
-rescans after inserting max_bytes/8 (so other processes' writes are noticed); when over
-`max_bytes` it evicts the least recently used files down to 90% of the bound, under a global
-lock. Eviction unlinks, and an open descriptor keeps reading the unlinked file, so an open
-`ChunkHandle` is a pin that eviction can never break; chunks pinned in the evicting process
-are also skipped. The bound counts file sizes and can be exceeded briefly by writes in flight.
-The node files mounts keep beside the chunks (`indexes/`, `erofs/`: NODE_FOLDERS) count
-against the same bound and are evicted in the same LRU order (their users refresh their
-mtime: node_files.touch); the mount logs in `logs/` are removed once a week old.
-
-Free space. The effective bound is min(max_bytes, cached + free - margin), read from statvfs at
-every rescan and eviction, where the margin is FREE_MARGIN_FRACTION of the file system or
-FREE_MARGIN_MAX, whichever is smaller: a cache on a file system smaller than its bound (or
-shared with other data) stops short of filling it. A write that still hits ENOSPC (or EDQUOT)
-is the caller's cue to `make_room()` and retry once (fetcher.py); if that fails too, the chunk
-is served from memory without being cached.
+Eviction (cache_bound.py). Files are LRU-ordered by mtime, which `open` refreshes at most
+once per `touch_interval`; over `max_bytes` the least recently used go first, down to 90%
+of the bound, under a global lock. Eviction unlinks, and an open descriptor keeps reading the
+unlinked file, so an open `ChunkHandle` is a pin that eviction can never break; chunks pinned
+in the evicting process are also skipped. The node files mounts keep beside the chunks
+(`indexes/`, `erofs/`) count against the same bound and are evicted in the same LRU order
+(their users refresh their mtime: node_files.touch); the mount logs in `logs/` are removed
+once a week old. The bound in force is lowered to what the file system has free (minus a
+margin); a write that still hits ENOSPC (or EDQUOT) is the caller's cue to `make_room()` and
+retry once (fetcher.py); if that fails too, the chunk is served from memory without being
+cached.
 """
 
 from __future__ import annotations
@@ -64,12 +58,9 @@ import fcntl
 import logging
 import os
 import secrets
-import stat
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -77,6 +68,7 @@ from typing import TYPE_CHECKING
 from weenvfs.errors import WeenvError
 from weenvfs.format.digest import digest_bytes, short
 
+from .cache_bound import CacheBound, EvictResult, listdir
 from .chunk_locks import ChunkLock, lock_file, remove_if_unlocked, wait_for_lock
 
 if TYPE_CHECKING:
@@ -88,19 +80,9 @@ DEFAULT_CACHE_DIR = Path("/var/cache/weenv/chunks")
 CACHE_ENV = "WEENV_CACHE"
 DEFAULT_MAX_BYTES = 10 << 30
 TOUCH_INTERVAL = 60.0  # seconds between mtime refreshes of one chunk (LRU resolution)
-LOW_WATER = 0.9  # eviction frees down to this fraction of max_bytes
-_RESCAN_DIVISOR = 8  # rescan after inserting bound / this
-_MIN_RESCAN_BYTES = 1 << 20  # but not more often than every MiB (a tiny or full disk)
-FREE_MARGIN_FRACTION = 0.05  # of the file system's size, kept free ...
-FREE_MARGIN_MAX = 1 << 30  # ... or this much, whichever is smaller
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
-# What mounts keep next to the chunks, counted in the bound and evicted with them (LRU by
-# mtime, which their users refresh as `open` does a chunk's): group indexes
-# (index_cache.py), EROFS images and device layouts (kernel_image.py).
-NODE_FOLDERS = ("indexes", "erofs")
 LOG_FOLDER = "logs"  # the mount daemons' logs: removed once untouched for LOG_KEEP seconds
 LOG_KEEP = 7 * 86400
-_HEX = frozenset("0123456789abcdef")
 TRUST_XATTR = "user.weenv.verified"  # value: the boot id of the boot that verified the file
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _CACHEDIR_TAG = (
@@ -112,36 +94,6 @@ _CACHEDIR_TAG = (
 def default_cache_dir() -> Path:
     """$WEENV_CACHE if set, else DEFAULT_CACHE_DIR."""
     return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR)
-
-
-@dataclass(frozen=True)
-class CacheUsage:
-    """What a scan of the cache found. Times are POSIX seconds (None when empty)."""
-
-    chunks: int
-    bytes: int
-    temp_files: int
-    lock_files: int
-    oldest_use: float | None
-    newest_use: float | None
-    node_files: int = 0  # indexes, images and layouts (NODE_FOLDERS)
-    node_bytes: int = 0
-
-    @property
-    def total_bytes(self) -> int:
-        """What counts against the bound: chunks and node files."""
-        return self.bytes + self.node_bytes
-
-
-@dataclass(frozen=True)
-class EvictResult:
-    """What one eviction removed and what is left."""
-
-    removed_chunks: int
-    removed_bytes: int  # chunks' and node files'
-    chunks_left: int
-    bytes_left: int  # chunks' and node files'
-    removed_node_files: int = 0
 
 
 class ChunkHandle:
@@ -184,7 +136,7 @@ class ChunkHandle:
         self.close()
 
 
-class ChunkCache:
+class ChunkCache(CacheBound):
     """Verified chunk plaintexts under `root`, bounded to about `max_bytes`.
 
     `create=True` (mounts) makes the folders if needed and removes what crashed processes
@@ -418,175 +370,6 @@ class ChunkCache:
     def _lock(self, digest: bytes, blocking: bool) -> ChunkLock | None:
         return lock_file(os.path.join(self._locks, digest.hex()), blocking)
 
-    # -- size bound ---------------------------------------------------------------------------
-
-    def needs_maintenance(self) -> bool:
-        """True when `maintain()` should run (size unknown, over the bound, or stale)."""
-        with self._mutex:
-            return (
-                self._estimate is None
-                or self._estimate > self._bound
-                or self._added >= self._rescan_bytes()
-            )
-
-    @property
-    def bound(self) -> int:
-        """The size bound in force: max_bytes, or less when the file system is short of it."""
-        with self._mutex:
-            return self._bound
-
-    def _rescan_bytes(self) -> int:
-        return max(self._bound // _RESCAN_DIVISOR, _MIN_RESCAN_BYTES)
-
-    def _space_bound(self, cached: int) -> int:
-        """min(max_bytes, cached + free - margin), from statvfs of the cache folder."""
-        try:
-            st = os.statvfs(self._root)
-        except OSError as e:
-            log.debug("chunk cache %s: statvfs failed: %s", self.root, e)
-            return self.max_bytes
-        size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-        margin = min(int(size * FREE_MARGIN_FRACTION), FREE_MARGIN_MAX)
-        return max(0, min(self.max_bytes, cached + free - margin))
-
-    def maintain(self) -> EvictResult | None:
-        """Rescan if due (and re-read the free space) and evict down to LOW_WATER * the bound
-        when over it.
-
-        Skips the eviction (returns None) if another process is evicting right now.
-        """
-        with self._mutex:
-            stale = self._estimate is None or self._added >= self._rescan_bytes()
-        if stale:
-            since = self._added_now()
-            self._rebase(self.usage().total_bytes, since)
-        with self._mutex:
-            over = self._estimate is not None and self._estimate > self._bound
-            target = int(self._bound * LOW_WATER)
-        if not over:
-            return None
-        return self.evict(target, wait=False)
-
-    def make_room(self) -> EvictResult | None:
-        """After a write failed for lack of space: re-read the free space and evict down to
-        LOW_WATER * the new bound (waiting for another evicting process)."""
-        since = self._added_now()
-        self._rebase(self.usage().total_bytes, since)
-        with self._mutex:
-            target = int(self._bound * LOW_WATER)
-        return self.evict(target, wait=True)
-
-    def evict(self, target_bytes: int, *, wait: bool = True) -> EvictResult | None:
-        """Remove the least recently used chunks and node files until at most `target_bytes`
-        remain, skipping chunks pinned in this process. None if `wait` is false and another
-        process evicts. (A node file in use stays usable: its user holds it open or in
-        memory, and the next mount fetches or derives it again.)"""
-        with self._evict_lock(wait) as locked:
-            if not locked:
-                return None
-            since = self._added_now()
-            entries = sorted([*self._scan_chunks(), *self._scan_node_files()])
-            total = sum(e[1] for e in entries)
-            count = sum(1 for e in entries if e[2])
-            removed = freed = node_removed = 0
-            with self._mutex:
-                pinned = set(self._pins)
-            for _mtime, size, hexd, path in entries:
-                if total <= target_bytes:
-                    break
-                digest = bytes.fromhex(hexd) if hexd else b""
-                if digest in pinned:
-                    continue
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                    freed += size
-                    if hexd:
-                        removed += 1
-                    else:
-                        node_removed += 1
-                if hexd:
-                    self._verified.pop(digest, None)
-                    count -= 1
-                total -= size
-        self._rebase(total, since)
-        if removed or node_removed:
-            log.info("chunk cache: evicted %d chunk(s) and %d node file(s), %d bytes; %d bytes "
-                     "left", removed, node_removed, freed, total)
-        return EvictResult(removed, freed, count, total, node_removed)
-
-    def _added_now(self) -> int:
-        with self._mutex:
-            return self._added
-
-    def _rebase(self, scanned_bytes: int, added_before_scan: int) -> None:
-        """Take a scan's total as the new estimate, keeping what was inserted during the scan
-        (else those bytes would be forgotten and the cache could stay over its bound), and
-        re-read the free space into the bound."""
-        bound = self._space_bound(scanned_bytes)
-        with self._mutex:
-            during = self._added - added_before_scan
-            self._estimate, self._added = scanned_bytes + during, during
-            self._bound = bound
-
-    @contextlib.contextmanager
-    def _evict_lock(self, wait: bool) -> Iterator[bool]:
-        fd = os.open(os.path.join(self._root, "evict.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-            except BlockingIOError:
-                yield False
-                return
-            yield True
-        finally:
-            os.close(fd)
-
-    def _scan_chunks(self) -> Iterator[tuple[float, int, str, str]]:
-        """(mtime, size, hex digest, path) of every cached chunk."""
-        for i in range(256):
-            sub = os.path.join(self._root, f"{i:02x}")
-            try:
-                entries = list(os.scandir(sub))
-            except FileNotFoundError:
-                continue
-            for entry in entries:
-                if len(entry.name) != 64 or not _HEX.issuperset(entry.name):
-                    continue
-                with contextlib.suppress(FileNotFoundError):
-                    st = entry.stat(follow_symlinks=False)
-                    yield st.st_mtime, st.st_size, entry.name, entry.path
-
-    def _scan_node_files(self) -> Iterator[tuple[float, int, str, str]]:
-        """(mtime, size, "", path) of every node file (NODE_FOLDERS; temp files skipped)."""
-        for folder in NODE_FOLDERS:
-            try:
-                entries = list(os.scandir(os.path.join(self._root, folder)))
-            except FileNotFoundError:
-                continue
-            for entry in entries:
-                if entry.name.startswith("."):
-                    continue  # write_atomically's temp file: its writer renames or removes it
-                with contextlib.suppress(FileNotFoundError):
-                    st = entry.stat(follow_symlinks=False)
-                    if stat.S_ISREG(st.st_mode):
-                        yield st.st_mtime, st.st_size, "", entry.path
-
-    def usage(self) -> CacheUsage:
-        """Scan the cache: chunk count and bytes, node files, leftover files, LRU time range."""
-        chunks = list(self._scan_chunks())
-        nodes = list(self._scan_node_files())
-        times = [c[0] for c in chunks]
-        return CacheUsage(
-            chunks=len(chunks),
-            bytes=sum(c[1] for c in chunks),
-            temp_files=len(_listdir(self._tmp)),
-            lock_files=len(_listdir(self._locks)),
-            oldest_use=min(times) if times else None,
-            newest_use=max(times) if times else None,
-            node_files=len(nodes),
-            node_bytes=sum(n[1] for n in nodes),
-        )
-
     # -- housekeeping -------------------------------------------------------------------------
 
     def clean(self) -> int:
@@ -594,11 +377,11 @@ class ChunkCache:
         mount logs untouched for LOG_KEEP seconds."""
         removed = 0
         for folder in (self._tmp, self._locks):
-            for name in _listdir(folder):
+            for name in listdir(folder):
                 removed += remove_if_unlocked(os.path.join(folder, name))
         logs = os.path.join(self._root, LOG_FOLDER)
         old = time.time() - LOG_KEEP
-        for name in _listdir(logs):
+        for name in listdir(logs):
             path = os.path.join(logs, name)
             with contextlib.suppress(OSError):
                 if os.stat(path).st_mtime < old:
@@ -634,8 +417,3 @@ def _write_all(fd: int, view: memoryview) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _listdir(folder: str) -> list[str]:
-    try:
-        return os.listdir(folder)
-    except FileNotFoundError:
-        return []
