@@ -94,7 +94,8 @@ async def warm(store: Store, cache: ChunkCache, target: WarmTarget, *, hint: str
                ) -> dict[str, Any]:
     """Replay the hint `hint` names (`none`: no hint) of `target` into `cache`, then with
     `everything` fetch every other chunk. `report(line)` gets the reports described in the
-    module (an exception it raises ends the warm-up). Returns the last report."""
+    module; a BrokenPipeError it raises (the reader left) ends the warm-up and is raised
+    again here. Returns the last report."""
     stats = _ReportingStats()
     fetcher = Fetcher(store, cache, stats, prefetch_concurrency=CONCURRENCY)
     prefetcher = Prefetcher(target.indexes, fetcher, fetch_all=everything)

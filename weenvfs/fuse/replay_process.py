@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from typing import Any
 
 import trio
@@ -75,7 +74,6 @@ class ReplayProcess:
         self._digests: set[bytes] = set()
         self._neighbours = fetcher.neighbours
         fetcher.neighbours = None  # until the replay is over (core/prefetch.py says why)
-        self._started = time.monotonic()
 
     async def run(self) -> None:
         """Read reports until the replay ends (or the mount does: cancelled)."""
