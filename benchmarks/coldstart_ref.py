@@ -35,6 +35,12 @@ the clock starts, each running `/usr/bin/python3 -c CODE` in a container with no
 - containerd pull + run (overlayfs): the gzip image, `ctr image pull` + `ctr run`.
 A peer that cannot run here (`scripts/setup.sh --bench` installs them) is skipped with a
 one-line reason; --no-peers leaves them all out.
+And WeEnv under containerd (snapshotter_peer.py; --no-snapshotter leaves it out): the
+environment pushed once per run with `weenv push` (marker layers) to the same registry, its
+data in the same local store as weenv cold; each round containerd, `weenv snapshotter` and
+the mount server are restarted with nothing left (images, snapshots, group mounts, node
+cache), then `weenv pull` + `ctr run --snapshotter weenv`. Budget (issue 17): at least 3x
+faster than eStargz cold, paired round by round.
 
 Must not: assert anything about the numbers; it reports them (table on stdout, JSON file).
 """
@@ -75,6 +81,7 @@ from _mounting import (
 from docker_peer import Dockerd, Registry, docker_unavailable
 from docker_tree import ColdDockerRun, push_tree
 from readme_runs import ReadmeRuns, readme_steps
+from snapshotter_peer import ColdSnapshotterRun, SnapshotterPeer, snapshotter_unavailable
 from stargz_peer import ColdContainerdRun, ColdStargzRun, StargzPeer, stargz_unavailable
 
 from weenvfs.tools.sample import sample_tree
@@ -82,6 +89,7 @@ from weenvfs.tools.sample import sample_tree
 NAME = "coldstart_ref"
 FULL_REPEATS = 3
 BUDGET_FRACTION = 0.15
+BUDGET_OVER_STARGZ = 3.0  # issue 17: the weenv snapshotter vs eStargz, cold
 WORKLOADS = {
     "reference": "import numpy, pandas",
     "python": "import json, sqlite3, decimal, email.parser",  # --quick: a smaller tree
@@ -89,7 +97,7 @@ WORKLOADS = {
 TAR_EXTRACT = ["tar", "-I", "zstd -T0", "-xf"]
 DOCKER = "docker pull + run"
 STARGZ_OPTIMIZED = "eStargz optimized (containerd + stargz, lazy)"
-PeerRun = ColdDockerRun | ColdStargzRun
+PeerRun = ColdDockerRun | ColdStargzRun | ColdSnapshotterRun
 
 EXAMPLES = """\
 examples:
@@ -97,6 +105,8 @@ examples:
   .venv/bin/python benchmarks/coldstart_ref.py
   # smoke run: the smaller 'python' tree, 1 round
   .venv/bin/python benchmarks/coldstart_ref.py --quick
+  # without WeEnv under containerd (weenv pull + ctr run --snapshotter weenv)
+  .venv/bin/python benchmarks/coldstart_ref.py --no-snapshotter
 """
 
 
@@ -113,6 +123,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="skip the .tar.zst extraction contender")
     parser.add_argument("--no-peers", action="store_true",
                         help="leave out Docker, eStargz and containerd")
+    parser.add_argument("--no-snapshotter", action="store_true",
+                        help="leave out WeEnv under containerd (`weenv pull` + `ctr run "
+                        "--snapshotter weenv`: snapshotter_peer.py)")
     parser.add_argument("--no-readme", action="store_true",
                         help="leave out the README's commands from SeaweedFS (`weenv run`, "
                         "the Python API: readme_runs.py)")
@@ -189,6 +202,7 @@ class Rounds:
         self.samples: dict[str, list[float]] = {}
         self.fetched: list[dict[str, Any]] = []
         self.peer_bytes: dict[str, list[int]] = {}
+        self.peer_details: dict[str, list[dict[str, Any]]] = {}
         self.paths: set[str] = set()  # the data path `weenv stats` reported for weenv cold
 
     def _time(self, name: str, seconds: float) -> None:
@@ -248,6 +262,8 @@ class Rounds:
         seconds, detail = run.run()  # makes the peer cold and drops the page cache itself
         self._time(name, seconds)
         self.peer_bytes.setdefault(name, []).append(detail["bytes_fetched"])
+        if len(detail) > 1:
+            self.peer_details.setdefault(name, []).append(detail)
 
     def extract(self, tar_zst: Path) -> None:
         target = self.work / "extract"
@@ -262,40 +278,58 @@ class Rounds:
 
 
 def start_peers(stack: contextlib.ExitStack, profile: str, tree: Path, code: str,
-                work: Path, optimized: bool) -> tuple[dict[str, PeerRun], dict[str, str]]:
-    """The registry holding `tree` as image `ref-PROFILE` (pushed once), and each peer that
-    can run here, stopped when `stack` closes; (runs by contender, skip reasons by peer)."""
+                work: Path, args: argparse.Namespace, pub: Published
+                ) -> tuple[dict[str, PeerRun], dict[str, str]]:
+    """The registry holding `tree` as image `ref-PROFILE` (pushed once), each peer that can
+    run here (none with --no-peers) and the weenv snapshotter (unless --no-snapshotter), all
+    stopped when `stack` closes; (runs by contender, skip reasons by peer)."""
     runs: dict[str, PeerRun] = {}
     skipped: dict[str, str] = {}
-    docker_why, stargz_why = docker_unavailable(), stargz_unavailable()
-    for peer, why in (("docker", docker_why), ("estargz", stargz_why)):
+    wanted = [] if args.no_peers else [("docker", docker_unavailable()),
+                                        ("estargz", stargz_unavailable())]
+    if args.no_peers:
+        skipped["peers"] = "--no-peers"
+    if args.no_snapshotter:
+        skipped["weenv snapshotter"] = "--no-snapshotter"
+    else:
+        wanted.append(("weenv snapshotter", snapshotter_unavailable()))
+    for peer, why in wanted:
         if why:
             skipped[peer] = why
             print(f"{peer}: skipped: {why}", flush=True)
-    if docker_why and stargz_why:
+    able = {peer for peer, why in wanted if not why}
+    if not able:
         return runs, skipped
     folder = BENCH_DIR / "coldstart-ref-registry"
     registry = Registry(folder / "registry").start()
     stack.callback(registry.stop)
     name = f"ref-{profile}"
     key = {"tree": str(tree), "mtime_ns": tree.stat().st_mtime_ns, "v": 1}
-    push_tree(tree, key, registry, name, folder / "layers")
+    if able & {"docker", "estargz"}:
+        push_tree(tree, key, registry, name, folder / "layers")
     argv = ["/usr/bin/python3", "-c", code]
-    if not docker_why:
+    if "docker" in able:
         dockerd = Dockerd(work / "docker").start()
         stack.callback(dockerd.stop)
         runs[DOCKER] = ColdDockerRun(dockerd, registry, registry.host, name, argv)
-    if not stargz_why:
+    if "estargz" in able:
         peer = StargzPeer(work / "stargz")
         stack.callback(peer.stop)
         peer.start()
         lazy = ColdStargzRun(peer, registry, peer.convert(registry, name, key), argv)
         runs[lazy.label] = lazy
-        if optimized:
+        if args.stargz_optimized:
             runs[STARGZ_OPTIMIZED] = ColdStargzRun(
                 peer, registry, peer.convert(registry, name, key, optimize_argv=argv), argv)
         plain = ColdContainerdRun(peer, registry, name, argv)
         runs[plain.label] = plain
+    if "weenv snapshotter" in able:
+        ours = SnapshotterPeer(work / "snapshotter", pub.store)
+        stack.callback(ours.stop)
+        ours.start()
+        ref = ours.push(registry, pub.ref, f"{name}-weenv")
+        snap = ColdSnapshotterRun(ours, registry, ref, argv)
+        runs[snap.label] = snap
     return runs, skipped
 
 
@@ -319,16 +353,14 @@ def main(argv: list[str] | None = None) -> int:
              lambda: rounds.local(copy)]
     if tar_zst is not None:
         steps.append(lambda: rounds.extract(tar_zst))
-    skipped = {"peers": "--no-peers"} if args.no_peers else {}
+    skipped: dict[str, str] = {}
     try:
         with contextlib.ExitStack() as stack:
             if not args.no_readme:
                 readme = ReadmeRuns(stack, pub, profile, code, work)
                 steps += readme_steps(readme, rounds.record)
-            if not args.no_peers:
-                runs, skipped = start_peers(stack, profile, tree, code, work,
-                                            args.stargz_optimized)
-                steps += [lambda n=n, r=r: rounds.peer(n, r) for n, r in runs.items()]
+            runs, skipped = start_peers(stack, profile, tree, code, work, args, pub)
+            steps += [lambda n=n, r=r: rounds.peer(n, r) for n, r in runs.items()]
             for r in range(repeats):
                 for step in steps[r % len(steps):] + steps[: r % len(steps)]:
                     step()
@@ -340,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     report(results, repeats)
     params = {"quick": args.quick, "repeats": repeats, "profile": profile, "command": code,
               "extract": tar_zst is not None, "peers": not args.no_peers,
-              "readme": not args.no_readme,
+              "readme": not args.no_readme, "snapshotter": not args.no_snapshotter,
               "stargz_optimized": args.stargz_optimized}
     path = write_json(NAME, args.out, params, results)
     print(f"\nwrote {path}")
@@ -376,7 +408,23 @@ def summarize(
         "budget": {"max_fraction_fetched": BUDGET_FRACTION},
         "within_budget": fraction < BUDGET_FRACTION,
         "weenv_data_path": sorted(rounds.paths),
+        "peer_details": rounds.peer_details,
+        "snapshotter": snapshotter_ratios(timings),
     }
+
+
+def snapshotter_ratios(timings: dict[str, Timing]) -> dict[str, Any] | None:
+    """How many times faster the weenv snapshotter was than each containerd/Docker peer
+    (paired by round), and issue 17's budget: at least 3x faster than eStargz cold."""
+    ours = timings.get(ColdSnapshotterRun.label)
+    if ours is None:
+        return None
+    peers = (ColdStargzRun.label, ColdContainerdRun.label, DOCKER, STARGZ_OPTIMIZED)
+    speedup = {name: paired_ratio(timings[name], ours) for name in peers if name in timings}
+    out: dict[str, Any] = {"speedup": speedup, "budget_over_estargz": BUDGET_OVER_STARGZ}
+    if ColdStargzRun.label in speedup:
+        out["within_budget"] = speedup[ColdStargzRun.label] >= BUDGET_OVER_STARGZ
+    return out
 
 
 def report(results: dict[str, Any], repeats: int) -> None:
@@ -402,6 +450,13 @@ def report(results: dict[str, Any], repeats: int) -> None:
         f"(budget < {100 * BUDGET_FRACTION:.0f}%: "
         f"{'within' if results['within_budget'] else 'OVER'} budget)"
     )
+    snap = results.get("snapshotter")
+    if snap:
+        for name, speedup in snap["speedup"].items():
+            print(f"weenv snapshotter: {speedup:.3g}x faster than {name} (paired by round)")
+        if "within_budget" in snap:
+            print(f"weenv snapshotter vs eStargz cold: budget >= {BUDGET_OVER_STARGZ:g}x: "
+                  f"{'within' if snap['within_budget'] else 'SHORT of'} budget")
 
 
 if __name__ == "__main__":

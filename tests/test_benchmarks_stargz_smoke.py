@@ -11,12 +11,12 @@ without them this test skips (in CI too).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.leftovers import mounted_below, processes_naming
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks"
@@ -61,24 +61,6 @@ print(json.dumps(out))
 """
 
 
-def _mounted_below(path: Path) -> list[str]:
-    prefix = os.fsencode(str(path))
-    with open("/proc/self/mounts", "rb") as f:
-        return [line.decode() for line in f if line.split()[1].startswith(prefix)]
-
-
-def _processes_naming(path: Path) -> list[str]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if proc.name.isdigit() and os.fsencode(str(path)) in cmdline:
-            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
-    return found
-
-
 @pytest.mark.slow
 def test_stargz_peer_lazy_and_overlayfs_runs(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", WHY_NOT], capture_output=True, text=True,
@@ -102,5 +84,5 @@ def test_stargz_peer_lazy_and_overlayfs_runs(tmp_path: Path) -> None:
         assert 0 < lazy["bytes_fetched"] < results["image_bytes"]
         assert full["bytes_fetched"] > lazy["bytes_fetched"]
     finally:
-        assert _mounted_below(work) == []
-        assert _processes_naming(work) == []
+        assert mounted_below(work) == []
+        assert processes_naming(work) == []
