@@ -85,13 +85,18 @@ def add_chunk_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def chunk_options(args: argparse.Namespace) -> ChunkOptions:
-    """ChunkOptions from `add_chunk_arguments`' options (ValueError if they do not fit)."""
-    return ChunkOptions(
-        chunk_size=args.chunk_size,
-        batch_threshold=args.batch_threshold,
-        level=args.level,
-        max_blob_size=args.max_blob_size,
-    )
+    """ChunkOptions from `add_chunk_arguments`' options (UsageError if they do not fit)."""
+    if not 1 <= args.level <= 22:
+        raise UsageError(f"--level must be within 1..22, got {args.level}")
+    try:
+        return ChunkOptions(
+            chunk_size=args.chunk_size,
+            batch_threshold=args.batch_threshold,
+            level=args.level,
+            max_blob_size=args.max_blob_size,
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -226,13 +231,8 @@ def _register_compose(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 
 
 def _build_options(args: argparse.Namespace) -> BuildOptions:
-    if not 1 <= args.level <= 22:
-        raise UsageError(f"--level must be within 1..22, got {args.level}")
-    try:
-        chunk = chunk_options(args)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    return BuildOptions(chunk, not args.no_dedup_previous, tuple(args.dedup_with))
+    return BuildOptions(chunk_options(args), not args.no_dedup_previous,
+                        tuple(args.dedup_with))
 
 
 def _with_layout(options: BuildOptions, repo: Repository, args: argparse.Namespace) -> BuildOptions:

@@ -122,12 +122,7 @@ def _platform(text: str) -> Platform:
 
 
 def _options(args: argparse.Namespace) -> ConvertOptions:
-    if not 1 <= args.level <= 22:
-        raise UsageError(f"--level must be within 1..22, got {args.level}")
-    try:
-        chunk = chunk_options(args)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    chunk = chunk_options(args)
     return ConvertOptions(
         groups=tuple(args.groups),
         platform=args.platform or Platform.host(),

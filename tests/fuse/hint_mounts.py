@@ -1,21 +1,26 @@
-"""Helpers of the hint tests of real mounts: publish a hint of given files, wait for a
-mount's replay to reach a state (a hang guard, not a timing check).
+"""Helpers of the hint tests of real mounts: an environment of varied files, a hint of given
+files, a wait for a mount's replay to reach a state (a hang guard, not a timing check).
 
 Must not: mount anything (mounts.py `Mounter` does)."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
-from mounts import Mount
+from mounts import Mount, publish
+from support import trees
 from support.polling import wait_for
+from support.trees import file
 
 from weenvfs.core.node_hints import publish_run
 from weenvfs.format.hints import HintRecord
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
+KIB = 1 << 10
+CHUNK = 64 * KIB
 WAIT = 60.0  # seconds a condition may take before the test fails (a hang guard only)
 
 
@@ -41,3 +46,15 @@ def publish_hint(store: Path, ref: str, paths: list[str], tag: str = "latest") -
         run = [HintRecord(len(indexes) - 1, c, t) for t, c in enumerate(chunks)]
         publish_run(repo, digest, manifest, indexes, run, tag)
     return len(chunks)
+
+
+def publish_varied_env(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    """A store with environment env:t of varied files (64 KiB chunks: `CHUNK`) under
+    `tmp_path`; the store and the files' contents."""
+    rng = random.Random(9)
+    contents = {f"lib/big{n}": rng.randbytes(5 * CHUNK + n * 999) for n in range(6)}
+    contents.update({f"etc/s{n:03d}": rng.randbytes(rng.randrange(1, 9000)) for n in range(80)})
+    src = trees.make_tree(tmp_path / "src", *[file(p, d) for p, d in contents.items()])
+    store = tmp_path / "store"
+    publish(store, [src], env="env:t", chunk_size=CHUNK, batch_threshold=16 * KIB)
+    return store, contents

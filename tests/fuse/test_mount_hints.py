@@ -6,15 +6,12 @@ publishes what it read; `weenv stats` shows replay progress, hint hits and waste
 from __future__ import annotations
 
 import json
-import random
 import shutil
 from pathlib import Path
 
 import pytest
-from hint_mounts import publish_hint, wait_for_state
+from hint_mounts import publish_hint, publish_varied_env, wait_for_state
 from mounts import Mounter, publish, run_weenv
-from support import trees
-from support.trees import file
 
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
@@ -29,13 +26,7 @@ CHUNK = 64 * KIB
 @pytest.fixture
 def env(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
     """A store with environment env:t of varied files (64 KiB chunks); their contents."""
-    rng = random.Random(9)
-    contents = {f"lib/big{n}": rng.randbytes(5 * CHUNK + n * 999) for n in range(6)}
-    contents.update({f"etc/s{n:03d}": rng.randbytes(rng.randrange(1, 9000)) for n in range(80)})
-    src = trees.make_tree(tmp_path / "src", *[file(p, d) for p, d in contents.items()])
-    store = tmp_path / "store"
-    publish(store, [src], env="env:t", chunk_size=CHUNK, batch_threshold=16 * KIB)
-    return store, contents
+    return publish_varied_env(tmp_path)
 
 
 def test_reads_are_correct_while_the_hint_replays(env, mounter: Mounter) -> None:

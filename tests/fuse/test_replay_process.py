@@ -6,16 +6,13 @@ the mount replays itself; unmounting ends a replay even while its store hangs.""
 from __future__ import annotations
 
 import os
-import random
 import sys
 from pathlib import Path
 
 import pytest
-from hint_mounts import WAIT, publish_hint, wait_for_state
-from mounts import Mounter, publish, run_weenv
-from support import trees
+from hint_mounts import WAIT, publish_hint, publish_varied_env, wait_for_state
+from mounts import Mounter, run_weenv
 from support.polling import wait_for
-from support.trees import file
 
 from weenvfs.fuse import mountd
 from weenvfs.store import open_store
@@ -33,13 +30,7 @@ CHUNK = 64 << 10
 @pytest.fixture
 def env(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
     """A store with environment env:t (64 KiB chunks) and the files' contents."""
-    rng = random.Random(5)
-    contents = {f"lib/big{n}": rng.randbytes(4 * CHUNK + n * 777) for n in range(4)}
-    contents.update({f"etc/s{n:02d}": rng.randbytes(rng.randrange(1, 5000)) for n in range(20)})
-    src = trees.make_tree(tmp_path / "src", *[file(p, d) for p, d in contents.items()])
-    store = tmp_path / "store"
-    publish(store, [src], env="env:t", chunk_size=CHUNK, batch_threshold=16 << 10)
-    return store, contents
+    return publish_varied_env(tmp_path)
 
 
 def warm_processes(digest: str) -> list[int]:
@@ -66,7 +57,7 @@ def env_digest(store: Path | str) -> str:
 
 def test_the_replay_runs_apart_and_counts_for_the_mount(env, mounter: Mounter) -> None:
     store, contents = env
-    paths = ["lib/big1", "etc/s05", "lib/big3"]
+    paths = ["lib/big1", "etc/s005", "lib/big3"]
     count = publish_hint(store, "env:t", paths)
     mount = mounter.mount("env:t", store)
     stats = wait_for_state(mount, "done")
