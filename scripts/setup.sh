@@ -14,7 +14,6 @@ mapfile -t DEBIAN_PACKAGES < <(sed -e 's/#.*//' scripts/debian-packages.txt | aw
 EXTRAS=test
 if [[ ${1:-} == --bench ]]; then
     EXTRAS=test,bench  # matplotlib, for the benchmarks' figures
-    bash scripts/bench-peers.sh  # containerd + the stargz snapshotter (scripts/bench-packages.txt)
 fi
 PYTHON=${PYTHON:-python3}
 VENV=.venv
@@ -78,5 +77,9 @@ install_venv() {
 }
 
 install_debian_packages
+if [[ $EXTRAS == *bench* ]]; then
+    # After the project's packages: the snapshotter build is keyed on containerd's version.
+    bash scripts/bench-peers.sh  # the stargz snapshotter (scripts/bench-packages.txt)
+fi
 install_venv
 compile_python
