@@ -55,7 +55,7 @@ def test_pull_run_export_equal_and_removal_leaves_nothing(node: Node, tmp_path: 
     view = tmp_path / "view"
     view.mkdir()
     containerd = Containerd(node.socket, "default", "weenv", plain_http=True)
-    containerd.lease = containerd.ctr("leases", "create").strip()
+    containerd.lease = containerd.create_lease()
     try:
         answer = containerd.call("View", key="v-two", parent=result["chain_ids"][-1])
         [mount] = answer.mounts  # type: ignore[attr-defined]
@@ -69,7 +69,7 @@ def test_pull_run_export_equal_and_removal_leaves_nothing(node: Node, tmp_path: 
             subprocess.run(["umount", str(view)], check=True)
             containerd.call("Remove", key="v-two")
     finally:
-        containerd.ctr("leases", "delete", containerd.lease)
+        containerd.delete_lease(containerd.lease, sync=False)
         containerd.close()
     node.remove_image(ref)
 

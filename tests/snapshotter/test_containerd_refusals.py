@@ -19,8 +19,8 @@ from support.polling import wait_for
 
 from weenvfs.format.oci_layer import KEY_INDEX, KEY_MANIFEST, KEY_POSITION, KEY_STORE
 from weenvfs.format.refs import object_key
+from weenvfs.snapshotter.labels import TARGET_LABEL
 from weenvfs.snapshotter.pull import Containerd
-from weenvfs.snapshotter.snapshots import TARGET_LABEL
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools.builder import build_group, open_source

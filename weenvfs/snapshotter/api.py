@@ -1,14 +1,16 @@
-"""containerd's snapshots API v1 as protobuf messages, built at import from this table.
+"""containerd's snapshots API v1 (and the part of its leases API v1 that `weenv pull` uses) as
+protobuf messages, built at import from these tables.
 
-The table mirrors `api/services/snapshots/v1/snapshots.proto` and `api/types/mount.proto` of
-containerd 1.6 (field names, numbers and types; the gogoproto options change only Go code).
+The tables mirror `api/services/snapshots/v1/snapshots.proto`, `api/types/mount.proto` and
+`api/services/leases/v1/leases.proto` of containerd 1.6 (field names, numbers and types; the
+gogoproto options change only Go code).
 Why not generated code or protoc at install time: the .proto files import gogoproto, which no
 Python package ships, and production nodes have no Go sources to compile from; the wire
 format is fixed by names and numbers, which this table states and
 tests/snapshotter/test_api.py checks against the .proto files Debian's
 golang-github-containerd-containerd-dev installs (docs/design-notes.md).
 
-Owns: the message classes (`message(name)`), the service's full name and method table. Must
+Owns: the message classes (`message(name)`), the services' full names and method tables. Must
 not: implement any method (service.py).
 """
 
@@ -28,8 +30,10 @@ from google.protobuf.message_factory import GetMessageClass
 SERVICE = "containerd.services.snapshots.v1.Snapshots"
 PACKAGE = "containerd.services.snapshots.v1"
 TYPES_PACKAGE = "containerd.types"
+LEASES_SERVICE = "containerd.services.leases.v1.Leases"
+LEASES_PACKAGE = "containerd.services.leases.v1"
 
-STRING, INT64, ENUM, MESSAGE = "string", "int64", "enum", "message"
+STRING, INT64, BOOL, ENUM, MESSAGE = "string", "int64", "bool", "enum", "message"
 # message -> fields (name, number, type, repeated, message/enum type name)
 Field = tuple[str, int, str, bool, str]
 MOUNT: dict[str, list[Field]] = {
@@ -87,21 +91,36 @@ METHODS: dict[str, tuple[str, str, bool]] = {
     "Usage": ("UsageRequest", "UsageResponse", False),
     "Cleanup": ("CleanupRequest", "google.protobuf.Empty", False),
 }
+# The leases messages `weenv pull` sends and receives (containerd 1.6, leases.proto).
+LEASE_MESSAGES: dict[str, list[Field]] = {
+    "Lease": [("id", 1, STRING, False, ""),
+              ("created_at", 2, MESSAGE, False, ".google.protobuf.Timestamp"),
+              ("labels", 3, MESSAGE, True, "LabelsEntry")],
+    "CreateRequest": [("id", 1, STRING, False, ""), ("labels", 3, MESSAGE, True, "LabelsEntry")],
+    "CreateResponse": [("lease", 1, MESSAGE, False, "Lease")],
+    "DeleteRequest": [("id", 1, STRING, False, ""), ("sync", 2, BOOL, False, "")],
+}
+LEASE_METHODS: dict[str, tuple[str, str, bool]] = {
+    "Create": ("CreateRequest", "CreateResponse", False),
+    "Delete": ("DeleteRequest", "google.protobuf.Empty", False),
+}
 _TYPES = {STRING: descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
           INT64: descriptor_pb2.FieldDescriptorProto.TYPE_INT64,
+          BOOL: descriptor_pb2.FieldDescriptorProto.TYPE_BOOL,
           ENUM: descriptor_pb2.FieldDescriptorProto.TYPE_ENUM,
           MESSAGE: descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE}
 
 
 def _add_message(file: descriptor_pb2.FileDescriptorProto, name: str,
                  fields: list[Field]) -> None:
+    package = file.package
     msg = file.message_type.add(name=name)
     for fname, number, kind, repeated, type_name in fields:
         field = msg.field.add(name=fname, number=number, type=_TYPES[kind], json_name=fname)
         field.label = (descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED if repeated
                        else descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
         if type_name == "LabelsEntry":
-            field.type_name = f".{PACKAGE}.{name}.LabelsEntry"
+            field.type_name = f".{package}.{name}.LabelsEntry"
             entry = msg.nested_type.add(name="LabelsEntry")
             entry.options.map_entry = True
             for key, num in (("key", 1), ("value", 2)):
@@ -109,7 +128,7 @@ def _add_message(file: descriptor_pb2.FileDescriptorProto, name: str,
                                 label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
         elif type_name:
             field.type_name = type_name if type_name.startswith(".") else (
-                f".{PACKAGE}.{type_name}")
+                f".{package}.{type_name}")
 
 
 def _build_pool() -> descriptor_pool.DescriptorPool:
@@ -134,6 +153,13 @@ def _build_pool() -> descriptor_pool.DescriptorPool:
     for name, fields in MESSAGES.items():
         _add_message(snaps, name, fields)
     pool.Add(snaps)
+    leases = descriptor_pb2.FileDescriptorProto(
+        name="github.com/containerd/containerd/api/services/leases/v1/leases.proto",
+        package=LEASES_PACKAGE, syntax="proto3",
+        dependency=["google/protobuf/empty.proto", "google/protobuf/timestamp.proto"])
+    for name, fields in LEASE_MESSAGES.items():
+        _add_message(leases, name, fields)
+    pool.Add(leases)
     return pool
 
 

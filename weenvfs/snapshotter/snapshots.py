@@ -34,14 +34,11 @@ from weenvfs.format.errors import FormatError
 from weenvfs.format.oci_layer import MARKER_DIR, decode_marker, from_labels
 
 from .filters import matches
+from .labels import REMOTE_LABEL, REMOTE_VALUE, TARGET_LABEL
 from .remote import Groups, LayerRefused, WeenvLayer
 from .state import ACTIVE, COMMITTED, VIEW, Record, SnapshotState, remove_tree
 
 log = logging.getLogger(__name__)
-
-TARGET_LABEL = "containerd.io/snapshot.ref"
-REMOTE_LABEL = "containerd.io/snapshot/remote"  # set on WeEnv snapshots, as stargz does
-REMOTE_VALUE = "weenv"
 
 Mount = tuple[str, str, list[str]]  # type, source, options
 
