@@ -62,6 +62,7 @@ def test_the_lowest_group_mounts_its_published_image(tmp_path: Path, mounter: Mo
     mount = mounter.mount("env:t", store_dir, extra=["--path", "kernel"])
     doc = mount.stats()
     assert doc["mount"]["path"] == "kernel" and doc["mount"]["fallback_reason"] is None
+    assert doc["mount"]["neighbourhoods"] is False  # a folder store: nothing to hide
     assert (mount.cache / "erofs" / f"{image}.img").exists()  # fetched, not derived
     mp = mount.mountpoint
     assert sorted(os.listdir(mp)) == ["etc", "opaque"]  # the whiteout shows nowhere

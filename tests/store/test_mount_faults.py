@@ -146,6 +146,12 @@ def assert_right_or_eio(got: bytes | OSError, path: str) -> bool:
     return True
 
 
+def test_a_mount_from_s3_fetches_neighbourhoods(mounted: Mount) -> None:
+    """A store over the network: a miss fetches its blob neighbourhood (a folder store's
+    mounts do not: tests/fuse/test_kernel_path.py)."""
+    assert mounted.stats()["mount"]["neighbourhoods"] is True
+
+
 @pytest.mark.parametrize("code", FAULTS)
 def test_mounted_reads_under_a_fault(mounted: Mount, proxy: FaultProxy, code: str) -> None:
     """A few faults are absorbed (right bytes); the same fault for good is EIO after the

@@ -230,3 +230,13 @@ def test_list_permanent_failure_propagates(local_store: LocalStore) -> None:
     with pytest.raises(StoreUnavailable):
         list(store.list())
     assert faulty.calls["list"] == 1
+
+
+def test_a_folder_store_has_cheap_requests_through_wrappers(local_store: LocalStore) -> None:
+    """A mount leaves out neighbourhood fetches for such a store (fuse/mount.py); wrappers
+    keep what the store they wrap says, and injected faults make requests dear."""
+    assert local_store.cheap_requests
+    assert RetryingStore(local_store).cheap_requests
+    assert FaultyStore(local_store).cheap_requests
+    assert not FaultyStore(local_store, "Eg").cheap_requests
+    assert not RetryingStore(FaultyStore(local_store, "Eg")).cheap_requests

@@ -123,7 +123,10 @@ async def serve(env: LoadedEnv, config: MountConfig,
     stats = Stats()
     no_merge = {} if config.coalesce else {"coalesce_gap": -1}  # -1: never merge chunks
     fetcher = Fetcher(env.store, cache, stats, deadline=config.deadline, **no_merge)
-    if config.neighbours:
+    # Neighbourhoods hide a store's latency; a store as near as the local disk has none to
+    # hide, and they cost a cold start CPU (decoding 3x what it reads; docs/benchmarks.md).
+    neighbours = config.neighbours and not env.store.cheap_requests
+    if neighbours:
         fetcher.neighbours = Neighbours(env.tree.groups).around
     reader = Reader(env.tree, fetcher)
     recorder = reader.recorder = HintRecorder() if config.record_tag is not None else None
@@ -136,7 +139,8 @@ async def serve(env: LoadedEnv, config: MountConfig,
         lookup = env_hint_lookup(env, config.hint) if env.serves_top else _no_hint(env)
         prefetch = functools.partial(replay.run, lookup)
     started = time.monotonic()
-    path = {"path": "fuse" if reason else "kernel", "fallback_reason": reason}
+    path = {"path": "fuse" if reason else "kernel", "fallback_reason": reason,
+            "neighbourhoods": neighbours}
 
     def document() -> dict[str, Any]:
         doc = stats_document(env, config, stats, started)

@@ -114,6 +114,10 @@ class Store(ABC):
     # A read-only store (e.g. HTTP) refuses put/put_file/delete and check(write=True) with
     # StoreError and may not support list; everything else behaves as documented here.
     read_only: bool = False
+    # A store whose requests cost about as much as a read of the local disk (a folder on this
+    # machine): a cold reader gains nothing from fetching more than it waits for, and the extra
+    # decompression and hashing cost it CPU (fuse/mount.py leaves out neighbourhoods).
+    cheap_requests: bool = False
 
     @property
     @abstractmethod

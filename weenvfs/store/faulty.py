@@ -78,6 +78,7 @@ class FaultyStore(Store):
         if unknown:
             raise TypeError(f"FaultyStore has no method(s) {sorted(unknown)} to override")
         self.inner = inner
+        self.cheap_requests = inner.cheap_requests and not (script or overrides)  # faults: dear
         self.delay = delay
         self._codes, self._repeat = _parse_script(script)
         self._overrides = overrides

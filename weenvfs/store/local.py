@@ -48,6 +48,8 @@ class LocalStore(Store):
     every operation as StoreUnavailable, never as a missing object.
     """
 
+    cheap_requests = True
+
     def __init__(self, root: Path | str, create: bool = False) -> None:
         self._given = Path(root).absolute()
         if create:

@@ -92,6 +92,11 @@ class RetryingStore(Store):
         """Whether the inner store is read-only."""
         return self.inner.read_only
 
+    @property
+    def cheap_requests(self) -> bool:  # type: ignore[override]
+        """Whether the inner store's requests cost about a local disk read."""
+        return self.inner.cheap_requests
+
     def _run(self, what: str, call: Callable[[], T]) -> T:
         """Call `call` until it succeeds, fails permanently or the policy gives up."""
         start = self._clock()
