@@ -18,9 +18,9 @@ from pathlib import Path
 
 import oci_images as O
 import pytest
-from registry_fixture import tools_missing
 from support import layers as L
 from support import oci_apply, trees
+from support.registry import tools_missing
 
 from weenvfs.cli import main
 from weenvfs.store.local import LocalStore

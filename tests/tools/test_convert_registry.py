@@ -1,6 +1,6 @@
 """`weenv convert docker://...` against a real registry (Debian's docker-registry on
 127.0.0.1), images pushed with skopeo; auth, resume and corruption through the test auth
-proxy (registry_fixture.AuthProxy) in front of it. Results are compared with `umoci unpack`
+proxy (support.registry.AuthProxy) in front of it. Results are compared with `umoci unpack`
 of the image that was pushed."""
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ from pathlib import Path
 import oci_images as O
 import pytest
 import requests
-from registry_fixture import Registry, run_auth_proxy, run_registry, tools_missing
 from support import layers as L
 from support import trees
+from support.registry import run_auth_proxy, run_registry, tools_missing
 
 from weenvfs.cli import main
 from weenvfs.store.local import LocalStore
 from weenvfs.tools import registry as weenv_registry
+from weenvfs.tools.registry_server import RegistryServer
 
 ACCEPT = ", ".join(
     [O.OCI_MANIFEST, O.OCI_INDEX, "application/vnd.docker.distribution.manifest.v2+json"]
@@ -39,7 +40,7 @@ def _tools(require_or_skip: Callable[[object, str], None]) -> None:
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryServer]:
     if tools_missing():
         pytest.skip(tools_missing() or "")
     with run_registry(tmp_path_factory.mktemp("registry")) as reg:
@@ -47,7 +48,8 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
 
 
 @pytest.fixture(scope="module")
-def union(registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> tuple[O.Image, Path]:
+def union(registry: RegistryServer,
+          tmp_path_factory: pytest.TempPathFactory) -> tuple[O.Image, Path]:
     """The union image pushed as union:v1, and umoci's rootfs of it."""
     tmp = tmp_path_factory.mktemp("union")
     media = [O.LAYER_GZIP, O.LAYER_TAR, O.LAYER_GZIP, O.LAYER_GZIP, O.LAYER_TAR, O.LAYER_GZIP]
