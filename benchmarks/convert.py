@@ -24,20 +24,14 @@ import io
 import json
 import os
 import random
-import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
 import tempfile
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import requests
 from _common import (
     Timing,
     add_common_args,
@@ -49,6 +43,7 @@ from _common import (
     write_json,
 )
 
+from weenvfs.tools.registry_server import RegistryServer
 from weenvfs.tools.sample import sample_tree
 
 NAME = "convert"
@@ -177,55 +172,6 @@ def task_layer(layout: Path, seed: int, size: int) -> dict:
     return _gzip_layer(layout, None, buf.getvalue())
 
 
-# -- registry -------------------------------------------------------------------------------------
-
-
-@contextmanager
-def registry(work: Path) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = work / "registry.yml"
-    config.write_text(
-        "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\n"
-        f"storage:\n  filesystem:\n    rootdirectory: {work / 'registry'}\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n  secret: {secrets.token_hex(8)}\n"
-    )
-    proc = subprocess.Popen(
-        ["docker-registry", "serve", str(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/v2/", timeout=2).ok:
-                    break
-            except requests.ConnectionError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("docker-registry did not start") from None
-                time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-def push(layout: Path, tag: str, ref: str) -> None:
-    subprocess.run(
-        [
-            "skopeo",
-            "copy",
-            "--quiet",
-            "--dest-tls-verify=false",
-            f"oci:{layout}:{tag}",
-            f"docker://{ref}",
-        ],
-        check=True,
-    )
-
-
 # -- measurements ---------------------------------------------------------------------------------
 
 
@@ -278,7 +224,9 @@ def throughput(host: str, work: Path, repeats: int) -> dict[str, Any]:
     }
 
 
-def sharing(host: str, layouts: Path, work: Path, base: dict, task_size: int) -> dict[str, Any]:
+def sharing(registry: RegistryServer, layouts: Path, work: Path, base: dict,
+            task_size: int) -> dict[str, Any]:
+    host = registry.host
     store = fresh(work, "shared-store")
     sizes = {}
     for name, seed in (("a", 1), ("b", 2)):
@@ -290,7 +238,7 @@ def sharing(host: str, layouts: Path, work: Path, base: dict, task_size: int) ->
         shutil.copy(base_blob, layout / "blobs" / "sha256" / base_blob.name)
         task = task_layer(layout, seed, task_size)
         write_image(layout, [base, task], "v1")
-        push(layout, "v1", f"{host}/task-{name}:v1")
+        registry.push(layout, "v1", f"task-{name}")
         sizes[name] = task["size"]
     convert(f"{host}/task-a:v1", "task-a", store)
     second = convert(f"{host}/task-b:v1", "task-b", store)
@@ -324,10 +272,11 @@ def main() -> int:
         (layouts / "base").mkdir(parents=True, exist_ok=True)
         base = tree_layer(layouts / "base", tree)
         write_image(layouts / "base", [base], "v1")
-        with registry(work) as host:
-            push(layouts / "base", "v1", f"{host}/bench:v1")
-            speed = throughput(host, work, repeats)
-            shared = sharing(host, layouts, work, base, 2_000_000 if args.quick else 20_000_000)
+        with RegistryServer(work / "registry") as registry:  # as `weenv dev registry` runs it
+            registry.push(layouts / "base", "v1", "bench")
+            speed = throughput(registry.host, work, repeats)
+            shared = sharing(registry, layouts, work, base,
+                             2_000_000 if args.quick else 20_000_000)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)

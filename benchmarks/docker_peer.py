@@ -7,8 +7,9 @@ Owns:
   `--insecure-registry` for the shaped link's subnet (a plain-HTTP registry off loopback
   needs it; 127.0.0.0/8 is insecure by default). Containers run with `--network none`.
   Stopped by its pid (SIGTERM, then SIGKILL): never any other dockerd.
-- `Registry`: Debian's `docker-registry serve` on 127.0.0.1 (or on an address inside a
-  network namespace: netshape.py), its storage in a folder kept between runs. `bytes_sent()`
+- `Registry`: Debian's `docker-registry serve` as `weenv dev registry` runs it
+  (tools/registry_server.py), on 127.0.0.1 (or on an address inside a network namespace:
+  netshape.py), its storage in a folder kept between runs. `bytes_sent()`
   is the wchar of its /proc/PID/io: every byte it wrote to a socket (sendfile included), so
   the difference over a pull is what the clients pulled, HTTP headers included.
 - `DockerPeer`: the harness side of a rollout (`docker pull`, `run -d --network none`, `exec`,
@@ -26,7 +27,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -34,30 +34,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import requests
 from oci_layers import Blob, gzip_layer, write_oci_layout
 from workloads import IMAGE_ENV, Family
+
+from weenvfs.tools.registry_server import RegistryServer
 
 DOCKER = "/usr/bin/docker"  # Debian's client (another `docker` may come first on PATH)
 DOCKERD = "/usr/sbin/dockerd"
 REPO_PREFIX = "swe-"
 NAME_PREFIX = "swe-bench-"  # containers this benchmark runs
 START_TIMEOUT = 60.0
-REGISTRY_CONFIG = """\
-version: 0.1
-log:
-  level: error
-  accesslog:
-    disabled: true
-storage:
-  filesystem:
-    rootdirectory: {root}
-  delete:
-    enabled: true
-http:
-  addr: {addr}
-  secret: {secret}
-"""
 
 
 def docker_unavailable() -> str | None:
@@ -70,13 +56,6 @@ def docker_unavailable() -> str | None:
     if os.geteuid() != 0:
         return "dockerd needs root"
     return None
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stop(proc: subprocess.Popen[bytes], grace: float) -> None:
@@ -151,49 +130,26 @@ class Dockerd:
             self.proc = None
 
 
-class Registry:
-    """`docker-registry serve` storing in `root`, listening on `ip`:free port (inside network
-    namespace `netns` if given)."""
+class Registry(RegistryServer):
+    """The registry of `weenv dev registry` (tools/registry_server.py) storing in `root`, kept
+    between runs, listening on `ip`:free port (inside network namespace `netns` if given)."""
 
     def __init__(self, root: Path, ip: str = "127.0.0.1", netns: str | None = None) -> None:
-        self.root, self.ip, self.netns = root, ip, netns
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(root)
+        self.ip, self.netns = ip, netns
 
     @property
-    def host(self) -> str:
-        return f"{self.ip}:{self.port}"
+    def root(self) -> Path:
+        return self.directory
 
-    def start(self) -> Registry:
-        self.root.mkdir(parents=True, exist_ok=True)
-        config = self.root.parent / f"registry-{self.port}.yml"
-        config.write_text(REGISTRY_CONFIG.format(root=self.root / "data", addr=self.host,
-                                                 secret=os.urandom(8).hex()))
+    def _command(self, config: Path) -> list[str]:
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
-        log = open(self.root.parent / "registry.log", "ab")  # noqa: SIM115 - the child's
-        try:
-            self.proc = subprocess.Popen([*prefix, "docker-registry", "serve", str(config)],
-                                         stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-        finally:
-            log.close()
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"docker-registry exited; see {self.root.parent}/registry.log")
-            try:
-                if requests.get(f"http://{self.host}/v2/", timeout=2).status_code == 200:
-                    return self
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"docker-registry did not answer on {self.host}")
+        return [*prefix, *super()._command(config)]
 
     def bytes_sent(self) -> int:
         """Bytes the registry has written (to sockets, and its few log lines)."""
-        assert self.proc is not None
-        for line in Path(f"/proc/{self.proc.pid}/io").read_text().splitlines():
+        assert self.process is not None
+        for line in Path(f"/proc/{self.process.pid}/io").read_text().splitlines():
             if line.startswith("wchar:"):
                 return int(line.split()[1])
         raise RuntimeError("no wchar in /proc/PID/io")
@@ -201,14 +157,9 @@ class Registry:
     def stored_bytes(self) -> int:
         """Bytes under the registry's storage folder (blobs, manifests, links)."""
         total = 0
-        for dirpath, _dirs, files in os.walk(self.root / "data"):
+        for dirpath, _dirs, files in os.walk(self.data):
             total += sum(os.lstat(os.path.join(dirpath, f)).st_size for f in files)
         return total
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            _stop(self.proc, 10.0)
-            self.proc = None
 
 
 class RegistryMeter:

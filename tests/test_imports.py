@@ -95,8 +95,8 @@ RULES: dict[str, Rule] = {
     # The `weenv` entry point and its shared argument helpers: they load command modules by
     # name only (COMMANDS), so that `weenv COMMAND` imports nothing it does not run.
     "cli": _rule(set(), {"package", "errors", "format"}, format={"weenvfs.format.errors"}),
-    # Command modules at the top of the package (`weenv hints`, `weenv demo`): on top of the
-    # node side and the build side, like the CLI; no library of their own.
+    # Command modules at the top of the package (`weenv hints`, `weenv dev`, `weenv demo`): on
+    # top of the node side and the build side, like the CLI; no library of their own.
     "top": _rule(set(), {"format", "store", "core", "fuse", "runtime", "tools", "provision",
                          "errors", "units"}),
 }
@@ -109,6 +109,7 @@ TOP_FILES = {
     "errors.py": "errors",
     "units.py": "units",
     "hint_commands.py": "top",
+    "dev_commands.py": "top",
     "demo.py": "top",
 }
 # A room's `commands.py` (or `*_commands.py`) registers its subcommands through

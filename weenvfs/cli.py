@@ -51,7 +51,7 @@ COMMANDS: dict[str, str | None] = {
     "mountd": "weenvfs.fuse.commands",
     "cache": "weenvfs.core.commands",
     "hints": "weenvfs.hint_commands",
-    "dev": "weenvfs.store.commands",
+    "dev": "weenvfs.dev_commands",
     "run": "weenvfs.runtime.commands",
     "sandbox": "weenvfs.runtime.commands",
     "mounts": "weenvfs.runtime.mounts_commands",

@@ -7,7 +7,7 @@ Owns:
   so is the older `REF [OPTIONS] -- COMMAND` form (options after REF only with a `--`);
 - `--store` (one option, one check that it was given, with a hint when it was given after
   REF, where it belongs to the command);
-- argparse `type=` functions (`positive`, `non_negative`, `env_pair`; sizes are
+- argparse `type=` functions (`positive`, `non_negative`, `port`, `env_pair`; sizes are
   `weenvfs.units.size_arg`) and `print_json`, the one way commands print JSON.
 
 Must not: import anything beyond the stdlib and `weenvfs.errors` (it is imported by `weenv
@@ -46,6 +46,14 @@ def non_negative(text: str) -> float:
         value = -1.0
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port number, 1 to 65535."""
+    value = int(text) if text.isdigit() else 0
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"expected a port number from 1 to 65535, got {text!r}")
     return value
 
 

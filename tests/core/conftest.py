@@ -1,6 +1,7 @@
 """Fixtures for the core tests (no FUSE): a LocalStore-backed repository, groups built by the
-real builder (tools/builder.py) from declarative entries, raw blobs of chosen chunks, and a
-chunk cache in the test's tmp_path.
+real builder (tools/builder.py) from declarative entries, environments composed of them and
+opened as a mount opens them, raw blobs of chosen chunks, and a chunk cache in the test's
+tmp_path.
 
 Shared by the cache/fetcher tests and the tree/reader tests; add fixtures, do not change what
 existing ones return.
@@ -20,6 +21,7 @@ from support.trees import Spec, dir, file, sparse, symlink  # noqa: A004
 
 from weenvfs.core.cache import ChunkCache
 from weenvfs.core.chunk_plan import ChunkLoc, chunk_loc
+from weenvfs.core.loaded_env import LoadedEnv, open_environment
 from weenvfs.format.chunk import encode_chunk
 from weenvfs.format.digest import digest_bytes
 from weenvfs.format.index import GroupIndex, file_spans
@@ -27,6 +29,7 @@ from weenvfs.store.local import LocalStore
 from weenvfs.store.repository import Repository
 from weenvfs.tools import builder
 from weenvfs.tools.chunker import ChunkOptions
+from weenvfs.tools.publish import compose_env
 from weenvfs.tools.source_tar import TarSource
 
 # Small sizes so a few KiB of test data spans several chunks and a batch chunk.
@@ -45,6 +48,11 @@ class BuiltGroup:
     index: GroupIndex
     files: dict[bytes, bytes]  # path (no leading '/') -> content, regular files only
 
+    @property
+    def ref(self) -> str:
+        """`NAME:TAG`, as environments name their groups."""
+        return f"{self.name}:{self.tag}"
+
     def ino(self, path: bytes) -> int:
         """The group inode of `path`."""
         ino = self.index.resolve(path)
@@ -62,6 +70,7 @@ class BuiltGroup:
 
 
 BuildGroup = Callable[..., BuiltGroup]
+OpenEnv = Callable[..., LoadedEnv]
 
 
 def _pattern(seed: int, size: int) -> bytes:
@@ -151,6 +160,18 @@ def build_group(tmp_path: Path) -> BuildGroup:
 def _is_reg(index: GroupIndex, path: bytes) -> bool:
     ino = index.resolve(path)
     return ino is not None and stat.S_ISREG(index.inode(ino).mode)
+
+
+@pytest.fixture
+def open_env(repo: Repository) -> OpenEnv:
+    """`open_env(*groups, name="env", tag="t")`: compose BuiltGroups (lowest first) into
+    environment `name:tag` in `repo` and open it as a mount does (`open_environment`)."""
+
+    def open_(*groups: BuiltGroup, name: str = "env", tag: str = "t") -> LoadedEnv:
+        compose_env(repo, name, tag, [g.ref for g in groups])
+        return open_environment(repo.store, f"{name}:{tag}")
+
+    return open_
 
 
 @pytest.fixture

@@ -19,11 +19,12 @@ from weenvfs.core.loaded_env import LoadedEnv
 from weenvfs.core.reader import Reader
 from weenvfs.core.tree import FormatError
 from weenvfs.format.device_layout import BLOCK_SIZE, DeviceLayout
+from weenvfs.store.repository import Repository
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> LoadedEnv:
-    return make_env(tmp_path)
+def env(repo: Repository, build_group, open_env) -> LoadedEnv:
+    return make_env(repo, build_group, open_env)
 
 
 def device_image(env: LoadedEnv, layout: DeviceLayout) -> bytes:

@@ -7,7 +7,6 @@ without the tree validator the mount served it while inspect, export and verify 
 from __future__ import annotations
 
 import stat
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +17,6 @@ from weenvfs.format.errors import FormatError
 from weenvfs.format.index import GroupIndex
 from weenvfs.format.index_writer import Node, encode_index
 from weenvfs.format.manifest import GroupRef, Manifest, encode_manifest
-from weenvfs.store.local import LocalStore
 from weenvfs.store.repository import Repository
 
 DIR = stat.S_IFDIR | 0o755
@@ -50,25 +48,21 @@ def _hardlinked(raw: bytes) -> bytes:
     return bytes(out)
 
 
-def test_a_directory_hardlink_is_refused_at_load(tmp_path: Path) -> None:
-    with LocalStore(tmp_path / "store", create=True) as store:
-        repo = Repository(store)
-        _publish(repo, "good", _tree())
-        _publish(repo, "bad", _hardlinked(_tree()))
-        assert open_environment(store, "good").digest
-        for layer in (None, 0):
-            with pytest.raises(FormatError, match="reachable by more than one path"):
-                open_environment(store, "bad", layer)
+def test_a_directory_hardlink_is_refused_at_load(repo: Repository) -> None:
+    _publish(repo, "good", _tree())
+    _publish(repo, "bad", _hardlinked(_tree()))
+    assert open_environment(repo.store, "good").digest
+    for layer in (None, 0):
+        with pytest.raises(FormatError, match="reachable by more than one path"):
+            open_environment(repo.store, "bad", layer)
 
 
-def test_an_index_named_by_several_groups_is_loaded_once(tmp_path: Path) -> None:
+def test_an_index_named_by_several_groups_is_loaded_once(repo: Repository) -> None:
     """A manifest can name one index up to MAX_GROUPS times; the mount holds it once."""
-    with LocalStore(tmp_path / "store", create=True) as store:
-        repo = Repository(store)
-        index = repo.put_object("indexes", compress_object(_tree()))
-        groups = tuple(GroupRef(f"g{n}", index) for n in range(C.MAX_GROUPS))
-        repo.set_tag("envs", "many", "latest",
-                     repo.put_object("manifests", encode_manifest(Manifest(groups))))
-        tree = open_environment(store, "many").tree
-        assert len(tree.groups) == C.MAX_GROUPS
-        assert all(group is tree.groups[0] for group in tree.groups)
+    index = repo.put_object("indexes", compress_object(_tree()))
+    groups = tuple(GroupRef(f"g{n}", index) for n in range(C.MAX_GROUPS))
+    repo.set_tag("envs", "many", "latest",
+                 repo.put_object("manifests", encode_manifest(Manifest(groups))))
+    tree = open_environment(repo.store, "many").tree
+    assert len(tree.groups) == C.MAX_GROUPS
+    assert all(group is tree.groups[0] for group in tree.groups)

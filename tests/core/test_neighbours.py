@@ -4,7 +4,6 @@ real ChunkCache)."""
 
 from __future__ import annotations
 
-import blake3
 import trio
 from support.trees import file
 
@@ -14,12 +13,7 @@ from weenvfs.core.fetcher import Fetcher
 from weenvfs.core.neighbours import Neighbours
 from weenvfs.store.faulty import FaultyStore
 
-CHUNK = 16 << 10  # conftest's CHUNK: one file of this size is one chunk
-
-
-def _pattern(seed: int, size: int = CHUNK) -> bytes:
-    """Incompressible bytes (each frame a little over `size`), distinct per seed."""
-    return blake3.blake3(seed.to_bytes(8, "little")).digest(length=size)
+CHUNK = 16 << 10  # conftest's chunk size: one file of this size is one chunk
 
 
 def _frames(index):
@@ -28,8 +22,8 @@ def _frames(index):
     return sorted((loc for loc in locs if loc.blob is not None), key=lambda c: (c.blob, c.offset))
 
 
-def test_around_returns_the_frames_within_reach_in_blob_order(repo, build_group) -> None:
-    specs = [file(f"f{i:02d}", _pattern(i)) for i in range(12)]
+def test_around_returns_the_frames_within_reach_in_blob_order(repo, build_group, pattern):
+    specs = [file(f"f{i:02d}", pattern(i, CHUNK)) for i in range(12)]
     group = build_group(repo, specs, "row")
     frames = _frames(group.index)
     assert len({loc.blob for loc in frames}) == 1 and len(frames) == 12
@@ -45,10 +39,10 @@ def test_around_returns_the_frames_within_reach_in_blob_order(repo, build_group)
     assert Neighbours([group.index], 0).around(middle) == []
 
 
-def test_a_chunk_shared_by_two_groups_is_listed_once(repo, build_group) -> None:
-    shared = [file(f"s{i}", _pattern(100 + i)) for i in range(4)]
+def test_a_chunk_shared_by_two_groups_is_listed_once(repo, build_group, pattern) -> None:
+    shared = [file(f"s{i}", pattern(100 + i, CHUNK)) for i in range(4)]
     low = build_group(repo, shared, "low")
-    high = build_group(repo, [*shared, file("extra", _pattern(200))], "high")
+    high = build_group(repo, [*shared, file("extra", pattern(200, CHUNK))], "high")
     frames = _frames(low.index)
     near = Neighbours([low.index, high.index], 1 << 30).around(frames[0])
     digests = [loc.digest for loc in near]
@@ -56,17 +50,18 @@ def test_a_chunk_shared_by_two_groups_is_listed_once(repo, build_group) -> None:
     assert {loc.digest for loc in frames[1:]} <= set(digests)
 
 
-def test_zero_chunks_and_other_blobs_have_no_neighbours(repo, build_group, small_group) -> None:
+def test_zero_chunks_and_other_blobs_have_no_neighbours(repo, build_group, small_group,
+                                                         pattern) -> None:
     neighbours = Neighbours([small_group.index], 1 << 30)
     holes = [loc for loc in small_group.locs(b"holes") if loc.blob is None]
     assert holes and neighbours.around(holes[0]) == []
-    other = build_group(repo, [file("x", _pattern(300))], "other")
+    other = build_group(repo, [file("x", pattern(300, CHUNK))], "other")
     assert neighbours.around(_frames(other.index)[0]) == []
 
 
 def test_a_demand_miss_fetches_the_neighbourhood_in_the_background(
-        repo, build_group, tmp_path) -> None:
-    specs = [file(f"f{i:02d}", _pattern(400 + i)) for i in range(10)]
+        repo, build_group, tmp_path, pattern) -> None:
+    specs = [file(f"f{i:02d}", pattern(400 + i, CHUNK)) for i in range(10)]
     group = build_group(repo, specs, "row")
     frames = _frames(group.index)
     cache = ChunkCache(tmp_path / "cache")
@@ -78,13 +73,13 @@ def test_a_demand_miss_fetches_the_neighbourhood_in_the_background(
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(fetcher.serve)
-            assert await fetcher.read([(target, 0, target.ulen)]) == _pattern(405)
+            assert await fetcher.read([(target, 0, target.ulen)]) == pattern(405, CHUNK)
             with trio.fail_after(20):
                 while not all(cache.contains(loc.digest) for loc in frames[3:8]):
                     await trio.sleep(0.005)
             # Reading a neighbour now waits for nothing, and fetches nothing more.
             calls = store.calls["get_range"]
-            assert await fetcher.read([(frames[7], 0, frames[7].ulen)]) == _pattern(407)
+            assert await fetcher.read([(frames[7], 0, frames[7].ulen)]) == pattern(407, CHUNK)
             assert store.calls["get_range"] == calls
             nursery.cancel_scope.cancel()
 
@@ -95,8 +90,9 @@ def test_a_demand_miss_fetches_the_neighbourhood_in_the_background(
     assert snap["prefetch"]["chunks"] == 4 and snap["prefetch"]["hint_hits"] == 1
 
 
-def test_without_neighbours_a_miss_fetches_only_itself(repo, build_group, tmp_path) -> None:
-    specs = [file(f"f{i:02d}", _pattern(500 + i)) for i in range(6)]
+def test_without_neighbours_a_miss_fetches_only_itself(repo, build_group, tmp_path,
+                                                       pattern) -> None:
+    specs = [file(f"f{i:02d}", pattern(500 + i, CHUNK)) for i in range(6)]
     group = build_group(repo, specs, "row")
     frames = _frames(group.index)
     cache = ChunkCache(tmp_path / "cache")

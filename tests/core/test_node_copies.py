@@ -25,8 +25,8 @@ from weenvfs.store.repository import Repository
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> LoadedEnv:
-    return make_env(tmp_path)
+def env(repo: Repository, build_group, open_env) -> LoadedEnv:
+    return make_env(repo, build_group, open_env)
 
 
 def _needs_xattrs(folder: Path) -> None:

@@ -1,39 +1,33 @@
 """core/prefetch.py without a mount: a real environment (built by tools/builder.py into a
-LocalStore), the real ChunkCache, Fetcher and Reader; the store is slowed or cut by a gate or
-FaultyStore in front of it. Recording through the Reader, replay, demand before prefetch,
-fetch-all then no store, progress and waste."""
+LocalStore: conftest's `build_group` and `open_env`), the real ChunkCache, Fetcher and Reader;
+the store is slowed or cut by a gate (test_fetcher.py's) or FaultyStore in front of it.
+Recording through the Reader, replay, demand before prefetch, fetch-all then no store,
+progress and waste."""
 
 from __future__ import annotations
 
 import random
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import trio
-from support import trees
 from support.trees import file
+from test_fetcher import Gate
+from test_reader import inode_of
 
 from weenvfs.core.cache import ChunkCache
 from weenvfs.core.chunk_plan import ChunkLoc, chunk_loc
 from weenvfs.core.fetcher import Fetcher
-from weenvfs.core.loaded_env import LoadedEnv, open_environment
+from weenvfs.core.loaded_env import LoadedEnv
 from weenvfs.core.node_hints import FoundHint, HintRecorder
 from weenvfs.core.prefetch import Prefetcher, all_locs, hint_locs, windows
 from weenvfs.core.reader import Reader
-from weenvfs.core.tree import ROOT_INODE, Tree
 from weenvfs.format.hints import Hint, HintRecord
-from weenvfs.store import open_store
 from weenvfs.store.faulty import FaultyStore
-from weenvfs.store.local import LocalStore
 from weenvfs.store.repository import Repository
-from weenvfs.tools.builder import BuildOptions, build_group, open_source
-from weenvfs.tools.chunker import ChunkOptions
-from weenvfs.tools.publish import compose_env
 
 CHUNK = 4 << 10
-OPTIONS = BuildOptions(chunk=ChunkOptions(chunk_size=CHUNK, batch_threshold=1 << 10))
 
 
 def _contents() -> dict[str, bytes]:
@@ -47,48 +41,13 @@ CONTENTS = _contents()
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> LoadedEnv:
-    src = trees.make_tree(tmp_path / "src", *[file(p, d) for p, d in CONTENTS.items()])
-    store = open_store(str(tmp_path / "store"), create=True)
-    repo = Repository(store)
-    build_group(open_source(src), repo, "g", "t", OPTIONS)
-    compose_env(repo, "env", "t", ["g:t"])
-    return open_environment(store, "env:t")
-
-
-def inode_of(tree: Tree, path: str) -> int:
-    inode = ROOT_INODE
-    for part in path.encode().split(b"/"):
-        inode = tree.lookup(inode, part).inode
-    return inode
+def env(repo: Repository, build_group, open_env) -> LoadedEnv:
+    specs = [file(p, d) for p, d in CONTENTS.items()]
+    return open_env(build_group(repo, specs, "g", "t", chunk_size=CHUNK, batch_threshold=1 << 10))
 
 
 def found(env: LoadedEnv, records: list[HintRecord]) -> FoundHint:
     return FoundHint("ab" * 32, "test", Hint(env.digest, tuple(records)))
-
-
-class Gate:
-    """get_range in front of a real store: records each call's offset and holds the calls
-    `hold(offset)` selects until `open()`."""
-
-    def __init__(self, inner: LocalStore, hold: Callable[[int], bool]) -> None:
-        self.inner, self.hold = inner, hold
-        self.arrived: list[int] = []
-        self._opened = threading.Event()
-
-    def get_range(self, key: str, offset: int, length: int) -> bytes:
-        self.arrived.append(offset)
-        if self.hold(offset):
-            self._opened.wait(60)
-        return self.inner.get_range(key, offset, length)
-
-    def open(self) -> None:
-        self._opened.set()
-
-    async def arrivals(self, n: int) -> None:
-        with trio.fail_after(20):
-            while len(self.arrived) < n:
-                await trio.sleep(0.002)
 
 
 def run(body: Callable[..., object], *args: object) -> None:

@@ -13,23 +13,17 @@ from pathlib import Path
 
 import pytest
 import trio
-from support import trees
 from support.trees import file, sparse
 
 from weenvfs.core.cache import ChunkCache
 from weenvfs.core.chunk_plan import ChunkLoc
 from weenvfs.core.fetcher import Fetcher
-from weenvfs.core.loaded_env import LoadedEnv, open_environment
+from weenvfs.core.loaded_env import LoadedEnv
 from weenvfs.core.reader import Reader
 from weenvfs.core.tree import ROOT_INODE, Tree
-from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
-from weenvfs.tools.builder import BuildOptions, build_group, open_source
-from weenvfs.tools.chunker import ChunkOptions
-from weenvfs.tools.publish import compose_env
 
 CHUNK = 4 << 10
-OPTIONS = BuildOptions(chunk=ChunkOptions(chunk_size=CHUNK, batch_threshold=1 << 10))
 
 
 def _contents() -> dict[str, bytes]:
@@ -50,20 +44,15 @@ SPARSE = {0: b"head", 5 * CHUNK + 10: b"mid" * 300, 12 * CHUNK - 4: b"tail"}
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> LoadedEnv:
-    return make_env(tmp_path)
+def env(repo: Repository, build_group, open_env) -> LoadedEnv:
+    return make_env(repo, build_group, open_env)
 
 
-def make_env(tmp_path: Path) -> LoadedEnv:
-    """CONTENTS plus a sparse file, built into a local store and opened as `env:t`."""
+def make_env(repo: Repository, build_group, open_env) -> LoadedEnv:
+    """CONTENTS plus a sparse file, built into `repo` as group g:t, opened as `env:t`."""
     specs = [file(path, data) for path, data in CONTENTS.items()]
     specs.append(sparse("sparse", 12 * CHUNK, SPARSE))
-    src = trees.make_tree(tmp_path / "src", *specs)
-    store = open_store(str(tmp_path / "store"), create=True)
-    repo = Repository(store)
-    build_group(open_source(src), repo, "g", "t", OPTIONS)
-    compose_env(repo, "env", "t", ["g:t"])
-    return open_environment(store, "env:t")
+    return open_env(build_group(repo, specs, "g", "t", chunk_size=CHUNK, batch_threshold=1 << 10))
 
 
 def inode_of(tree: Tree, path: str) -> int:

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import requests
 from support.containerd import Node
-from support.registry import Registry, run_registry
+from support.registry import run_registry
+
+from weenvfs.tools.registry_server import RegistryServer
 
 pytestmark = pytest.mark.usefixtures("containerd_requirements")
 
@@ -22,7 +24,7 @@ USERS = {"alice": "s3cret"}
 
 
 @pytest.fixture
-def private(tmp_path: Path) -> Iterator[Registry]:
+def private(tmp_path: Path) -> Iterator[RegistryServer]:
     """A registry of the test that takes only alice's credentials."""
     with run_registry(tmp_path / "private", htpasswd=USERS) as registry:
         yield registry
@@ -36,13 +38,13 @@ def _refused(node: Node, *args: str) -> str:
     return lines[0]
 
 
-def _tags(registry: Registry, repo: str) -> list[str]:
+def _tags(registry: RegistryServer, repo: str) -> list[str]:
     resp = requests.get(f"http://{registry.host}/v2/{repo}/tags/list", auth=("alice", "s3cret"),
                         timeout=30)
     return [] if resp.status_code == 404 else list(resp.json().get("tags") or [])
 
 
-def test_push_and_pull_with_basic_auth(node: Node, private: Registry, tmp_path: Path,
+def test_push_and_pull_with_basic_auth(node: Node, private: RegistryServer, tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     ref = f"{private.host}/private:v1"
     push = ("push", "two:v1", ref, "--store", str(node.store), "--insecure")

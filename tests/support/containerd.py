@@ -37,7 +37,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from support import trees
-from support.registry import Registry, run_registry
+from support.registry import run_registry
 from support.runtime import runtime_unavailable, sample_store
 from weenvfs.format.manifest import RuntimeConfig
 from weenvfs.runtime import mounts
@@ -45,6 +45,7 @@ from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools.builder import build_group, open_source
 from weenvfs.tools.publish import compose_env
+from weenvfs.tools.registry_server import RegistryServer
 
 STARTUP_TIMEOUT = 60.0  # seconds for containerd or the snapshotter to answer
 CONFIG = """\
@@ -88,7 +89,7 @@ class Node:
 
     tmp: Path
     store: Path
-    registry: Registry
+    registry: RegistryServer
     cache: Path
     snap_socket: Path
     snap_root: Path

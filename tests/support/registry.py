@@ -1,16 +1,17 @@
 """A real Docker registry for the conversion tests, and an auth proxy the tests put in front.
 
-Owns: `run_registry(tmp)` (Debian's `docker-registry serve` on 127.0.0.1 with a free port and
-a temporary storage directory, from a generated config.yml; stopped by pid), `Registry.push`
-(`skopeo copy oci:... docker://...`), and `AuthProxy`, a small HTTP server in front of a
-registry that implements the Distribution token flow itself: requests without a valid
-bearer token get 401 with a `WWW-Authenticate: Bearer realm=.../token,service=...,scope=...`
-challenge; `/token` checks HTTP basic credentials against `users` (or allows anonymous
-pulls) and hands out an opaque token; everything else is forwarded to the registry, with
-`Range` passed through. In `basic` mode it asks for basic credentials instead. It counts
-requests and can break the first transfer of a blob midway (`cut_blobs`), to test resuming,
-or hold one midway until the test releases it (`stall_blobs`, `stalled`, `release`), to kill
-a client while it downloads.
+Owns: `run_registry(tmp)` (the product's `weenvfs.tools.registry_server.RegistryServer`, the
+server of `weenv dev registry`: Debian's `docker-registry serve` on 127.0.0.1 with a free port,
+its data, config and log in `tmp`, basic auth from `htpasswd` users if given; stopped by pid;
+`push` copies an OCI layout into it with skopeo), `tools_missing()`, and `AuthProxy`, a small
+HTTP server in front of a registry that implements the Distribution token flow itself:
+requests without a valid bearer token get 401 with a `WWW-Authenticate: Bearer
+realm=.../token,service=...,scope=...` challenge; `/token` checks HTTP basic credentials
+against `users` (or allows anonymous pulls) and hands out an opaque token; everything else is
+forwarded to the registry, with `Range` passed through. In `basic` mode it asks for basic
+credentials instead. It counts requests and can break the first transfer of a blob midway
+(`cut_blobs`), to test resuming, or hold one midway until the test releases it
+(`stall_blobs`, `stalled`, `release`), to kill a client while it downloads.
 
 Must not: listen beyond loopback, or leave a process behind (the context managers stop what
 they started, by pid).
@@ -25,38 +26,13 @@ import re
 import secrets
 import shutil
 import socket
-import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import requests
-
-STARTUP_TIMEOUT = 30.0  # seconds for the registry to answer /v2/
-_CONFIG = """\
-version: 0.1
-log:
-  level: error
-  accesslog:
-    disabled: true
-storage:
-  filesystem:
-    rootdirectory: {root}
-  delete:
-    enabled: true
-http:
-  addr: 127.0.0.1:{port}
-  secret: {secret}
-"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from weenvfs.tools.registry_server import RegistryServer
 
 
 def tools_missing() -> str | None:
@@ -67,94 +43,12 @@ def tools_missing() -> str | None:
     return None
 
 
-@dataclass
-class Registry:
-    """A running registry: `host` is '127.0.0.1:PORT'."""
-
-    host: str
-    root: Path
-    process: subprocess.Popen[bytes]
-    users: dict[str, str] | None = None
-
-    def push(self, layout: Path, tag: str, repo: str, dest_tag: str | None = None) -> str:
-        """Copy image `tag` of an OCI layout to `repo:dest_tag`; return the reference."""
-        ref = f"{self.host}/{repo}:{dest_tag or tag}"
-        creds = []
-        if self.users:
-            user, password = next(iter(self.users.items()))
-            creds = [f"--dest-creds={user}:{password}"]
-        subprocess.run(
-            [
-                "skopeo",
-                "copy",
-                "--quiet",
-                "--dest-tls-verify=false",
-                *creds,
-                f"oci:{layout}:{tag}",
-                f"docker://{ref}",
-            ],
-            check=True,
-            capture_output=True,
-        )
-        return ref
-
-
-def _htpasswd(users: dict[str, str]) -> str:
-    """htpasswd lines with bcrypt hashes (the only kind docker-registry accepts)."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import crypt  # glibc's libxcrypt does bcrypt ($2b$)
-
-        return "".join(
-            f"{user}:{crypt.crypt(pw, crypt.mksalt(crypt.METHOD_BLOWFISH))}\n"
-            for user, pw in users.items()
-        )
-
-
 @contextlib.contextmanager
-def run_registry(tmp: Path, htpasswd: dict[str, str] | None = None) -> Iterator[Registry]:
+def run_registry(tmp: Path, htpasswd: dict[str, str] | None = None) -> Iterator[RegistryServer]:
     """A registry on 127.0.0.1:<free port> storing into `tmp`; stopped on exit. With
     `htpasswd`, the registry itself requires HTTP basic auth from those users."""
-    root = tmp / "registry-data"
-    root.mkdir(parents=True)
-    port = free_port()
-    config = tmp / "registry.yml"
-    text = _CONFIG.format(root=root, port=port, secret=secrets.token_hex(16))
-    if htpasswd is not None:
-        (tmp / "htpasswd").write_text(_htpasswd(htpasswd))
-        text += f"auth:\n  htpasswd:\n    realm: test-registry\n    path: {tmp / 'htpasswd'}\n"
-    config.write_text(text)
-    log = open(tmp / "registry.log", "wb")  # noqa: SIM115 - closed in finally
-    proc = subprocess.Popen(
-        ["docker-registry", "serve", str(config)], stdout=log, stderr=subprocess.STDOUT
-    )
-    try:
-        _wait_ready(f"http://127.0.0.1:{port}/v2/", proc, tmp / "registry.log")
-        yield Registry(f"127.0.0.1:{port}", root, proc, htpasswd)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"docker-registry exited: {log.read_text()[-2000:]}")
-        try:
-            if requests.get(url, timeout=2).status_code in (200, 401):
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"docker-registry did not answer {url} within {STARTUP_TIMEOUT} s")
+    with RegistryServer(tmp, users=htpasswd) as registry:
+        yield registry
 
 
 # --- the auth proxy ---------------------------------------------------------------------------

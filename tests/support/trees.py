@@ -333,7 +333,8 @@ def hostile_tree(root: Path) -> Path:
 
 # --- snapshots and comparison ---------------------------------------------------------------
 
-_TYPES = {
+#: An `Entry.kind` by the file type bits of a mode (`stat.S_IFMT`), for every snapshot.
+KIND_OF_MODE = {
     stat.S_IFREG: "reg",
     stat.S_IFDIR: "dir",
     stat.S_IFLNK: "lnk",
@@ -410,7 +411,7 @@ def _walk(top: bytes, excluded: set[bytes]) -> Iterator[tuple[bytes, os.stat_res
 
 
 def _entry(path: bytes, st: os.stat_result, links: list[bytes] | None) -> Entry:
-    kind = _TYPES[stat.S_IFMT(st.st_mode)]
+    kind = KIND_OF_MODE[stat.S_IFMT(st.st_mode)]
     e = Entry(
         kind,
         stat.S_IMODE(st.st_mode),

@@ -27,16 +27,6 @@ from weenvfs.format.refs import object_key
 from weenvfs.store.local import LocalStore
 from weenvfs.store.repository import Repository
 
-_TYPES = {
-    stat.S_IFREG: "reg",
-    stat.S_IFDIR: "dir",
-    stat.S_IFLNK: "lnk",
-    stat.S_IFCHR: "chr",
-    stat.S_IFBLK: "blk",
-    stat.S_IFIFO: "fifo",
-    stat.S_IFSOCK: "sock",
-}
-
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[LocalStore]:
@@ -80,7 +70,7 @@ def index_snapshot(repo: Repository, indexes: list[GroupIndex]) -> dict[bytes, t
     for path, e in walked:
         index = indexes[e.group]
         rec = index.inode(e.inode)
-        kind = _TYPES[stat.S_IFMT(rec.mode)]
+        kind = trees.KIND_OF_MODE[stat.S_IFMT(rec.mode)]
         entry = trees.Entry(
             kind,
             stat.S_IMODE(rec.mode),

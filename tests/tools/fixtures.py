@@ -3,7 +3,8 @@
 Owns: turning a list of `tests.support.trees.Spec` entries (the same declarations the OCI
 layer builder in tests/support/layers.py turns into tar members, so one list feeds both this
 encoder and the reference applier) into a group index plus one blob, publishing groups and
-environments into a store through `Repository`, and helpers to damage stored objects.
+environments into a store through `Repository`, and helpers to damage stored objects; and
+running `weenv` in-process (`run_cli`) or in a subprocess with its own TMPDIR (`run_weenv`).
 
 OCI markers are read as the builder would: a file named `.wh.NAME` becomes a whiteout of NAME
 and `.wh..wh..opq` marks its directory opaque. Small files (under `batch_threshold`) share
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -325,6 +328,14 @@ def run_cli(argv: list[str], capsys: Any) -> tuple[int, str, str]:
     code = main(argv)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def run_weenv(tmpdir: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`weenv ARGV` in a subprocess whose temp folder (TMPDIR) is `tmpdir`, so that what it
+    stages (and leaves behind when killed) is the test's to find."""
+    return subprocess.run([sys.executable, "-m", "weenvfs", *argv], capture_output=True,
+                          text=True, env={**os.environ, "TMPDIR": str(tmpdir)}, timeout=300,
+                          stdin=subprocess.DEVNULL)
 
 
 def assert_one_line_error(code: int, err: str) -> str:

@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures import run_cli
 from support import layers, trees
 from support.trees import dir, file  # noqa: A004
 
-from weenvfs.cli import main
 from weenvfs.errors import StoreError
 from weenvfs.format.errors import FormatError
 from weenvfs.format.index import GroupIndex
@@ -33,12 +33,6 @@ from weenvfs.tools.source_dir import DirSource
 
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def small_tree(root: Path, seed: int = 1) -> Path:
@@ -77,15 +71,15 @@ def _check_index(store: LocalStore, index: GroupIndex) -> None:
 
 def test_build_json_and_summary(tmp_path, capsys, store, repo):
     src = small_tree(tmp_path / "src")
-    code, out, err = run(
-        capsys, "build", str(src), "--store", store.url, "--group", "g:v1", "--json"
+    code, out, err = run_cli(
+        ["build", str(src), "--store", store.url, "--group", "g:v1", "--json"], capsys
     )
     assert code == 0, err
     result = json.loads(out)
     assert result["group"] == "g:v1" and result["chunks_new"] == 4
     assert repo.get_tag("groups", "g", "v1") == result["index"]
-    code, out, err = run(
-        capsys, "build", str(src), "--store", str(store.root), "--group", "g:v1", "--quiet"
+    code, out, err = run_cli(
+        ["build", str(src), "--store", str(store.root), "--group", "g:v1", "--quiet"], capsys
     )
     assert code == 0, err
     assert out.startswith(f"group g:v1 -> index {result['index']}\n")
@@ -99,7 +93,8 @@ def test_build_from_stdin(tmp_path, capsys, store, repo, monkeypatch):
         buffer = io.BufferedReader(io.BytesIO(data))
 
     monkeypatch.setattr("sys.stdin", Stdin)
-    code, out, err = run(capsys, "build", "-", "--store", store.url, "--group", "s", "--quiet")
+    code, out, err = run_cli(["build", "-", "--store", store.url, "--group", "s", "--quiet"],
+                             capsys)
     assert code == 0, err
     _, index = repo.resolve_group("s")
     assert index.resolve(b"a") is not None
@@ -122,7 +117,7 @@ def test_hostile_tar_fails_with_one_line(tmp_path, capsys, store, member, store_
         members.append(trees.Spec("reg", b"a/x", data=b"through the link"))
     tar = tmp_path / "evil.tar"
     tar.write_bytes(layers.layer(*members))
-    code, out, err = run(capsys, "build", str(tar), "--store", store.url, "--group", "g")
+    code, out, err = run_cli(["build", str(tar), "--store", store.url, "--group", "g"], capsys)
     assert code != 0 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("weenv: error: refusing entry"), err
@@ -135,51 +130,32 @@ def test_hostile_tar_fails_with_one_line(tmp_path, capsys, store, member, store_
 )
 def test_bad_options_are_usage_errors(tmp_path, capsys, store, args):
     src = small_tree(tmp_path / "src")
-    code, _, err = run(capsys, "build", str(src), "--store", store.url, "--group", "g", *args)
+    code, _, err = run_cli(["build", str(src), "--store", store.url, "--group", "g", *args], capsys)
     assert code == 2 and len(err.strip().splitlines()) >= 1
 
 
 def test_missing_source(tmp_path, capsys, store):
-    code, _, err = run(
-        capsys, "build", str(tmp_path / "nope"), "--store", store.url, "--group", "g"
+    code, _, err = run_cli(
+        ["build", str(tmp_path / "nope"), "--store", store.url, "--group", "g"], capsys
     )
     assert code == 1 and "does not exist" in err
 
 
 def test_help_has_examples(capsys):
     for command in ("build", "compose"):
-        code, out, _ = run(capsys, command, "--help")
+        code, out, _ = run_cli([command, "--help"], capsys)
         assert code == 0 and "examples:" in out and f"weenv {command} " in out
 
 
 def test_compose(tmp_path, capsys, store, repo):
     for name, seed in (("base", 1), ("app", 2)):
         src = small_tree(tmp_path / name, seed)
-        assert run(capsys, "build", str(src), "--store", store.url, "--group", name)[0] == 0
-    code, out, err = run(
-        capsys,
-        "compose",
-        "env:v1",
-        "--group",
-        "base",
-        "--group",
-        "app:latest",
-        "--store",
-        store.url,
-        "--env",
-        "PATH=/bin",
-        "--env",
-        "A=b=c",
-        "--cwd",
-        "/work",
-        "--user",
-        "1000",
-        "--entrypoint",
-        '["/bin/sh", "-c"]',
-        "--cmd",
-        '["echo hi"]',
-        "--label",
-        "k=v",
+        assert run_cli(["build", str(src), "--store", store.url, "--group", name], capsys)[0] == 0
+    config = ["--store", store.url, "--env", "PATH=/bin", "--env", "A=b=c", "--cwd", "/work",
+              "--user", "1000", "--entrypoint", '["/bin/sh", "-c"]', "--cmd", '["echo hi"]',
+              "--label", "k=v"]
+    code, out, err = run_cli(
+        ["compose", "env:v1", "--group", "base", "--group", "app:latest", *config], capsys
     )
     assert code == 0, err
     digest = out.strip()
@@ -191,55 +167,25 @@ def test_compose(tmp_path, capsys, store, repo):
     assert (c.env, c.cwd, c.user) == (("PATH=/bin", "A=b=c"), "/work", "1000")
     assert (c.entrypoint, c.cmd, c.labels) == (("/bin/sh", "-c"), ("echo hi",), {"k": "v"})
     # The same inputs give the same manifest.
-    again = run(
-        capsys,
-        "compose",
-        "env:v2",
-        "--group",
-        "base",
-        "--group",
-        "app",
-        "--store",
-        store.url,
-        "--env",
-        "PATH=/bin",
-        "--env",
-        "A=b=c",
-        "--cwd",
-        "/work",
-        "--user",
-        "1000",
-        "--entrypoint",
-        '["/bin/sh", "-c"]',
-        "--cmd",
-        '["echo hi"]',
-        "--label",
-        "k=v",
-    )
+    again = run_cli(["compose", "env:v2", "--group", "base", "--group", "app", *config], capsys)
     assert again[0] == 0
-    by_digest = run(
+    by_digest = run_cli(
+        ["compose", "env:v3", "--group", manifest.groups[0].index, "--store", store.url, "--json"],
         capsys,
-        "compose",
-        "env:v3",
-        "--group",
-        manifest.groups[0].index,
-        "--store",
-        store.url,
-        "--json",
     )
     assert by_digest[0] == 0 and json.loads(by_digest[1])["env"] == "env:v3"
 
 
 def test_compose_with_a_missing_group_publishes_nothing(tmp_path, capsys, store):
     src = small_tree(tmp_path / "src")
-    assert run(capsys, "build", str(src), "--store", store.url, "--group", "base")[0] == 0
-    code, out, err = run(
-        capsys, "compose", "env", "--group", "base", "--group", "nope", "--store", store.url
+    assert run_cli(["build", str(src), "--store", store.url, "--group", "base"], capsys)[0] == 0
+    code, out, err = run_cli(
+        ["compose", "env", "--group", "base", "--group", "nope", "--store", store.url], capsys
     )
     assert code != 0 and "nope" in err
     assert list(store.list("manifests/")) == [] and list(store.list("tags/envs/")) == []
-    code, _, err = run(
-        capsys, "compose", "env", "--group", "base", "--store", store.url, "--cmd", "echo hi"
+    code, _, err = run_cli(
+        ["compose", "env", "--group", "base", "--store", store.url, "--cmd", "echo hi"], capsys
     )
     assert code == 2 and "JSON list" in err
 
@@ -247,7 +193,7 @@ def test_compose_with_a_missing_group_publishes_nothing(tmp_path, capsys, store)
 def test_compose_refuses_a_float_in_provenance_before_writing(tmp_path, capsys, store, repo):
     # Canonical JSON has integers only (SPEC.md 8.2): a float is refused, not rounded.
     src = small_tree(tmp_path / "src")
-    assert run(capsys, "build", str(src), "--store", store.url, "--group", "base")[0] == 0
+    assert run_cli(["build", str(src), "--store", store.url, "--group", "base"], capsys)[0] == 0
     with pytest.raises(FormatError, match=r"manifest\.provenance\.built\.at: a float"):
         compose_env(repo, "env", "v1", ["base"], None, {"built": {"at": 1e-05}})
     assert list(store.list("manifests/")) == [] and list(store.list("tags/envs/")) == []

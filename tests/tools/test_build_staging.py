@@ -17,24 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures import age
+from fixtures import age, run_weenv
 
 from weenvfs.store.base import TEMP_PREFIX
 from weenvfs.store.local import LocalStore
 
 HOUR = 3600.0
-
-
-def weenv(tmpdir: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TMPDIR": str(tmpdir)}
-    return subprocess.run(
-        [sys.executable, "-m", "weenvfs", *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def stagings(tmpdir: Path) -> list[Path]:
@@ -89,7 +77,7 @@ def test_the_next_build_removes_a_killed_builds_staging(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
     (src / "a").write_bytes(b"a" * 1000)
-    proc = weenv(tmpdir, "build", str(src), "--group", "g:ok", "--store", str(store))
+    proc = run_weenv(tmpdir, "build", str(src), "--group", "g:ok", "--store", str(store))
     assert proc.returncode == 0, proc.stderr
     assert not left.exists()
     assert stagings(tmpdir) == []
@@ -100,12 +88,12 @@ def test_gc_lists_and_removes_a_killed_builds_staging(tmp_path):
     tmpdir.mkdir()
     left = killed_build(tmpdir, store)
     LocalStore(store, create=True).close()
-    dry = weenv(tmpdir, "gc", "--store", str(store), "--dry-run")
+    dry = run_weenv(tmpdir, "gc", "--store", str(store), "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert str(left) in dry.stdout and left.exists()
-    js = weenv(tmpdir, "gc", "--store", str(store), "--json")
+    js = run_weenv(tmpdir, "gc", "--store", str(store), "--json")
     assert [s["path"] for s in json.loads(js.stdout)["stale_staging"]] == [str(left)]
-    done = weenv(tmpdir, "gc", "--store", str(store), "--delete")
+    done = run_weenv(tmpdir, "gc", "--store", str(store), "--delete")
     assert done.returncode == 0, done.stderr
     assert str(left) in done.stdout and not left.exists()
 
@@ -116,7 +104,7 @@ def test_a_running_builds_staging_is_kept(tmp_path):
     LocalStore(store, create=True).close()
     mine = tmpdir / f"weenv-build-{os.getpid()}-abc"  # our pid is alive
     mine.mkdir()
-    done = weenv(tmpdir, "gc", "--store", str(store), "--delete")
+    done = run_weenv(tmpdir, "gc", "--store", str(store), "--delete")
     assert done.returncode == 0, done.stderr
     assert mine.exists()
 
@@ -131,11 +119,11 @@ def test_gc_dry_run_lists_stale_temp_objects(tmp_path):
     age(old, 2 * HOUR)
     young = root / "blobs" / (TEMP_PREFIX + "writing")
     young.write_bytes(b"in progress")
-    dry = weenv(tmpdir, "gc", "--store", str(root))
+    dry = run_weenv(tmpdir, "gc", "--store", str(root))
     assert dry.returncode == 0, dry.stderr
     assert old.name in dry.stdout and young.name not in dry.stdout
     assert old.exists()
-    done = weenv(tmpdir, "gc", "--store", str(root), "--delete")
+    done = run_weenv(tmpdir, "gc", "--store", str(root), "--delete")
     assert done.returncode == 0, done.stderr
     assert not old.exists() and young.exists()
 
@@ -159,10 +147,10 @@ def test_a_dead_conversions_staging_is_removed_by_the_next_conversion_and_gc(tmp
     dead = tmpdir / f"weenv-{kind}-{_dead_pid()}-abc"
     dead.mkdir()
     (dead / "blob").write_bytes(b"x" * 5000)
-    dry = weenv(tmpdir, "gc", "--store", str(store))
+    dry = run_weenv(tmpdir, "gc", "--store", str(store))
     assert str(dead) in dry.stdout and dead.exists()
     image = O.write_layout(tmp_path / "layout", [L.layer(L.file("a", b"a"))])
-    proc = weenv(tmpdir, "convert", f"oci:{image.layout}:latest", "e", "--store", str(store))
+    proc = run_weenv(tmpdir, "convert", f"oci:{image.layout}:latest", "e", "--store", str(store))
     assert proc.returncode == 0, proc.stderr
     assert not dead.exists()
     assert not [p for p in tmpdir.iterdir() if p.name.startswith("weenv-")]

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import oci_images as O
 import pytest
-from registry_fixture import tools_missing
+from fixtures import run_cli
 from support import layers as L
 from support import oci_apply, trees
+from support.registry import tools_missing
 
-from weenvfs.cli import main
 from weenvfs.store.local import LocalStore
 from weenvfs.store.repository import Repository
 
@@ -36,12 +36,6 @@ def _tools(require_or_skip: Callable[[object, str], None]) -> None:
     require_or_skip(reason is None, reason or "")
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 def umoci_unpack(layout: Path, tag: str, dest: Path) -> Path:
     subprocess.run(
         ["umoci", "unpack", "--image", f"{layout}:{tag}", str(dest)],
@@ -52,7 +46,7 @@ def umoci_unpack(layout: Path, tag: str, dest: Path) -> Path:
 
 
 def export(capsys: pytest.CaptureFixture[str], store: Path, ref: str, dest: Path) -> Path:
-    rc, _, err = run(capsys, "export", ref, str(dest), "--store", str(store))
+    rc, _, err = run_cli(["export", ref, str(dest), "--store", str(store)], capsys)
     assert rc == 0, err
     return dest
 
@@ -63,7 +57,7 @@ def tags(store: Path) -> list[str]:
 
 def assert_refused(capsys: pytest.CaptureFixture[str], store: Path, *argv: str) -> str:
     """Run a conversion that must fail: one line on stderr, exit 1, nothing tagged."""
-    rc, out, err = run(capsys, "convert", *argv, "--store", str(store), "--quiet")
+    rc, out, err = run_cli(["convert", *argv, "--store", str(store), "--quiet"], capsys)
     assert rc == 1, (rc, out, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("weenv: error: "), err
@@ -89,8 +83,8 @@ def test_zstd_layers_match_the_reference_applier(union, tmp_path, capsys):
     image, _ = union
     zimage = O.write_layout(tmp_path / "z", image.tars, media_types=[O.LAYER_ZSTD] * 6)
     store = tmp_path / "store"
-    rc, _, err = run(
-        capsys, "convert", f"oci:{zimage.layout}", "z", "--store", str(store), "--quiet"
+    rc, _, err = run_cli(
+        ["convert", f"oci:{zimage.layout}", "z", "--store", str(store), "--quiet"], capsys
     )
     assert rc == 0, err
     oracle = oci_apply.apply_layers(tmp_path / "oracle", image.tars)
@@ -100,8 +94,8 @@ def test_zstd_layers_match_the_reference_applier(union, tmp_path, capsys):
 def test_oci_layout_matches_umoci(union, tmp_path, capsys):
     image, rootfs = union
     store = tmp_path / "store"
-    rc, out, err = run(
-        capsys, "convert", f"oci:{image.layout}:v1", "union:v1", "--store", str(store), "--json"
+    rc, out, err = run_cli(
+        ["convert", f"oci:{image.layout}:v1", "union:v1", "--store", str(store), "--json"], capsys
     )
     assert rc == 0, err
     result = json.loads(out)
@@ -124,57 +118,34 @@ def test_oci_layout_matches_umoci(union, tmp_path, capsys):
 def test_mounted_environment_matches_umoci(union, tmp_path, capsys):
     image, rootfs = union
     store = tmp_path / "store"
-    rc, _, err = run(
+    rc, _, err = run_cli(
+        ["convert", f"oci:{image.layout}:v1", "mnt:v1", "--store", str(store), "--group",
+         "base=0-2", "--group", "top=3-", "--quiet"],
         capsys,
-        "convert",
-        f"oci:{image.layout}:v1",
-        "mnt:v1",
-        "--store",
-        str(store),
-        "--group",
-        "base=0-2",
-        "--group",
-        "top=3-",
-        "--quiet",
     )
     assert rc == 0, err
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
-    rc, _, err = run(
+    rc, _, err = run_cli(
+        ["mount", "mnt:v1", str(mountpoint), "--store", str(store), "--cache",
+         str(tmp_path / "cache")],
         capsys,
-        "mount",
-        "mnt:v1",
-        str(mountpoint),
-        "--store",
-        str(store),
-        "--cache",
-        str(tmp_path / "cache"),
     )
     assert rc == 0, err
     try:
         trees.assert_trees_equal(rootfs, mountpoint)
     finally:
-        rc, _, err = run(capsys, "umount", str(mountpoint))
+        rc, _, err = run_cli(["umount", str(mountpoint)], capsys)
         assert rc == 0, err
 
 
 def test_squashed_groups_match_umoci(union, tmp_path, capsys):
     image, rootfs = union
     store = tmp_path / "store"
-    rc, out, err = run(
+    rc, out, err = run_cli(
+        ["convert", f"oci:{image.layout}:v1", "union:squashed", "--store", str(store), "--group",
+         "base=0-1", "--group", "mid=2-3", "--group", "task=4-", "--json"],
         capsys,
-        "convert",
-        f"oci:{image.layout}:v1",
-        "union:squashed",
-        "--store",
-        str(store),
-        "--group",
-        "base=0-1",
-        "--group",
-        "mid=2-3",
-        "--group",
-        "task=4-",
-        "--json",
     )
     assert rc == 0, err
     groups = json.loads(out)["groups"]
@@ -185,16 +156,10 @@ def test_squashed_groups_match_umoci(union, tmp_path, capsys):
     ]
     trees.assert_trees_equal(rootfs, export(capsys, store, "union:squashed", tmp_path / "out"))
     # One group for everything gives the same tree, with no whiteout left anywhere.
-    rc, out, err = run(
+    rc, out, err = run_cli(
+        ["convert", f"oci:{image.layout}:v1", "union:flat", "--store", str(store), "--group",
+         "all:v1=0-", "--quiet"],
         capsys,
-        "convert",
-        f"oci:{image.layout}:v1",
-        "union:flat",
-        "--store",
-        str(store),
-        "--group",
-        "all:v1=0-",
-        "--quiet",
     )
     assert rc == 0, err
     trees.assert_trees_equal(rootfs, export(capsys, store, "union:flat", tmp_path / "flat"))
@@ -210,8 +175,8 @@ def test_docker_archive_legacy_and_compressed(union, tmp_path, capsys):
         capture_output=True,
     )
     store = tmp_path / "store"
-    rc, out, err = run(
-        capsys, "convert", f"docker-archive:{archive}", "arch:v1", "--store", str(store), "--json"
+    rc, out, err = run_cli(
+        ["convert", f"docker-archive:{archive}", "arch:v1", "--store", str(store), "--json"], capsys
     )
     assert rc == 0, err
     layers = json.loads(out)["source"]["layers"]
@@ -221,14 +186,9 @@ def test_docker_archive_legacy_and_compressed(union, tmp_path, capsys):
     packed = tmp_path / "image.tar.gz"
     with open(archive, "rb") as src, gzip.open(packed, "wb") as dst:
         shutil.copyfileobj(src, dst)
-    rc, out, err = run(
+    rc, out, err = run_cli(
+        ["convert", f"docker-archive:{packed}:app:v1", "arch:v2", "--store", str(store), "--json"],
         capsys,
-        "convert",
-        f"docker-archive:{packed}:app:v1",
-        "arch:v2",
-        "--store",
-        str(store),
-        "--json",
     )
     assert rc == 0, err
     assert all(g["reused"] for g in json.loads(out)["groups"])
@@ -253,14 +213,9 @@ def test_docker_archive_oci_style(union, tmp_path, capsys):
         "app:v1",
     )
     store = tmp_path / "store"
-    rc, out, err = run(
+    rc, out, err = run_cli(
+        ["convert", f"docker-archive:{archive}:app:v1", "save:v1", "--store", str(store), "--json"],
         capsys,
-        "convert",
-        f"docker-archive:{archive}:app:v1",
-        "save:v1",
-        "--store",
-        str(store),
-        "--json",
     )
     assert rc == 0, err
     assert json.loads(out)["source"]["manifest"] == image.manifest_digest
@@ -270,15 +225,15 @@ def test_docker_archive_oci_style(union, tmp_path, capsys):
 def test_second_image_reuses_shared_layers(union, tmp_path, capsys):
     image, _ = union
     store = tmp_path / "store"
-    rc, _, err = run(
-        capsys, "convert", f"oci:{image.layout}:v1", "task-1234", "--store", str(store), "--quiet"
+    rc, _, err = run_cli(
+        ["convert", f"oci:{image.layout}:v1", "task-1234", "--store", str(store), "--quiet"], capsys
     )
     assert rc == 0, err
     task = L.layer(L.dir("work", uid=1000, gid=1000), L.file("work/task.py", b"print(1235)\n"))
     other = O.write_layout(tmp_path / "other", [*image.tars[:5], task], tag="v2")
     umoci = umoci_unpack(tmp_path / "other", "v2", tmp_path / "bundle")
-    rc, out, err = run(
-        capsys, "convert", f"oci:{other.layout}:v2", "task-1235", "--store", str(store), "--json"
+    rc, out, err = run_cli(
+        ["convert", f"oci:{other.layout}:v2", "task-1235", "--store", str(store), "--json"], capsys
     )
     assert rc == 0, err
     result = json.loads(out)
@@ -294,16 +249,10 @@ def test_named_group_dedups_against_its_previous_version(tmp_path, capsys):
     v2 = O.write_layout(tmp_path / "b", [base, L.layer(L.file("task", b"two"))], tag="v2")
     store = tmp_path / "store"
     for image, tag in ((v1, "v1"), (v2, "v2")):
-        rc, out, err = run(
+        rc, out, err = run_cli(
+            ["convert", f"oci:{image.layout}:{tag}", f"t:{tag}", "--store", str(store), "--group",
+             "all:stable=0-", "--json"],
             capsys,
-            "convert",
-            f"oci:{image.layout}:{tag}",
-            f"t:{tag}",
-            "--store",
-            str(store),
-            "--group",
-            "all:stable=0-",
-            "--json",
         )
         assert rc == 0, err
     assert json.loads(out)["bytes_uploaded"] < 1000  # the 3 MiB are reused, not uploaded
@@ -312,8 +261,8 @@ def test_named_group_dedups_against_its_previous_version(tmp_path, capsys):
 def test_empty_layer_and_dedup_with(tmp_path, capsys):
     image = O.write_layout(tmp_path / "layout", [L.layer(L.file("a", b"a" * 100)), L.layer()])
     store = tmp_path / "store"
-    rc, out, err = run(
-        capsys, "convert", f"oci:{image.layout}", "e:v1", "--store", str(store), "--json"
+    rc, out, err = run_cli(
+        ["convert", f"oci:{image.layout}", "e:v1", "--store", str(store), "--json"], capsys
     )
     assert rc == 0, err
     out_dir = export(capsys, store, "e:v1", tmp_path / "out")
@@ -322,17 +271,10 @@ def test_empty_layer_and_dedup_with(tmp_path, capsys):
         capsys, tmp_path / "s2", f"oci:{image.layout}", "e", "--dedup-with", "nothing:here"
     )
     assert "--dedup-with nothing:here: no such environment or group" in line
-    rc, out, err = run(
+    rc, out, err = run_cli(
+        ["convert", f"oci:{image.layout}", "f", "--store", str(store), "--dedup-with", "e:v1",
+         "--no-reuse", "--json"],
         capsys,
-        "convert",
-        f"oci:{image.layout}",
-        "f",
-        "--store",
-        str(store),
-        "--dedup-with",
-        "e:v1",
-        "--no-reuse",
-        "--json",
     )
     assert rc == 0, err
     result = json.loads(out)
@@ -352,7 +294,7 @@ def test_group_specs_are_validated(union, tmp_path, capsys):
         argv = [f"oci:{image.layout}:v1", "bad", "--store", str(store), "--quiet"]
         for spec in specs:
             argv += ["--group", spec]
-        rc, _, err = run(capsys, "convert", *argv)
+        rc, _, err = run_cli(["convert", *argv], capsys)
         assert rc == 2 and message in err, err
     assert tags(store) == []
 
@@ -369,16 +311,10 @@ def test_platform_selection(tmp_path, capsys):
     )
     store = tmp_path / "store"
     for arch in ("amd64", "arm64"):
-        rc, out, err = run(
+        rc, out, err = run_cli(
+            ["convert", f"oci:{layout}:multi", f"m:{arch}", "--store", str(store), "--platform",
+             f"linux/{arch}", "--json"],
             capsys,
-            "convert",
-            f"oci:{layout}:multi",
-            f"m:{arch}",
-            "--store",
-            str(store),
-            "--platform",
-            f"linux/{arch}",
-            "--json",
         )
         assert rc == 0, err
         assert json.loads(out)["source"]["manifest"] == images[arch].manifest_digest
@@ -427,15 +363,9 @@ def test_hardlinks_to_lower_layers(grouping, tmp_path, capsys):
     ]
     image = O.write_layout(tmp_path / "layout", tars)
     store = tmp_path / "store"
-    rc, _, err = run(
+    rc, _, err = run_cli(
+        ["convert", f"oci:{image.layout}", "links", "--store", str(store), "--quiet", *grouping],
         capsys,
-        "convert",
-        f"oci:{image.layout}",
-        "links",
-        "--store",
-        str(store),
-        "--quiet",
-        *grouping,
     )
     assert rc == 0, err
     oracle = oci_apply.apply_layers(tmp_path / "oracle", tars)
@@ -447,8 +377,8 @@ def test_hardlinks_to_lower_layers(grouping, tmp_path, capsys):
 def test_absolute_member_names_stay_inside(tmp_path, capsys):
     image = O.write_layout(tmp_path / "layout", [BASE, *L.hostile_layers()["absolute"]])
     store = tmp_path / "store"
-    rc, _, err = run(
-        capsys, "convert", f"oci:{image.layout}:latest", "abs", "--store", str(store), "--quiet"
+    rc, _, err = run_cli(
+        ["convert", f"oci:{image.layout}:latest", "abs", "--store", str(store), "--quiet"], capsys
     )
     assert rc == 0, err
     out = export(capsys, store, "abs", tmp_path / "out")
@@ -557,6 +487,6 @@ def test_unknown_sources_and_tags(tmp_path, capsys):
     assert "no image tagged 'nope' (tags: latest)" in line
     line = assert_refused(capsys, tmp_path / "s", f"oci:{tmp_path / 'missing'}", "bad")
     assert "not a directory" in line
-    rc, _, err = run(capsys, "convert", "ftp://x/y", "bad", "--store", str(tmp_path / "s"))
+    rc, _, err = run_cli(["convert", "ftp://x/y", "bad", "--store", str(tmp_path / "s")], capsys)
     assert rc == 2 and "unknown image source" in err
     assert not (tmp_path / "s").exists()

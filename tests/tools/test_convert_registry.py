@@ -1,6 +1,6 @@
 """`weenv convert docker://...` against a real registry (Debian's docker-registry on
 127.0.0.1), images pushed with skopeo; auth, resume and corruption through the test auth
-proxy (registry_fixture.AuthProxy) in front of it. Results are compared with `umoci unpack`
+proxy (support.registry.AuthProxy) in front of it. Results are compared with `umoci unpack`
 of the image that was pushed."""
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ from pathlib import Path
 import oci_images as O
 import pytest
 import requests
-from registry_fixture import Registry, run_auth_proxy, run_registry, tools_missing
+from fixtures import run_cli, run_weenv
 from support import layers as L
 from support import trees
+from support.registry import run_auth_proxy, run_registry, tools_missing
 
-from weenvfs.cli import main
 from weenvfs.store.local import LocalStore
 from weenvfs.tools import registry as weenv_registry
+from weenvfs.tools.registry_server import RegistryServer
 
 ACCEPT = ", ".join(
     [O.OCI_MANIFEST, O.OCI_INDEX, "application/vnd.docker.distribution.manifest.v2+json"]
@@ -39,7 +40,7 @@ def _tools(require_or_skip: Callable[[object, str], None]) -> None:
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryServer]:
     if tools_missing():
         pytest.skip(tools_missing() or "")
     with run_registry(tmp_path_factory.mktemp("registry")) as reg:
@@ -47,7 +48,8 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
 
 
 @pytest.fixture(scope="module")
-def union(registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> tuple[O.Image, Path]:
+def union(registry: RegistryServer,
+          tmp_path_factory: pytest.TempPathFactory) -> tuple[O.Image, Path]:
     """The union image pushed as union:v1, and umoci's rootfs of it."""
     tmp = tmp_path_factory.mktemp("union")
     media = [O.LAYER_GZIP, O.LAYER_TAR, O.LAYER_GZIP, O.LAYER_GZIP, O.LAYER_TAR, O.LAYER_GZIP]
@@ -61,39 +63,20 @@ def union(registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> tuple
     return image, tmp / "bundle" / "rootfs"
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 def convert(capsys, ref: str, env: str, store: Path, *extra: str) -> dict:
-    rc, out, err = run(
+    rc, out, err = run_cli(
+        ["convert", f"docker://{ref}", env, "--store", str(store), "--insecure", "--json", *extra],
         capsys,
-        "convert",
-        f"docker://{ref}",
-        env,
-        "--store",
-        str(store),
-        "--insecure",
-        "--json",
-        *extra,
     )
     assert rc == 0, err
     return json.loads(out)
 
 
 def refused(capsys, ref: str, store: Path, *extra: str, code: int = 1) -> str:
-    rc, out, err = run(
+    rc, out, err = run_cli(
+        ["convert", f"docker://{ref}", "env", "--store", str(store), "--insecure", "--quiet",
+         *extra],
         capsys,
-        "convert",
-        f"docker://{ref}",
-        "env",
-        "--store",
-        str(store),
-        "--insecure",
-        "--quiet",
-        *extra,
     )
     assert rc == code, (rc, out, err)
     lines = err.strip().splitlines()
@@ -103,7 +86,7 @@ def refused(capsys, ref: str, store: Path, *extra: str, code: int = 1) -> str:
 
 
 def export(capsys, store: Path, env: str, dest: Path) -> Path:
-    rc, _, err = run(capsys, "export", env, str(dest), "--store", str(store))
+    rc, _, err = run_cli(["export", env, str(dest), "--store", str(store)], capsys)
     assert rc == 0, err
     return dest
 
@@ -265,13 +248,6 @@ def test_bad_references(registry, tmp_path, capsys, monkeypatch):
     assert "cannot reach registry 127.0.0.1:1" in line, line
 
 
-def _weenv(tmpdir: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    """`weenv ARGV` in a subprocess whose temp folder (TMPDIR) is `tmpdir`."""
-    return subprocess.run([sys.executable, "-m", "weenvfs", *argv], capture_output=True,
-                          text=True, env={**os.environ, "TMPDIR": str(tmpdir)}, timeout=300,
-                          stdin=subprocess.DEVNULL)
-
-
 def test_a_killed_conversions_downloads_are_removed_by_gc_and_the_next_conversion(
     registry, tmp_path
 ):
@@ -302,10 +278,10 @@ def test_a_killed_conversions_downloads_are_removed_by_gc_and_the_next_conversio
     left = sorted(p for p in tmpdir.iterdir() if p.name.startswith("weenv-"))
     pulls = [p for p in left if p.name.startswith(f"weenv-pull-{proc.pid}-")]
     assert len(pulls) == 1 and any(pulls[0].iterdir()), left  # (and its blob staging)
-    dry = _weenv(tmpdir, "gc", "--store", str(store))
+    dry = run_weenv(tmpdir, "gc", "--store", str(store))
     assert dry.returncode == 0, dry.stderr
     assert all(str(p) in dry.stdout for p in left) and all(p.exists() for p in left)
-    again = _weenv(tmpdir, "convert", f"docker://{registry.host}/killed:k", "e",
+    again = run_weenv(tmpdir, "convert", f"docker://{registry.host}/killed:k", "e",
                    "--store", str(store), "--insecure", "--quiet")
     assert again.returncode == 0, again.stderr
     assert not any(p.exists() for p in left)

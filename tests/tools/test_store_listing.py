@@ -7,22 +7,15 @@ import json
 import random
 from pathlib import Path
 
-import pytest
+from fixtures import run_cli
 from support import trees
 from support.trees import dir, file  # noqa: A004
 
-from weenvfs.cli import main
 from weenvfs.store.local import LocalStore
 from weenvfs.store.repository import Repository
 from weenvfs.tools.dedup_sources import recent_versions
 
 MIB = 1 << 20
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _tree(root: Path, small: bytes = b"one") -> Path:
@@ -32,8 +25,8 @@ def _tree(root: Path, small: bytes = b"one") -> Path:
 
 
 def _build(capsys, store: LocalStore, src: Path, group: str) -> dict:
-    code, out, err = run(capsys, "build", str(src), "--store", store.url, "--group", group,
-                         "--json")
+    code, out, err = run_cli(["build", str(src), "--store", store.url, "--group", group,
+                              "--json"], capsys)
     assert code == 0, err
     return json.loads(out)
 
@@ -43,8 +36,8 @@ def test_a_new_tag_reuses_the_chunks_of_the_previous_tag(tmp_path, capsys, store
     second = _build(capsys, store, _tree(tmp_path / "b", b"two"), "tricky:2")
     assert second["chunks_reused"] >= 3 and second["bytes_uploaded"] < MIB
     assert [s.split("@")[0] for s in second["dedup_sources"]] == ["tricky:1"]
-    code, out, _ = run(capsys, "build", str(tmp_path / "b"), "--store", store.url,
-                       "--group", "tricky:3", "--quiet")
+    code, out, _ = run_cli(["build", str(tmp_path / "b"), "--store", store.url,
+                            "--group", "tricky:3", "--quiet"], capsys)
     assert code == 0 and "(from tricky:" in out
 
 
@@ -59,8 +52,8 @@ def test_recent_versions_order_and_bound(tmp_path, capsys, store) -> None:
 
 def test_ls_lists_environments_groups_tags_and_hints(tmp_path, capsys, store) -> None:
     _build(capsys, store, _tree(tmp_path / "a"), "base:1")
-    assert run(capsys, "compose", "--store", store.url, "env:1", "--group", "base:1")[0] == 0
-    code, out, err = run(capsys, "ls", "--store", store.url, "--json")
+    assert run_cli(["compose", "--store", store.url, "env:1", "--group", "base:1"], capsys)[0] == 0
+    code, out, err = run_cli(["ls", "--store", store.url, "--json"], capsys)
     assert code == 0, err
     doc = json.loads(out)
     assert [e["name"] for e in doc["environments"]] == ["env"]
@@ -69,19 +62,20 @@ def test_ls_lists_environments_groups_tags_and_hints(tmp_path, capsys, store) ->
     assert version["file_bytes"] == 3 * MIB + 3 and version["hints"] == []
     group = doc["groups"][0]
     assert group["name"] == "base" and group["versions"][0]["date"].endswith("Z")
-    code, out, _ = run(capsys, "ls", "--store", store.url)
+    code, out, _ = run_cli(["ls", "--store", store.url], capsys)
     assert code == 0 and "ENVIRONMENT" in out and "env" in out and "base" in out
 
 
 def test_ls_of_an_empty_store(tmp_path, capsys, store) -> None:
-    code, out, _ = run(capsys, "ls", "--store", store.url)
+    code, out, _ = run_cli(["ls", "--store", store.url], capsys)
     assert code == 0 and "no environments" in out and "no groups" in out
 
 
 def test_a_missing_environment_suggests_near_names(tmp_path, capsys, store) -> None:
     _build(capsys, store, _tree(tmp_path / "a"), "base:1")
-    assert run(capsys, "compose", "--store", store.url, "python-env:1", "--group", "base:1")[0] == 0
-    code, _, err = run(capsys, "inspect", "pyhton-env:1", "--store", store.url)
+    compose = ["compose", "--store", store.url, "python-env:1", "--group", "base:1"]
+    assert run_cli(compose, capsys)[0] == 0
+    code, _, err = run_cli(["inspect", "pyhton-env:1", "--store", store.url], capsys)
     assert code != 0 and "did you mean python-env:1" in err
-    code, _, err = run(capsys, "inspect", "python-env:2", "--store", store.url)
+    code, _, err = run_cli(["inspect", "python-env:2", "--store", store.url], capsys)
     assert code != 0 and "did you mean python-env:1" in err

