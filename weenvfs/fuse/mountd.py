@@ -74,8 +74,9 @@ HOUSEKEEPING_EVERY = 60.0  # seconds between two runs of HOUSEKEEPING while the 
 # CLI runs it, so this package never imports the runtime.
 HOUSEKEEPING = ("mounts", "evict", "--expired", "--quiet")
 # Imported before the first fork: what `weenv mount --foreground` needs for any store.
-PRELOAD = ("weenvfs.fuse.commands", "weenvfs.fuse.mount", "weenvfs.core.node_hints",
-           "weenvfs.store.s3", "weenvfs.store.http", "weenvfs.store.local")
+PRELOAD = ("weenvfs.fuse.commands", "weenvfs.fuse.mount", "weenvfs.fuse.kernel_mount",
+           "weenvfs.core.node_hints", "weenvfs.store.s3", "weenvfs.store.http",
+           "weenvfs.store.local", "setproctitle")
 PACKAGE = Path(__file__).resolve().parent.parent  # the weenvfs folder
 SUN_PATH_MAX = 107  # bytes of a unix socket path, NUL excluded
 

@@ -9,7 +9,6 @@ Must not: decide what to mount (kernel_mount.py).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 
@@ -18,7 +17,9 @@ MS_NOSUID = 2
 MS_NODEV = 4
 MNT_DETACH = 2
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+# The process's own libc (CDLL(None)): ctypes.util.find_library runs `ldconfig -p`, a
+# process and ~20 ms on every mount daemon's start.
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                         ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
