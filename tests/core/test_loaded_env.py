@@ -10,7 +10,8 @@ import stat
 
 import pytest
 
-from weenvfs.core.loaded_env import open_environment
+from weenvfs.core.loaded_env import load_all, open_environment
+from weenvfs.errors import ObjectMissing
 from weenvfs.format import constants as C
 from weenvfs.format.chunk import compress_object
 from weenvfs.format.errors import FormatError
@@ -66,3 +67,30 @@ def test_an_index_named_by_several_groups_is_loaded_once(repo: Repository) -> No
     tree = open_environment(repo.store, "many").tree
     assert len(tree.groups) == C.MAX_GROUPS
     assert all(group is tree.groups[0] for group in tree.groups)
+
+
+def test_groups_load_in_parallel_and_the_first_bad_one_in_order_fails(
+        repo: Repository) -> None:
+    """Several distinct indexes load at once (load_all); a bad one fails the mount with its
+    own error, the lowest bad group's when several are bad, as a loop in order would."""
+    good = repo.put_object("indexes", compress_object(_tree()))
+    bad = repo.put_object("indexes", compress_object(_hardlinked(_tree())))
+    other = repo.put_object("indexes", compress_object(encode_index(Node(DIR), 4096)))
+    groups = (GroupRef("a", good), GroupRef("b", other), GroupRef("c", good))
+    repo.set_tag("envs", "three", "latest",
+                 repo.put_object("manifests", encode_manifest(Manifest(groups))))
+    tree = open_environment(repo.store, "three").tree
+    assert len(tree.groups) == 3
+    assert tree.groups[0] is tree.groups[2] and tree.groups[1] is not tree.groups[0]
+    missing = "0" * 64
+    groups = (GroupRef("a", good), GroupRef("b", missing), GroupRef("c", bad))
+    repo.set_tag("envs", "broken", "latest",
+                 repo.put_object("manifests", encode_manifest(Manifest(groups))))
+    with pytest.raises(ObjectMissing):  # group b's error, not c's
+        open_environment(repo.store, "broken")
+
+
+def test_load_all_keeps_the_order_of_its_keys() -> None:
+    seen: list[int] = []
+    result = load_all([3, 1, 2], lambda key: seen.append(key) or key * 10)
+    assert list(result.items()) == [(3, 30), (1, 10), (2, 20)] and sorted(seen) == [1, 2, 3]

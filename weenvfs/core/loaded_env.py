@@ -5,18 +5,21 @@ Owns: the only I/O a mount does before it serves requests, in this order: `store
 digest, fetching and verifying the manifest and every group index (never file data; each index's
 directory graph checked to be a tree by `format.validate.check_tree`; a mount keeps checked
 indexes on the node, index_cache.py; every object refused unread beyond its kind's size limit,
-SPEC.md 12.1, by `Repository`), and composing them into a `Tree`. Must not: mount or fetch
-chunks.
+SPEC.md 12.1, by `Repository`), and composing them into a `Tree`. The indexes of a multi-group
+environment load in parallel: each is a store round trip (or two) before its checks, and an
+image converted from Docker has a group per layer. Must not: mount or fetch chunks.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from weenvfs.errors import UsageError
-from weenvfs.format.index import GroupIndex
 from weenvfs.format.manifest import Manifest
 from weenvfs.store.base import Store
 from weenvfs.store.repository import Repository
@@ -26,6 +29,10 @@ from .layer_tree import LayerTree
 from .tree import Tree
 
 log = logging.getLogger(__name__)
+
+K = TypeVar("K")
+V = TypeVar("V")
+MAX_PARALLEL_LOADS = 8  # index (and EROFS image) loads of one mount in flight at once
 
 
 @dataclass
@@ -74,10 +81,8 @@ def open_environment(store: Store, ref: str, layer: int | None = None,
     # per-record check; inspect, export and verify refuse it with the same validator). A
     # group named twice is loaded once: a manifest cannot multiply what a mount holds beyond
     # its distinct indexes (each at most MAX_INDEX_SIZE, SPEC.md 12.1).
-    loaded: dict[str, GroupIndex] = {}
-    for group in groups:
-        if group.index not in loaded:
-            loaded[group.index] = load_index(repo, group.index, cache_dir)
+    loaded = load_all(list(dict.fromkeys(group.index for group in groups)),
+                      lambda digest: load_index(repo, digest, cache_dir))
     indexes = [loaded[group.index] for group in groups]
     tree = Tree(indexes) if layer is None else LayerTree(indexes)
     env = LoadedEnv(ref, store, digest, manifest, tree, layer)
@@ -87,3 +92,14 @@ def open_environment(store: Store, ref: str, layer: int | None = None,
         "" if layer is None else f"; serving group {layer} as an overlay layer",
     )
     return env
+
+
+def load_all(keys: list[K], load: Callable[[K], V]) -> dict[K, V]:
+    """`{key: load(key)}`, the loads run in parallel threads when there are several; the
+    first failing key, in order, raises its error (as a loop over `keys` would)."""
+    if len(keys) <= 1:
+        return {key: load(key) for key in keys}
+    with ThreadPoolExecutor(min(MAX_PARALLEL_LOADS, len(keys)),
+                            thread_name_prefix="weenv-load") as pool:
+        futures = [pool.submit(load, key) for key in keys]
+        return {key: future.result() for key, future in zip(keys, futures, strict=True)}

@@ -46,7 +46,7 @@ from weenvfs.core.kernel_image import (
     fetch_group_image,
     stack_key,
 )
-from weenvfs.core.loaded_env import LoadedEnv
+from weenvfs.core.loaded_env import LoadedEnv, load_all
 from weenvfs.core.reader import Reader
 from weenvfs.core.tree import FormatError
 from weenvfs.errors import StoreError, WeenvError
@@ -110,9 +110,8 @@ def prepare_layers(env: LoadedEnv, config: MountConfig, reader: Reader) -> list[
     """Every layer of this mount, lowest first, with its image fetched, built or verified."""
     groups = env.tree.groups
     positions = [env.layer] if env.layer is not None else list(range(len(groups)))
-    layers = []
-    for position in positions:
-        assert position is not None
+
+    def prepare(position: int) -> KernelLayer:
         started = time.monotonic()
         layout = cached_layout(config.cache_dir, env.manifest.groups[position].index,
                                groups[position])
@@ -120,9 +119,12 @@ def prepare_layers(env: LoadedEnv, config: MountConfig, reader: Reader) -> list[
         log.info("group %d: EROFS image %s ready in %.0f ms (%d files on a %d MiB device)",
                  position, image.name[:12], (time.monotonic() - started) * 1000,
                  layout.files, layout.size >> 20)
-        layers.append(KernelLayer(position, image, b"g%d" % position,
-                                  DeviceReader(layout, reader, position)))
-    return layers
+        return KernelLayer(position, image, b"g%d" % position,
+                           DeviceReader(layout, reader, position))
+
+    # In parallel: each image is a store round trip (a Docker image has a group per layer).
+    prepared = load_all([p for p in positions if p is not None], prepare)
+    return list(prepared.values())
 
 
 def _image(env: LoadedEnv, config: MountConfig, position: int, layout: DeviceLayout) -> Path:
