@@ -26,16 +26,16 @@ from weenvfs.format.digest import short
 from weenvfs.format.refs import check_name, check_tag
 from weenvfs.store.repository import Repository
 
-from .chunker import Chunker, ChunkOptions, ChunkStats, DedupTable
+from .chunker import Chunker, ChunkOptions, DedupTable
 from .dedup_sources import recent_versions
 from .entries import Source
-from .group_pipeline import stage_and_store
+from .group_pipeline import GroupOutcome, stage_and_store
 from .layout import LayoutOrder
 from .progress import Progress
 from .publish import tag_group
 from .source_dir import DirSource
 from .source_tar import TarSource
-from .tree import GroupTree, TreeCounts
+from .tree import GroupTree
 
 log = logging.getLogger(__name__)
 
@@ -53,20 +53,13 @@ class BuildOptions:
     layout: LayoutOrder | None = None  # hinted data first, in hint order (layout.py)
 
 
-@dataclass
-class BuildResult:
+@dataclass(kw_only=True)
+class BuildResult(GroupOutcome):
     """What a build produced and how much of it was new."""
 
     name: str
     tag: str
-    index_digest: str
     previous: str | None
-    counts: TreeCounts
-    stats: ChunkStats
-    blobs_new: int
-    blobs_uploaded: int
-    bytes_uploaded: int
-    index_size: int
     dedup_sources: list[str] = field(default_factory=list)  # `ref@digest12` seeded from
 
     def as_dict(self) -> dict[str, Any]:
@@ -151,19 +144,8 @@ def build_group(
         layout=options.layout, count_bytes=True,
     )
     tag_group(repo, name, tag, staged.stored)
-    return BuildResult(
-        name,
-        tag,
-        staged.stored.index_digest,
-        previous,
-        tree.counts(),
-        staged.stats,
-        staged.blobs_new,
-        staged.stored.blobs_uploaded,
-        staged.stored.bytes_uploaded,
-        len(staged.index_object),
-        dedup_sources,
-    )
+    return BuildResult(name=name, tag=tag, previous=previous, dedup_sources=dedup_sources,
+                       **staged.outcome(tree.counts()))
 
 
 def _read_layers(layers: list[Source], tree: GroupTree, chunker: Chunker,

@@ -35,9 +35,9 @@ from weenvfs.format.index import GroupIndex
 from weenvfs.format.index_writer import Node
 from weenvfs.store.repository import Repository
 
-from .chunker import Chunker, ChunkOptions, ChunkStats, DedupTable
+from .chunker import Chunker, ChunkOptions, DedupTable
 from .entries import KIND_OF_MODE, DataStream, Entry, Kind, refuse, show
-from .group_pipeline import stage_and_store
+from .group_pipeline import GroupOutcome, stage_and_store
 from .layout import LayoutOrder
 from .progress import Progress
 from .reader import ChunkReader
@@ -205,18 +205,11 @@ class StackedTree:
         return self.tree.counts()
 
 
-@dataclass
-class StoredGroup:
+@dataclass(kw_only=True)
+class StoredGroup(GroupOutcome):
     """A group built and stored (blobs and index), not tagged."""
 
-    index_digest: str
     index: GroupIndex
-    counts: TreeCounts
-    stats: ChunkStats
-    blobs_new: int
-    blobs_uploaded: int
-    bytes_uploaded: int
-    index_size: int
     copied_up: int
 
 
@@ -247,14 +240,4 @@ def build_group_untagged(
     digest = staged.stored.index_digest
     index = GroupIndex.from_object(staged.index_object)
     log.info("stored group index %s (%d new blobs)", short(digest), staged.blobs_new)
-    return StoredGroup(
-        digest,
-        index,
-        tree.counts(),
-        staged.stats,
-        staged.blobs_new,
-        staged.stored.blobs_uploaded,
-        staged.stored.bytes_uploaded,
-        len(staged.index_object),
-        tree.copied_up,
-    )
+    return StoredGroup(index=index, copied_up=tree.copied_up, **staged.outcome(tree.counts()))

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from weenvfs.format.index_writer import Node, encode_index_object
 from weenvfs.store.repository import Repository
@@ -26,6 +26,7 @@ from .layout import LayoutOrder
 from .progress import Progress
 from .publish import Published, store_group
 from .staging import remove_stale, staging_dir
+from .tree import TreeCounts
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,21 @@ class RootedTree(Protocol):
     def root(self) -> Node: ...
 
 
+@dataclass(kw_only=True)
+class GroupOutcome:
+    """What storing one group did, as build and convert both report it: its index and how
+    much of it was new. Their results extend it (builder.BuildResult,
+    convert_group.StoredGroup)."""
+
+    index_digest: str
+    counts: TreeCounts
+    stats: ChunkStats
+    blobs_new: int
+    blobs_uploaded: int
+    bytes_uploaded: int
+    index_size: int
+
+
 @dataclass
 class StagedGroup:
     """A group's objects, stored (not tagged)."""
@@ -45,6 +61,15 @@ class StagedGroup:
     stored: Published
     stats: ChunkStats
     blobs_new: int
+
+    def outcome(self, counts: TreeCounts) -> dict[str, Any]:
+        """The `GroupOutcome` fields of this group (its tree's `counts`), for a result that
+        extends it."""
+        return {"index_digest": self.stored.index_digest, "counts": counts,
+                "stats": self.stats, "blobs_new": self.blobs_new,
+                "blobs_uploaded": self.stored.blobs_uploaded,
+                "bytes_uploaded": self.stored.bytes_uploaded,
+                "index_size": len(self.index_object)}
 
 
 def stage_and_store(
