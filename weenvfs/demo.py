@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from weenvfs.cli import add_command
+from weenvfs.cli_args import print_json
 from weenvfs.errors import WeenvError
 from weenvfs.format.manifest import RuntimeConfig
 from weenvfs.store import open_store
@@ -95,7 +96,7 @@ def run_demo(args: argparse.Namespace) -> int:
         "fraction_fetched": round(fetched / image_bytes, 4) if image_bytes else 0.0,
     }
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print_json(summary)
     else:
         print(summary["command_output"])
         print(f"time to ready (mount + first command, cold cache): {ready * 1000:.0f} ms")
