@@ -20,6 +20,7 @@ from conftest import s3_store
 from support import trees
 from support.mount_server import mount_server
 
+from weenvfs.errors import WeenvError
 from weenvfs.runtime.environment import resolve_source
 from weenvfs.runtime.node_resolve import source_to_json
 from weenvfs.tools.builder import build_group, open_source
@@ -27,6 +28,7 @@ from weenvfs.tools.publish import compose_env
 
 RESOLVE = """
 import json, sys
+from weenvfs.errors import WeenvError
 from weenvfs.runtime.environment import resolve_source
 from weenvfs.runtime.node_resolve import source_to_json
 source = resolve_source(sys.argv[1], sys.argv[2], sys.argv[3], None)
@@ -94,6 +96,24 @@ def test_a_failed_resolution_gives_the_usual_error(published: str, tmp_path: Pat
     assert "did you mean tiny:1" in lines[0]
 
 
+def test_a_failed_resolution_is_not_repeated_in_process(
+        published: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node service's child reports the resolution's own error, which is raised as it is:
+    resolving again here would repeat it (and wait as long again on a stalled store)."""
+    from weenvfs.runtime import node_resolve
+
+    with (mount_server(tmp_path / "mountd" / "mountd.sock", monkeypatch),
+          pytest.raises(WeenvError, match="no environment tiny:2") as raised):
+        node_resolve.resolve_by_node_service("tiny:2", published, tmp_path / "cache", None)
+    assert "did you mean tiny:1" in str(raised.value)
+    done = subprocess.run([sys.executable, "-m", "weenvfs", "sandbox", "resolve", "tiny:2",
+                           "--store", published, "--json"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    document = json.loads(done.stdout)
+    assert done.returncode == document["exit_code"] != 0
+    assert "no environment tiny:2" in document["error"]
+
+
 def test_sandbox_resolve_prints_the_source(published: str, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     done = subprocess.run([sys.executable, "-m", "weenvfs", "sandbox", "resolve", "tiny:1",
@@ -120,3 +140,8 @@ def test_the_answer_is_read_past_log_lines_and_refused_when_it_is_not_one() -> N
     assert _source(b"WARNING botocore: something\n" + answer) == source
     assert _source(b"weenv: error: no environment tiny:2 in s3://b/p\n") is None
     assert _source(answer.replace(b'"groups"', b'"groupz"')) is None
+    # An error of the resolution itself is raised with its message and exit code.
+    failed = json.dumps({"error": "no environment tiny:2", "exit_code": 2}).encode()
+    with pytest.raises(WeenvError, match="no environment tiny:2") as raised:
+        _source(b"WARNING botocore: something\n" + failed)
+    assert raised.value.exit_code == 2

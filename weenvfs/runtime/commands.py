@@ -32,7 +32,7 @@ from weenvfs.cli_args import (
     print_json,
     split_command,
 )
-from weenvfs.errors import Terminated, UsageError
+from weenvfs.errors import Terminated, UsageError, WeenvError
 from weenvfs.units import size_arg
 
 from .lower_modes import DEFAULT_LOWER, LOWER_MODES
@@ -233,19 +233,29 @@ def _register_resolve(sub: Sub) -> None:
                    help="as `weenv run --no-record-hint`")
     p.add_argument("--record-hint", dest="record_hint", action="store_true",
                    help="as `weenv run --record-hint`")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--json", action="store_true",
+                   help='print JSON (a failure too: {"error": ..., "exit_code": N})')
     # Passed by the node service when it runs this command for `weenv run` (unused).
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
 
 def _cmd_resolve(args: argparse.Namespace) -> int:
+    from weenvfs.format.errors import FormatError
+
     from .environment import resolve_source
-    from .node_resolve import source_to_json
+    from .node_resolve import error_to_json, source_to_json
 
     if args.ready_fd is not None:
         os.close(args.ready_fd)
-    source = resolve_source(args.ref, args.store, args.cache, args.record_hint,
-                            node_service=False)
+    try:
+        source = resolve_source(args.ref, args.store, args.cache, args.record_hint,
+                                node_service=False)
+    except (WeenvError, FormatError) as error:
+        if not args.json:
+            raise
+        # For `weenv run`, which asked the node service (node_resolve.py): it raises this.
+        print_json(error_to_json(error))
+        return int(getattr(error, "exit_code", 1))
     document = source_to_json(source)
     if args.json:
         print_json(document)

@@ -4,10 +4,13 @@ Resolving a reference in an S3 store costs the calling process boto3: about 0.35
 and client set-up on this machine, more than the rest of a warm `weenv run` (issue 13). The
 node service (`weenv mountd`, fuse/mountd.py) has boto3 loaded already, so a process that has
 not imported it asks the service to fork `weenv sandbox resolve REF --json` instead, its
-output on a pipe, and reads the `EnvSource` back. Any failure (no service, a declined request,
-an error of the resolution itself) returns None: the caller then resolves in-process, which
-reports the error with its usual one-line message. A process that has boto3 already (a
-harness that opened environments before) resolves in-process: that is cheaper than a fork.
+output on a pipe, and reads the `EnvSource` back. A failure to get an answer (no service, a
+declined request, an answer that is not one) returns None: the caller then resolves
+in-process. An error of the resolution itself (a missing reference, a store that refuses or
+does not answer) comes back as `{"error", "exit_code"}` and is raised here with the same
+message and exit code: resolving again in-process would only repeat it, and on a store that
+stalls, wait as long again. A process that has boto3 already (a harness that opened
+environments before) resolves in-process: that is cheaper than a fork.
 
 Must not: interpret what a resolution means (environment.py `resolve_source`).
 """
@@ -24,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from weenvfs.errors import WeenvError
 from weenvfs.fuse import mountd
 
 from .sandbox import EnvSource
@@ -92,8 +96,24 @@ def _source(output: bytes) -> EnvSource | None:
         document: dict[str, Any] = json.loads(output[start:])
         if isinstance(document, dict) and "digest" in document:
             return source_from_json(document)
+        if isinstance(document, dict) and isinstance(document.get("error"), str):
+            raise resolution_error(document)
     log.debug("the node service's resolution failed: %s", output[-500:].decode(errors="replace"))
     return None
+
+
+def error_to_json(error: Exception) -> dict[str, Any]:
+    """A failed resolution as `weenv sandbox resolve --json` prints it."""
+    return {"error": str(error), "exit_code": int(getattr(error, "exit_code", 1))}
+
+
+def resolution_error(document: dict[str, Any]) -> WeenvError:
+    """The error `error_to_json` printed, with its message and exit code."""
+    error = WeenvError(str(document["error"]))
+    code = document.get("exit_code")
+    if isinstance(code, int) and 0 < code < 126:
+        error.exit_code = code
+    return error
 
 
 def source_to_json(source: EnvSource) -> dict[str, Any]:
