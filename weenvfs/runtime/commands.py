@@ -240,7 +240,7 @@ def _register_resolve(sub: Sub) -> None:
 
 
 def _cmd_resolve(args: argparse.Namespace) -> int:
-    from weenvfs.format.errors import FormatError
+    from weenvfs.core.tree import FormatError  # runtime reaches format through core
 
     from .environment import resolve_source
     from .node_resolve import error_to_json, source_to_json
