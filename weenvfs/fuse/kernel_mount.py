@@ -109,7 +109,7 @@ def _filesystems() -> set[str]:
 def prepare_layers(env: LoadedEnv, config: MountConfig, reader: Reader) -> list[KernelLayer]:
     """Every layer of this mount, lowest first, with its image fetched, built or verified."""
     groups = env.tree.groups
-    positions = [env.layer] if env.layer is not None else list(range(len(groups)))
+    positions: list[int] = [env.layer] if env.layer is not None else list(range(len(groups)))
 
     def prepare(position: int) -> KernelLayer:
         started = time.monotonic()
@@ -123,8 +123,7 @@ def prepare_layers(env: LoadedEnv, config: MountConfig, reader: Reader) -> list[
                            DeviceReader(layout, reader, position))
 
     # In parallel: each image is a store round trip (a Docker image has a group per layer).
-    prepared = load_all([p for p in positions if p is not None], prepare)
-    return list(prepared.values())
+    return list(load_all(positions, prepare).values())
 
 
 def _image(env: LoadedEnv, config: MountConfig, position: int, layout: DeviceLayout) -> Path:

@@ -167,12 +167,13 @@ _POOL = _build_pool()
 _CLASSES: dict[str, Any] = {}
 
 
-def message(name: str) -> Any:
-    """The message class `name` (of the snapshots package, or a full name with dots)."""
-    if name not in _CLASSES:
-        full = name if "." in name else f"{PACKAGE}.{name}"
-        _CLASSES[name] = GetMessageClass(_POOL.FindMessageTypeByName(full))
-    return _CLASSES[name]
+def message(name: str, package: str = PACKAGE) -> Any:
+    """The message class `name` of `package` (default the snapshots package), or of a full
+    name with dots."""
+    full = name if "." in name else f"{package}.{name}"
+    if full not in _CLASSES:
+        _CLASSES[full] = GetMessageClass(_POOL.FindMessageTypeByName(full))
+    return _CLASSES[full]
 
 
 def mount(kind: str, source: str, options: list[str]) -> Any:

@@ -126,17 +126,14 @@ class Containerd:
 
     def _unary(self, service: str, package: str, method: str, request: str, response: str,
                lease: str | None, **fields: object) -> object:
-        def full(name: str) -> str:
-            return name if "." in name else f"{package}.{name}"
-
         call = self._channel.unary_unary(
             f"/{service}/{method}",
-            request_serializer=api.message(full(request)).SerializeToString,
-            response_deserializer=api.message(full(response)).FromString)
+            request_serializer=api.message(request, package).SerializeToString,
+            response_deserializer=api.message(response, package).FromString)
         metadata = [("containerd-namespace", self.namespace)]
         if lease:
             metadata.append(("containerd-lease", lease))
-        return call(api.message(full(request))(**fields), metadata=metadata,
+        return call(api.message(request, package)(**fields), metadata=metadata,
                     timeout=CALL_TIMEOUT)
 
     def exists(self, key: str) -> bool:
