@@ -85,6 +85,41 @@ def test_random_device_reads_equal_the_device_built_by_hand(
     run_with_fetcher(env, tmp_path / "cache", body)
 
 
+def test_cached_reads_equal_the_device_and_count_as_reads(env: LoadedEnv, tmp_path: Path) -> None:
+    layout = DeviceLayout(env.tree.groups[0])
+    expected = device_image(env, layout)
+    index = env.tree.groups[0]
+    # Each file's block range, padding included: what the kernel asks for one file.
+    ranges = [(layout.start_block(ino) * BLOCK_SIZE, -(-index.inode(ino).size // BLOCK_SIZE)
+               * BLOCK_SIZE) for path, ino in index.walk()
+              if index.inode(ino).is_reg and index.inode(ino).size]
+    assert ranges
+
+    async def body(fetcher: Fetcher) -> None:
+        device = DeviceReader(layout, Reader(env.tree, fetcher), 0)
+        served = []
+        for offset, size in ranges:
+            first = device.read_cached(offset, size)  # nothing verified by this process yet
+            got = first if first is not None else await device.read(offset, size)
+            again = device.read_cached(offset, size)  # now cached and verified
+            assert got == again == expected[offset:offset + size], (offset, size)
+            served.append(first is not None)
+        assert not all(served)
+        before = fetcher.stats.snapshot()
+        for offset, size in ranges:
+            assert device.read_cached(offset, size) is not None
+        after = fetcher.stats.snapshot()
+        # One read each, counted as `read` counts an all-cached read: hits, no misses.
+        assert after["reads"] - before["reads"] >= len(ranges)
+        assert after["cache_misses"] == before["cache_misses"]
+        assert after["cache_hits"] > before["cache_hits"]
+        # Across two files' ranges: not one file's read, so left to `read`.
+        (a, asize), (b, _) = sorted(ranges)[:2]
+        assert device.read_cached(a, b - a + 1) is None
+
+    run_with_fetcher(env, tmp_path / "cache", body)
+
+
 def test_a_file_shorter_than_its_index_says_is_a_format_error(
     env: LoadedEnv, tmp_path: Path
 ) -> None:

@@ -134,6 +134,51 @@ def test_a_fresh_cache_instance_serves_verified_chunks(small_group, tmp_path: Pa
     assert store.calls["get_range"] == calls
 
 
+def test_read_cached_serves_only_chunks_this_process_verified(small_group, tmp_path: Path) -> None:
+    store = FaultyStore(small_group.repo.store)
+    trio.run(_read_every_file, Fetcher(store, ChunkCache(tmp_path / "c")), small_group)
+    fetcher = Fetcher(store, ChunkCache(tmp_path / "c"))  # a new process: nothing verified
+    path, content = max(small_group.files.items(), key=lambda item: len(item[1]))
+    spans = small_group.spans(path, 0, len(content))
+    assert fetcher.read_cached(spans) is None
+    assert fetcher.stats.snapshot()["reads"] == 0  # a refusal is not a read
+    assert trio.run(fetcher.read, spans) == content
+    assert fetcher.read_cached(spans) == content
+    snap = fetcher.stats.snapshot()
+    assert snap["reads"] == 2 and snap["cache_misses"] == 0
+    assert snap["bytes_served"] == 2 * len(content)
+
+
+def test_held_chunk_files_are_bounded_unpinned_and_let_go_when_evicted(
+    small_group, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("weenvfs.core.fetcher.HELD_HANDLES", 2)
+    cache = ChunkCache(tmp_path / "c")
+    fetcher = Fetcher(FaultyStore(small_group.repo.store), cache)
+    trio.run(_read_every_file, fetcher, small_group)
+    files = sorted(small_group.files.items())
+    for path, content in files:
+        assert fetcher.read_cached(small_group.spans(path, 0, len(content))) == content
+    assert len(fetcher._held) <= 2
+    # Held files are not pinned: the bound may evict them, and one found evicted is let go
+    # (its disk space freed) and read the slow way, fetched again.
+    path, content = files[-1]
+    spans = small_group.spans(path, 0, len(content))
+    held = [loc for loc, _, _ in spans if loc.digest in fetcher._held]
+    assert held and not set(cache._pins)
+    for loc in held:
+        cache.path(loc.digest).unlink()
+    assert fetcher.read_cached(spans) is None
+    assert held[0].digest not in fetcher._held
+    assert trio.run(fetcher.read, spans) == content
+    assert fetcher.read_cached(spans) == content
+    assert all(handle.linked() for handle in fetcher._held.values())
+    fetcher.close()
+    assert not fetcher._held
+    with pytest.raises(RuntimeError):
+        fetcher.read_cached(spans)
+
+
 # -- coalescing ----------------------------------------------------------------------------------
 
 

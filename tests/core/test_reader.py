@@ -115,6 +115,9 @@ class SpyFetcher:
     async def read(self, spans: Sequence[tuple[ChunkLoc, int, int]]) -> bytes:
         return await self.inner.read(spans)
 
+    def read_cached(self, spans: Sequence[tuple[ChunkLoc, int, int]]) -> bytes | None:
+        return self.inner.read_cached(spans)
+
     def schedule_prefetch(self, locs: Sequence[ChunkLoc]) -> bool:
         self.scheduled.append(list(locs))
         return self.inner.schedule_prefetch(locs)
@@ -141,6 +144,27 @@ def test_sequential_reads_queue_the_next_chunks_once(env: LoadedEnv, tmp_path: P
         # Reads end in chunk 3, two ahead: chunks 1..5, each queued once, in order.
         assert queued == digests[1:6]
         # The cache files one chunk further (three ahead) are advised, each once.
+        advised = [loc.digest for batch in spy.advised for loc in batch]
+        assert advised == digests[3:7]
+
+    run_with_fetcher(env, tmp_path / "cache", body)
+
+
+def test_cached_sequential_reads_advise_ahead_as_reads_do(env: LoadedEnv, tmp_path: Path) -> None:
+    """A reader served by `read_cached` (everything verified) keeps its read-ahead: the
+    cached files ahead of a sequential reader are advised exactly as for `read`."""
+    index, ino = env.tree.file(inode_of(env.tree, "big"))
+    digests = [index.chunk(n).digest for n in index.file_chunks(ino)]
+
+    async def body(fetcher: Fetcher) -> None:
+        big = inode_of(env.tree, "big")
+        data = await Reader(env.tree, fetcher).read(big, 0, 11 * CHUNK)  # all verified now
+        spy = SpyFetcher(fetcher)
+        reader = Reader(env.tree, spy, readahead=2, advise_ahead=3,  # type: ignore[arg-type]
+                        first_ahead=0)
+        for offset in range(0, 4 * CHUNK, CHUNK // 2):
+            got = reader.read_cached(big, offset, CHUNK // 2)
+            assert got == data[offset:offset + CHUNK // 2]
         advised = [loc.digest for batch in spy.advised for loc in batch]
         assert advised == digests[3:7]
 

@@ -70,6 +70,9 @@ class FakeReader:
     def __init__(self, error: BaseException | None = None) -> None:
         self.error = error
 
+    def read_cached(self, inode: int, offset: int, size: int) -> bytes | None:
+        return None  # nothing cached: every read takes the async path
+
     async def read(self, inode: int, offset: int, size: int) -> bytes:
         if self.error is not None:
             raise self.error

@@ -97,16 +97,23 @@ def default_cache_dir() -> Path:
 
 
 class ChunkHandle:
-    """An open, verified cached chunk. The descriptor pins its data: eviction may unlink the
-    file, reads through the handle still return it. Close it (or use `with`)."""
+    """An open, verified cached chunk. The descriptor keeps its data: eviction may unlink the
+    file, reads through the handle still return it. A pinned handle also keeps this process's
+    eviction away from the file while it is open. Close it (or use `with`)."""
 
-    __slots__ = ("_cache", "_fd", "digest", "size")
+    __slots__ = ("_cache", "_fd", "_pinned", "digest", "size")
 
-    def __init__(self, cache: ChunkCache, fd: int, digest: bytes, size: int) -> None:
+    def __init__(self, cache: ChunkCache, fd: int, digest: bytes, size: int,
+                 pinned: bool = True) -> None:
         self._cache = cache
         self._fd = fd
+        self._pinned = pinned
         self.digest = digest
         self.size = size
+
+    def linked(self) -> bool:
+        """Whether the file is still in the cache (not evicted or pruned since it was opened)."""
+        return self._fd >= 0 and os.fstat(self._fd).st_nlink > 0
 
     def read(self, start: int = 0, end: int | None = None) -> bytes:
         """Bytes [start, end) of the chunk's plaintext (clipped to the chunk)."""
@@ -125,7 +132,8 @@ class ChunkHandle:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-            self._cache._unpin(self.digest)
+            if self._pinned:
+                self._cache._unpin(self.digest)
 
     def __enter__(self) -> ChunkHandle:
         return self
@@ -233,8 +241,9 @@ class ChunkCache(CacheBound):
             os.close(fd)
         return True
 
-    def open(self, digest: bytes, ulen: int) -> ChunkHandle | None:
-        """A handle on the cached chunk `digest` of `ulen` bytes, or None if it is not cached.
+    def open(self, digest: bytes, ulen: int, *, pin: bool = True) -> ChunkHandle | None:
+        """A handle on the cached chunk `digest` of `ulen` bytes, or None if it is not cached;
+        pinned (not evicted by this process while open) unless `pin` is False.
 
         The first use of a file not verified in this boot reads and hashes the whole file (run
         it in a thread for big chunks, unless `is_trusted`); a damaged file is removed, logged
@@ -259,9 +268,10 @@ class ChunkCache(CacheBound):
         if not usable:
             os.close(fd)
             return None
-        with self._mutex:
-            self._pins[digest] += 1
-        return ChunkHandle(self, fd, digest, ulen)
+        if pin:
+            with self._mutex:
+                self._pins[digest] += 1
+        return ChunkHandle(self, fd, digest, ulen, pin)
 
     def _check(self, fd: int, path: str, digest: bytes, ulen: int) -> bool:
         """Verify (once per file and process) and refresh the LRU time of an open chunk."""

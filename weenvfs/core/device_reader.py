@@ -33,17 +33,31 @@ class DeviceReader:
         """The device's size in bytes."""
         return self.layout.size
 
+    def read_cached(self, offset: int, size: int) -> bytes | None:
+        """What `read` returns, at once, for a read within one file's range (and the zeros
+        that pad it to whole blocks) whose chunks are all cached and verified in this process
+        (`Reader.read_cached`: most kernel requests once data is on the node); None for
+        anything else (then `await read(...)`)."""
+        size = max(min(size, self.layout.size - offset), 0)
+        pieces = self.layout.pieces(offset, size)
+        if len(pieces) != 1:
+            return None
+        piece = pieces[0]
+        data = self.reader.read_cached(make_inode(self.group, piece.ino), piece.file_offset,
+                                       piece.length)
+        if data is None:
+            return None
+        self._check_length(piece, data)
+        return data if piece.length == size else self._padded(piece, data, size)
+
     async def read(self, offset: int, size: int) -> bytes:
         """Device bytes [offset, offset + size), short past the end of the device."""
         size = max(min(size, self.layout.size - offset), 0)
         pieces = self.layout.pieces(offset, size)
-        if len(pieces) == 1 and pieces[0].at == 0 and pieces[0].length == size:
-            return await self._read_piece(pieces[0])
-        out = bytearray(size)
         if len(pieces) == 1:
-            piece = pieces[0]
-            out[piece.at:piece.at + piece.length] = await self._read_piece(piece)
-            return bytes(out)
+            data = await self._read_piece(pieces[0])
+            return data if pieces[0].length == size else self._padded(pieces[0], data, size)
+        out = bytearray(size)
 
         async def fill(piece: DevicePiece) -> None:
             out[piece.at:piece.at + piece.length] = await self._read_piece(piece)
@@ -56,9 +70,20 @@ class DeviceReader:
     async def _read_piece(self, piece: DevicePiece) -> bytes:
         data = await self.reader.read(make_inode(self.group, piece.ino), piece.file_offset,
                                       piece.length)
+        self._check_length(piece, data)
+        return data
+
+    @staticmethod
+    def _check_length(piece: DevicePiece, data: bytes) -> None:
         if len(data) != piece.length:
             # The index promised these bytes (its size); a short read would shift every
             # byte after it. The reader verified what it has, so this is a damaged index.
             raise FormatError(f"inode {piece.ino}", f"ends early: {len(data)} of "
                               f"{piece.length} bytes at {piece.file_offset}")
-        return data
+
+    @staticmethod
+    def _padded(piece: DevicePiece, data: bytes, size: int) -> bytes:
+        """`data` at its place in `size` bytes of zeros (bytes no file covers)."""
+        out = bytearray(size)
+        out[piece.at:piece.at + piece.length] = data
+        return bytes(out)

@@ -88,6 +88,17 @@ class Reader:
             self._note_read(inode, offset, offset + size)
         return await self.fetcher.read(pieces)
 
+    def read_cached(self, inode: int, offset: int, size: int) -> bytes | None:
+        """What `read` returns, at once, when every chunk it needs is cached and verified in
+        this process (`Fetcher.read_cached`); None otherwise (then `await read(...)`)."""
+        pieces = self.pieces(inode, offset, size)
+        if not pieces:
+            return b""
+        data = self.fetcher.read_cached(pieces)
+        if data is not None and self.readahead:
+            self._note_read(inode, offset, offset + size)
+        return data
+
     # -- read-ahead -------------------------------------------------------------------------
 
     def _note_read(self, inode: int, start: int, end: int) -> None:

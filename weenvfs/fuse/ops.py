@@ -157,8 +157,10 @@ class Operations(pyfuse3.Operations):
 
     @errno_boundary
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        """`size` bytes of file `fh` at `off` (fewer at end of file)."""
-        return await self.reader.read(fh, off, size)
+        """`size` bytes of file `fh` at `off` (fewer at end of file); served at once when
+        its chunks are cached and verified already."""
+        data = self.reader.read_cached(fh, off, size)
+        return data if data is not None else await self.reader.read(fh, off, size)
 
     async def flush(self, fh: int) -> None:
         """Not implemented, on purpose: ENOSYS tells the kernel never to send FLUSH again
