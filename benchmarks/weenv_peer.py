@@ -9,7 +9,7 @@ Owns:
 - `publish_family`: every layer tar built as group `swe-LAYER:v1` (`build_group`, as `weenv
   build LAYER.tar` does) and every image composed as environment `swe-IMAGE:v1`, skipping
   groups whose layer did not change (a key file in the SeaweedFS folder);
-- `record_hints`: `weenv hints record ... --tag bench-v2 --replace` of each task's scripted
+- `record_hints`: `weenv hints record ... --tag bench-v3 --replace` of each task's scripted
   commands, once per environment; `set_hints(enabled)` points (or not) each environment's hint
   tag `latest`, the one a mount replays, at that recording;
 - `mirror`: copy what one store holds and another lacks (the shaped link's store);
@@ -50,7 +50,7 @@ from weenvfs.tools.builder import BuildOptions, build_group, open_source
 from weenvfs.tools.publish import compose_env
 
 PREFIX = "swe"
-HINT_TAG = "bench-v2"  # bump when the recorded commands change
+HINT_TAG = "bench-v3"  # bump when the recorded commands or the hint format change
 PROVENANCE = {"benchmark": "coldstart"}
 
 

@@ -82,8 +82,9 @@ MAX_U32 = 0xFFFFFFFF
 # -- prefetch hints -------------------------------------------------------------------------
 
 HINT_MAGIC = b"WEENVHNT"
-HINT_VERSION = 1
-SUPPORTED_HINT_VERSIONS = frozenset({1})
+HINT_VERSION = 1  # a hint of chunk records only
+HINT_FILES_VERSION = 2  # a hint with a file table after its chunk records (SPEC.md 9.1)
+SUPPORTED_HINT_VERSIONS = frozenset({1, 2})
 # magic, version, reserved, manifest digest, record count
 HINT_HEADER = struct.Struct("<8sHH32sI")
 assert HINT_HEADER.size == 48
@@ -91,6 +92,12 @@ assert HINT_HEADER.size == 48
 HINT_RECORD = struct.Struct("<HHII")
 assert HINT_RECORD.size == 12
 MAX_HINT_RECORDS = 1 << 22
+# version 2: file count, reserved; then file records: group position, reserved, inode number
+# in that group's index, first read in milliseconds since mount (HINT_RECORD's layout)
+HINT_FILES_HEAD = struct.Struct("<II")
+assert HINT_FILES_HEAD.size == 8
+HINT_FILE = HINT_RECORD
+MAX_HINT_FILES = 1 << 20
 
 # -- manifests ------------------------------------------------------------------------------
 
@@ -115,8 +122,10 @@ MAX_MANIFEST_SIZE = 4 << 20  # 128 groups and a runtime config fit in well under
 # Raw (decompressed) bytes of one index: about 130 bytes per entry (measured: 46,733 entries,
 # 6.0 MB), so some 2 million files; a mount holds its indexes in memory.
 MAX_INDEX_SIZE = 256 << 20
-MAX_HINT_SIZE = 48 + 12 * MAX_HINT_RECORDS  # a full hint: header and MAX_HINT_RECORDS records
-assert HINT_HEADER.size + MAX_HINT_RECORDS * HINT_RECORD.size == MAX_HINT_SIZE
+# A full hint: header, MAX_HINT_RECORDS records, the file table head and MAX_HINT_FILES files.
+MAX_HINT_SIZE = 48 + 12 * MAX_HINT_RECORDS + 8 + 12 * MAX_HINT_FILES
+assert (HINT_HEADER.size + MAX_HINT_RECORDS * HINT_RECORD.size + HINT_FILES_HEAD.size
+        + MAX_HINT_FILES * HINT_FILE.size == MAX_HINT_SIZE)
 # Raw bytes of an EROFS image (published, or derived by a node from an index): about the size
 # of its index for real trees (the one above: 6.0 MB), so twice MAX_INDEX_SIZE.
 MAX_IMAGE_SIZE = 2 * MAX_INDEX_SIZE

@@ -84,9 +84,10 @@ def _register_record(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="run a command in an environment and publish what it read as its hint",
         description=(
             "Mount REF with recording on, run COMMAND in it with chroot (as root), unmount,\n"
-            "and merge the chunks it read (first access, in order) into the environment's\n"
-            "hint TAG: the union of runs, ordered by median first access. Exits with\n"
-            "COMMAND's status."
+            "and merge the chunks and files it read (first access, in order) into the\n"
+            "environment's hint TAG: the union of runs, ordered by median first access.\n"
+            "A mount replaying the hint fetches its chunks and, on the kernel path, reads\n"
+            "its files into the page cache ahead of the workload. Exits with COMMAND's status."
         ),
         examples=[
             "weenv hints record --store /srv/weenv py:3.11 python3 -c 'import numpy'",

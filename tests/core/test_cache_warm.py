@@ -98,6 +98,10 @@ def test_warm_without_a_hint_says_so(store: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("args, message", [
     (("nope:x",), "no environment nope:x"),
     (("env:t", "--hint", "bad tag!"), "--hint: 'bad tag!' is not a tag, a hint digest or none"),
+    (("env:t", "--pages-through", "relative"), "expected [N=]DIR with DIR absolute"),
+    (("env:t", "--pages-through", "x=/mnt"), "expected [N=]DIR with DIR absolute"),
+    (("env:t", "--pages-through", "1=/mnt"), "--pages-through 1=/mnt: the environment has "
+                                             "groups 0 to 0"),
 ])
 def test_bad_input_is_one_line(store: Path, tmp_path: Path, args: tuple[str, ...],
                                message: str) -> None:

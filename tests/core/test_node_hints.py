@@ -19,12 +19,13 @@ from weenvfs.core.node_hints import (
 from weenvfs.core.tree import make_inode
 from weenvfs.errors import UsageError
 from weenvfs.format.digest import digest_hex
-from weenvfs.format.hints import Hint, HintRecord, decode_hint, encode_hint
+from weenvfs.format.hints import Hint, HintFile, HintRecord, decode_hint, encode_hint
 from weenvfs.format.index import Span
 from weenvfs.format.manifest import GroupRef, Manifest, encode_manifest
 from weenvfs.store.repository import Repository
 
 R = HintRecord
+F = HintFile
 
 
 class Clock:
@@ -53,12 +54,15 @@ def test_recorder_keeps_first_access_order_and_time() -> None:
     rec.note(file_g1, [Span(9, 5, 6)])
     assert rec.records() == [R(1, 3, 10), R(1, 4, 10), R(0, 3, 30), R(1, 9, 1530)]
     assert len(rec) == 4
+    # Files in first-read order, by (group, inode in its index): what a replay reads ahead.
+    assert rec.files() == [F(1, 7, 10), F(0, 5, 30)]
 
 
 def test_recorder_records_groups_beyond_the_first_inode_word() -> None:
     rec = HintRecorder(Clock())
     rec.note(make_inode(3, (1 << 32) - 3), [Span((1 << 32) - 1, 0, 1)])
     assert rec.records() == [R(3, (1 << 32) - 1, 0)]
+    assert rec.files() == [F(3, (1 << 32) - 3, 0)]
 
 
 # -- merging and ordering (pure) -------------------------------------------------------------
@@ -119,6 +123,23 @@ def _env(repo: Repository, build_group, small_group) -> tuple[str, Manifest, lis
     return digest, manifest, [small_group.index]
 
 
+def test_file_runs_merge_like_chunk_runs() -> None:
+    merged = merge_runs([[F(0, 5, 0), F(0, 9, 40)], [F(0, 9, 2), F(1, 5, 3)]])
+    assert merged == (F(0, 5, 0), F(0, 9, 2), F(1, 5, 3))
+    assert merge_runs([[], []]) == ()
+
+
+def test_check_hint_refuses_file_records_of_no_regular_file(repo, build_group, small_group):
+    digest, _, indexes = _env(repo, build_group, small_group)
+    index = small_group.index
+    kinds = {ino: index.inode(ino) for _, ino in index.walk()}
+    regular = next(ino for ino, rec in kinds.items() if rec.is_reg)
+    directory = next(ino for ino, rec in kinds.items() if rec.is_dir)
+    assert check_hint(Hint(digest, (), (F(0, regular, 0),)), digest, indexes) is None
+    for bad in (F(0, directory, 0), F(0, index.header.inode_count, 0), F(1, regular, 0)):
+        assert "names no regular file" in check_hint(Hint(digest, (), (bad,)), digest, indexes)
+
+
 def test_check_hint_refuses_other_manifests_and_unknown_chunks(repo, build_group, small_group):
     digest, _, indexes = _env(repo, build_group, small_group)
     count = small_group.index.header.chunk_count
@@ -151,6 +172,19 @@ def test_publishing_merges_runs_unless_replaced(repo, build_group, small_group) 
     assert alone.records == (R(0, 3, 1),)
     assert find_hint(repo, digest, manifest, indexes).hint == alone
     assert publish_run(repo, digest, manifest, indexes, []) is None
+
+
+def test_published_files_merge_with_the_earlier_hints(repo, build_group, small_group) -> None:
+    digest, manifest, indexes = _env(repo, build_group, small_group)
+    index = small_group.index
+    files = [ino for _, ino in index.walk() if index.inode(ino).is_reg][:3]
+    publish_run(repo, digest, manifest, indexes, [R(0, 0, 0)], files=[F(0, files[0], 0)])
+    _, merged = publish_run(repo, digest, manifest, indexes, [R(0, 1, 0)],
+                            files=[F(0, files[1], 0), F(0, files[2], 5)])
+    assert merged.files == (F(0, files[0], 0), F(0, files[1], 0), F(0, files[2], 5))
+    assert find_hint(repo, digest, manifest, indexes).hint == merged
+    _, plain = publish_run(repo, digest, manifest, indexes, [R(0, 1, 0)], replace=True)
+    assert plain.files == ()
 
 
 def test_publishing_changes_no_group_and_no_manifest(repo, build_group, small_group) -> None:

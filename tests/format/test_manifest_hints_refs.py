@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from weenvfs.format import constants as C
-from weenvfs.format.chunk import compress_object
+from weenvfs.format.chunk import compress_object, decompress_object
 from weenvfs.format.digest import digest_hex
 from weenvfs.format.errors import FormatError, UnsupportedFormat
-from weenvfs.format.hints import Hint, HintRecord, decode_hint, encode_hint
+from weenvfs.format.hints import Hint, HintFile, HintRecord, decode_hint, encode_hint
 from weenvfs.format.manifest import (
     GroupRef,
     Manifest,
@@ -213,12 +213,50 @@ def test_hint_header_rules() -> None:
     with pytest.raises(FormatError, match="hint magic"):
         decode_hint(_raw_hint(magic=b"WEENVIDX"))
     with pytest.raises(UnsupportedFormat):
-        decode_hint(_raw_hint(version=2))
+        decode_hint(_raw_hint(version=3))
+    with pytest.raises(FormatError, match="hint file table"):
+        decode_hint(_raw_hint(version=2))  # version 2 without its file table
     for count in (0, 2, 0xFFFFFFFF):
         with pytest.raises(FormatError, match="hint records"):
             decode_hint(_raw_hint(count=count))
     with pytest.raises(FormatError, match="hint header"):
         decode_hint(compress_object(b"WEENVHNT"))
+
+
+FILES_HINT = HINT._replace(files=(HintFile(0, 7, 1), HintFile(2, 0xFFFFFFFF, 9),
+                                  HintFile(127, 0, 2**32 - 1)))
+
+
+def test_a_hint_without_files_is_version_1_and_with_files_version_2() -> None:
+    raw = decompress_object(encode_hint(HINT), "hint", C.MAX_HINT_SIZE)
+    assert C.HINT_HEADER.unpack_from(raw)[1] == C.HINT_VERSION == 1
+    assert len(raw) == 48 + 12 * 3  # as before version 2 existed
+    raw = decompress_object(encode_hint(FILES_HINT), "hint", C.MAX_HINT_SIZE)
+    assert C.HINT_HEADER.unpack_from(raw)[1] == C.HINT_FILES_VERSION == 2
+    assert len(raw) == 48 + 12 * 3 + 8 + 12 * 3
+    at = 48 + 12 * 3
+    assert C.HINT_FILES_HEAD.unpack_from(raw, at) == (3, 0)
+    assert C.HINT_FILE.unpack_from(raw, at + 8 + 12) == (2, 0, 0xFFFFFFFF, 9)
+    assert decode_hint(encode_hint(FILES_HINT)) == FILES_HINT
+
+
+def test_hint_file_table_rules() -> None:
+    head = C.HINT_HEADER.pack(C.HINT_MAGIC, 2, 0, bytes.fromhex(D1), 1)
+    head += C.HINT_RECORD.pack(1, 0, 2, 3)
+
+    def files(count: int, records: int, reserved: int = 0) -> bytes:
+        table = C.HINT_FILES_HEAD.pack(count, reserved)
+        table += b"".join(C.HINT_FILE.pack(0, 5, n, n) for n in range(records))
+        return compress_object(head + table)
+
+    assert decode_hint(files(2, 2, reserved=9)).files == (HintFile(0, 0, 0), HintFile(0, 1, 1))
+    for count, records in ((3, 2), (1, 2), (0xFFFFFFFF, 0)):
+        with pytest.raises(FormatError, match="hint file records"):
+            decode_hint(files(count, records))
+    with pytest.raises(FormatError, match="hint file record"):
+        encode_hint(HINT._replace(files=(HintFile(0x10000, 0, 0),)))
+    with pytest.raises(FormatError, match="file records exceed"):
+        encode_hint(HINT._replace(files=(HintFile(0, 0, 0),) * (C.MAX_HINT_FILES + 1)))
 
 
 def test_hint_truncated_at_every_offset() -> None:
@@ -228,6 +266,10 @@ def test_hint_truncated_at_every_offset() -> None:
             decode_hint(stored[:cut])
     raw = C.HINT_HEADER.pack(C.HINT_MAGIC, 1, 0, bytes.fromhex(D1), 3)
     raw += b"".join(C.HINT_RECORD.pack(r.group, 0, r.chunk, r.time_ms) for r in HINT.records)
+    for cut in range(len(raw)):
+        with pytest.raises(FormatError):
+            decode_hint(compress_object(raw[:cut]))
+    raw = decompress_object(encode_hint(FILES_HINT), "hint", C.MAX_HINT_SIZE)
     for cut in range(len(raw)):
         with pytest.raises(FormatError):
             decode_hint(compress_object(raw[:cut]))
@@ -249,8 +291,11 @@ def test_hint_writer_refuses(hint: Hint) -> None:
 
 
 def test_hint_record_limit_is_in_the_decompression_limit() -> None:
-    head = C.HINT_HEADER.pack(C.HINT_MAGIC, 1, 0, bytes.fromhex(D1), C.MAX_HINT_RECORDS + 1)
-    frame = compress_object(head + bytes(12 * (C.MAX_HINT_RECORDS + 1)))
+    head = C.HINT_HEADER.pack(C.HINT_MAGIC, 2, 0, bytes.fromhex(D1), C.MAX_HINT_RECORDS + 1)
+    frame = compress_object(head + bytes(12 * (C.MAX_HINT_RECORDS + 1) + 8))
+    with pytest.raises(FormatError, match="hint records"):  # fits the raw limit: counted
+        decode_hint(frame)
+    frame = compress_object(head + bytes(C.MAX_HINT_SIZE + 1 - len(head)))
     with pytest.raises(FormatError, match="exceeds the limit"):
         decode_hint(frame)
     assert struct.calcsize("<8sHH32sI") == 48

@@ -15,7 +15,7 @@ from support.polling import wait_for
 from support.trees import file
 
 from weenvfs.core.node_hints import publish_run
-from weenvfs.format.hints import HintRecord
+from weenvfs.format.hints import HintFile, HintRecord
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
@@ -34,8 +34,10 @@ def wait_for_state(mount: Mount, *states: str) -> dict[str, Any]:
     return wait_for(reached, f"a replay state in {states}", WAIT, interval=0.05)
 
 
-def publish_hint(store: Path, ref: str, paths: list[str], tag: str = "latest") -> int:
-    """Publish a hint of the chunks of `paths` (in order) for `ref`; return its chunk count."""
+def publish_hint(store: Path, ref: str, paths: list[str], tag: str = "latest",
+                 files: bool = False) -> int:
+    """Publish a hint of the chunks of `paths` (in order) for `ref`, with `files` also of
+    the files themselves (a version 2 hint); return its chunk count."""
     with open_store(str(store)) as s:
         repo = Repository(s)
         digest, manifest = repo.resolve_env(ref)
@@ -43,8 +45,10 @@ def publish_hint(store: Path, ref: str, paths: list[str], tag: str = "latest") -
         index = indexes[-1]
         inodes = [index.resolve(p.encode()) for p in paths]
         chunks = dict.fromkeys(c for ino in inodes for c in index.file_chunks(ino))
-        run = [HintRecord(len(indexes) - 1, c, t) for t, c in enumerate(chunks)]
-        publish_run(repo, digest, manifest, indexes, run, tag)
+        top = len(indexes) - 1
+        run = [HintRecord(top, c, t) for t, c in enumerate(chunks)]
+        read = [HintFile(top, ino, t) for t, ino in enumerate(inodes)] if files else []
+        publish_run(repo, digest, manifest, indexes, run, tag, files=read)
     return len(chunks)
 
 

@@ -11,12 +11,13 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from rt_support import EnvRef, run_weenv
 from support.runtime_fixtures import GROUP
+from test_stacked_lowers import task_env
 
 from weenvfs.errors import RefNotFound
 from weenvfs.fuse.commands import read_stats
@@ -90,6 +91,36 @@ def test_first_run_publishes_a_hint_and_the_next_run_replays_it(
         assert doc["fetch"]["prefetch"]["hint_hits"] > 0
     assert env.hint_outcome is None  # it had a hint: nothing recorded
     assert _hint_tag(env_ref) == outcome["hint"]
+
+
+def test_a_stacks_top_layer_reads_every_layers_hinted_files_into_the_page_cache(
+    make_env: Callable[..., EnvRef], minbase_store: Path, tmp_path: Path,
+    test_digests: set[str],
+) -> None:
+    """The first run's hint names files of both groups; on a cold node the top layer's
+    replay reads them all, those of the lower group through that group's own mount."""
+    task = task_env(make_env, minbase_store, tmp_path, 0)
+    with Environment.open(task.ref, store=task.store, cache=task.cache) as env:
+        assert env.exec(["/bin/sh", "-c", READ + "; cat /work/task"]).ok
+    assert env.hint_outcome is not None and env.hint_outcome["files"] > 1
+    cold = tmp_path / "cold-cache"
+    with open_store(str(task.store)) as store:
+        repo = Repository(store)
+        hint = repo.get_hint(env.hint_outcome["hint"])
+        indexes = [g.index for g in repo.resolve_env(task.digest)[1].groups]
+        keys = [m.key for m in plan_lowers(task.digest, indexes, DEFAULT_LOWER, store.url,
+                                           cold)]
+    test_digests.update(keys)
+    assert {f.group for f in hint.files} == {0, 1}
+    with Environment.open(task.ref, store=task.store, cache=cold) as env:
+        top = mounts.mountpoint(keys[0])
+        deadline = time.monotonic() + 60  # a safety bound, not a timing
+        while (pages := read_stats(top)["hints"].get("pages")) is None \
+                or pages["seconds"] is None:
+            assert time.monotonic() < deadline, read_stats(top)["hints"]
+            time.sleep(0.05)
+        assert pages["files"] == pages["files_read"] == len(hint.files)
+        assert env.read_file("/work/task") == b"task 0\n"
 
 
 def test_opting_out_records_nothing(env_ref: EnvRef) -> None:

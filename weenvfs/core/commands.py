@@ -17,7 +17,7 @@ from typing import Any
 from weenvfs.cli import add_command
 from weenvfs.cli_args import add_store, print_json
 from weenvfs.core.cache import CACHE_ENV, DEFAULT_CACHE_DIR, ChunkCache, default_cache_dir
-from weenvfs.errors import WeenvError
+from weenvfs.errors import UsageError, WeenvError
 from weenvfs.units import format_size, size_arg
 
 _CACHE_HELP = f"chunk cache folder (default: ${CACHE_ENV}, else {DEFAULT_CACHE_DIR})"
@@ -79,7 +79,8 @@ def _register_warm(commands: argparse._SubParsersAction[argparse.ArgumentParser]
             "locks make sure no chunk is fetched twice."
         ),
         examples=["weenv cache warm py:3.11 --store s3://bucket/envs",
-                  "weenv cache warm py:3.11 --store /srv/weenv --all --json"],
+                  "weenv cache warm py:3.11 --store /srv/weenv --all --json",
+                  "weenv cache warm py:3.11 --store /srv/weenv --pages-through /mnt/py"],
         func=_cmd_warm,
     )
     warm.add_argument("ref", metavar="REF", help="environment NAME[:TAG] or manifest digest")
@@ -93,6 +94,10 @@ def _register_warm(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     # A mount that hands its replay to this command reads JSON-line reports here
     # (core/warm.py); the node service passes the pipe as its readiness fd.
     warm.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    warm.add_argument("--pages-through", action="append", default=[], metavar="[N=]DIR",
+                      help="also read the hint's files (of group N, or of every group) "
+                           "through the mount at DIR into the page cache as their chunks "
+                           "arrive; repeatable (a mount's replay does this itself)")
 
 
 def _open(args: argparse.Namespace) -> ChunkCache:
@@ -143,6 +148,28 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _page_root(value: str) -> tuple[int | None, Path]:
+    """`[N=]DIR` of --pages-through: (group position or None for every group, folder)."""
+    group, sep, folder = value.partition("=")
+    if not sep:
+        group, folder = "", value
+    if group and not group.isdigit() or not folder or not Path(folder).is_absolute():
+        raise UsageError(f"--pages-through: {value!r}: expected [N=]DIR with DIR absolute")
+    return (int(group) if group else None), Path(folder)
+
+
+def _page_roots(values: list[str], groups: int) -> dict[int, Path]:
+    """Group position -> folder, from --pages-through (one for every group, then each N)."""
+    out: dict[int, Path] = {}
+    for group, folder in sorted(map(_page_root, values), key=lambda item: item[0] is not None):
+        if group is not None and group >= groups:
+            raise UsageError(f"--pages-through {group}={folder}: the environment has groups "
+                             f"0 to {groups - 1}")
+        out.update({group: folder} if group is not None else dict.fromkeys(range(groups),
+                                                                            folder))
+    return out
+
+
 def _cmd_warm(args: argparse.Namespace) -> int:
     import trio
 
@@ -157,10 +184,12 @@ def _cmd_warm(args: argparse.Namespace) -> int:
     with open_store(args.store) as store:
         store.check()
         target = load_target(store, args.ref, cache_dir)
+        roots = _page_roots(args.pages_through, len(target.indexes))
         cache = ChunkCache(cache_dir)
         try:
             result = trio.run(functools.partial(warm, store, cache, target, hint=args.hint,
-                                                everything=args.all, report=report))
+                                                everything=args.all, report=report,
+                                                page_roots=roots))
         except BrokenPipeError:
             return 0  # the mount that asked for the replay is gone: nothing left to warm for
     if args.ready_fd is not None:
@@ -169,6 +198,7 @@ def _cmd_warm(args: argparse.Namespace) -> int:
     summary = {"environment": target.digest, "hint": hints["hint"], "source": hints["source"],
                "hinted_chunks": hints["chunks"], "missing": hints["chunks_missing"],
                "chunks_fetched": fetch["chunks_fetched"], "bytes_fetched": fetch["bytes_fetched"],
+               "pages": hints.get("pages"),
                **({"all": hints["fetch_all"]} if "fetch_all" in hints else {})}
     if args.json:
         print_json(summary)

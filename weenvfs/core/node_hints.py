@@ -2,12 +2,14 @@
 publishing an environment's hint.
 
 Owns:
-- `HintRecorder`: the first access of every chunk, in order, with the milliseconds since the
-  mount started; fed from the reader's read path, so it must stay cheap (one dict lookup per
-  chunk piece, nothing allocated for a chunk seen before);
+- `HintRecorder`: the first access of every chunk, and the first read of every file, in
+  order, with the milliseconds since the mount started; fed from the reader's read path, so
+  it must stay cheap (a dict lookup per read and per chunk piece, nothing allocated for a
+  chunk or file seen before);
 - the pure functions `merge_runs` (union of runs ordered by earliest median access, bounded
-  in size) and `check_hint` (SPEC.md 9.2: a hint is used only with its manifest and only if
-  every record names an existing chunk);
+  in size; for chunk records and for file records alike) and `check_hint` (SPEC.md 9.2: a
+  hint is used only with its manifest and only if every record names an existing chunk and
+  every file record a regular file);
 - `find_hint` (`--hint TAG|DIGEST|none`: a tag under `tags/hints/<manifest digest>/`, a hint
   digest, or nothing; the manifest's own `hints` field as a fallback, SPEC.md 9.3) and
   `publish_run` (merge a recorded run into the hint a tag points at, store the hint object,
@@ -30,18 +32,20 @@ import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from weenvfs.errors import ObjectMissing, RefNotFound, StoreError, UsageError, WeenvError
+from weenvfs.format import constants as C
 from weenvfs.format.digest import digest_hex, short
 from weenvfs.format.errors import FormatError
-from weenvfs.format.hints import Hint, HintRecord, encode_hint
+from weenvfs.format.hints import Hint, HintFile, HintRecord, encode_hint
 from weenvfs.format.index import GroupIndex, Span
 from weenvfs.format.manifest import Manifest, encode_manifest
 from weenvfs.format.refs import DEFAULT_TAG, check_tag
 from weenvfs.store.repository import Repository
 
 from .loaded_env import LoadedEnv
-from .tree import FIRST_INODE, GROUP_SHIFT
+from .tree import FIRST_INODE, GROUP_SHIFT, split_inode
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +65,12 @@ class HintRecorder:
         # (group << 32) | chunk -> ms (an int key: no tuple per access); insertion order is
         # first-access order
         self._seen: dict[int, int] = {}
+        self._files: dict[int, int] = {}  # tree inode number -> ms, in first-read order
 
     def note(self, inode: int, spans: Iterable[Span]) -> None:
         """A read of file `inode` (a tree inode number) touched the chunks of `spans`."""
+        if inode not in self._files:
+            self._files[inode] = int((self._clock() - self.start) * 1000)
         base = ((inode - FIRST_INODE) >> GROUP_SHIFT) << GROUP_SHIFT  # core/tree.py numbering
         seen = self._seen
         for span in spans:
@@ -79,6 +86,10 @@ class HintRecorder:
         mask = (1 << GROUP_SHIFT) - 1
         return [HintRecord(k >> GROUP_SHIFT, k & mask, t) for k, t in self._seen.items()]
 
+    def files(self) -> list[HintFile]:
+        """The files read, as (group, inode in its index), in first-read order."""
+        return [HintFile(*split_inode(inode), t) for inode, t in self._files.items()]
+
 
 # -- merging (pure) -------------------------------------------------------------------------
 
@@ -89,29 +100,36 @@ class _Seen:
     first: tuple[int, int]  # (run, position) of the earliest sighting: keeps a run's order
 
 
+Record = TypeVar("Record", HintRecord, HintFile)
+
+
 def merge_runs(
-    runs: Sequence[Sequence[HintRecord]], max_records: int = DEFAULT_MAX_RECORDS
-) -> tuple[HintRecord, ...]:
-    """The union of `runs` (each in first-access order), ordered by the median of each
-    chunk's access times over the runs that read it (the lower median, so times stay whole
-    milliseconds), ties in the order of the earliest run that read it. Beyond `max_records`
-    the chunks read by the fewest runs go first, then the latest. One run comes back as is
-    (minus duplicates)."""
+    runs: Sequence[Sequence[Record]], max_records: int = DEFAULT_MAX_RECORDS
+) -> tuple[Record, ...]:
+    """The union of `runs` (each in first-access order) of chunk records, or of file
+    records, ordered by the median of each one's access times over the runs that read it
+    (the lower median, so times stay whole milliseconds), ties in the order of the earliest
+    run that read it. Beyond `max_records` those read by the fewest runs go first, then the
+    latest. One run comes back as is (minus duplicates)."""
     seen: dict[tuple[int, int], _Seen] = {}
+    make: Callable[[int, int, int], Record] | None = None
     for r, run in enumerate(runs):
         for position, rec in enumerate(run):
-            key = (rec.group, rec.chunk)
+            make = type(rec)
+            key = (rec[0], rec[1])  # (group, chunk) or (group, inode)
             found = seen.get(key)
             if found is None:
                 seen[key] = _Seen([rec.time_ms], (r, position))
-            elif found.first[0] != r:  # a chunk counts once per run
+            elif found.first[0] != r:  # counted once per run
                 found.times.append(rec.time_ms)
     ranked = [(key, _lower_median(s.times), s) for key, s in seen.items()]
     if len(ranked) > max_records:
         ranked.sort(key=lambda item: (-len(item[2].times), item[1], item[2].first))
         del ranked[max_records:]
     ranked.sort(key=lambda item: (item[1], item[2].first))
-    return tuple(HintRecord(g, c, median) for (g, c), median, _ in ranked)
+    if make is None:
+        return ()
+    return tuple(make(g, c, median) for (g, c), median, _ in ranked)
 
 
 def _lower_median(values: list[int]) -> int:
@@ -127,6 +145,11 @@ def check_hint(hint: Hint, manifest_digest: str, indexes: Sequence[GroupIndex]) 
     for rec in hint.records:
         if rec.group >= len(counts) or rec.chunk >= counts[rec.group]:
             return f"record {tuple(rec)} names no chunk of this environment"
+    for file in hint.files:
+        index = indexes[file.group] if file.group < len(indexes) else None
+        if (index is None or file.inode >= index.header.inode_count
+                or not index.inode(file.inode).is_reg):
+            return f"file record {tuple(file)} names no regular file of this environment"
     return None
 
 
@@ -214,8 +237,8 @@ def publish_hint(repo: Repository, hint: Hint, tag: str) -> str:
     """Store `hint`, then point `tags/hints/<its manifest>/<tag>` at it; return its digest."""
     digest = repo.put_object("hints", encode_hint(hint))
     repo.set_tag("hints", hint.manifest, tag, digest)
-    log.info("published hint %s (%d chunks) as %s:%s", short(digest), len(hint.records),
-             short(hint.manifest), tag)
+    log.info("published hint %s (%d chunks, %d files) as %s:%s", short(digest),
+             len(hint.records), len(hint.files), short(hint.manifest), tag)
     return digest
 
 
@@ -229,9 +252,11 @@ def publish_run(
     *,
     replace: bool = False,
     max_records: int = DEFAULT_MAX_RECORDS,
+    files: Sequence[HintFile] = (),
 ) -> tuple[str, Hint] | None:
-    """Merge the recorded `run` into the hint `tag` points at (unless `replace`), publish the
-    result under `tag` and return (digest, hint); None when there is nothing to publish.
+    """Merge the recorded `run` (and the `files` it read) into the hint `tag` points at
+    (unless `replace`), publish the result under `tag` and return (digest, hint); None when
+    there is nothing to publish.
 
     The earlier hint counts as one run, so the merged order leans towards recent runs. Two
     mounts publishing under one tag at once: the last one wins (a lost run, never a broken
@@ -241,11 +266,14 @@ def publish_run(
         log.info("nothing was read: no hint published")
         return None
     runs: list[Sequence[HintRecord]] = [run]
+    file_runs: list[Sequence[HintFile]] = [files]
     if not replace:
         earlier = _earlier(repo, manifest_digest, indexes, tag)
         if earlier is not None:
             runs.insert(0, earlier.records)
-    hint = Hint(manifest_digest, merge_runs(runs, max_records))
+            file_runs.insert(0, earlier.files)
+    hint = Hint(manifest_digest, merge_runs(runs, max_records),
+                merge_runs(file_runs, min(max_records, C.MAX_HINT_FILES)))
     return publish_hint(repo, hint, tag), hint
 
 
@@ -298,10 +326,11 @@ def env_hint_lookup(env: LoadedEnv, spec: str = DEFAULT_TAG) -> Callable[[], Fou
 
 
 def publish_env_run(
-    env: LoadedEnv, run: Sequence[HintRecord], tag: str = DEFAULT_TAG, *, replace: bool = False
+    env: LoadedEnv, run: Sequence[HintRecord], tag: str = DEFAULT_TAG, *, replace: bool = False,
+    files: Sequence[HintFile] = (),
 ) -> tuple[str, Hint] | None:
     """`publish_run` for the environment `env` was loaded as."""
     return publish_run(
         Repository(env.store), env.digest, env.manifest, env.tree.groups, run, tag,
-        replace=replace,
+        replace=replace, files=files,
     )

@@ -13,9 +13,15 @@ the two run on two cores: the README's cold `weenv run` with a hint took 0.15-0.
 (docs/benchmarks.md). Chunks are shared through the node cache and its cross-process chunk
 locks, so neither process fetches what the other has.
 
-Reports are JSON lines, one per `REPORT_EVERY` seconds and a last one with `"done": true`:
-`hints` (what `Prefetcher.progress` says), `fetch` (this process's counters,
-`Stats.snapshot`) and `fetched` (the chunks prefetched since the last report, as
+With `page_roots` (group position -> the folder where that group is mounted; the mount that
+asked for the replay, on the kernel path), the hint's files are also read through those
+mounts into the kernel's page cache as their chunks arrive (core/page_warm.py), in a thread
+that goes on after the fetching is done.
+
+Reports are JSON lines, one per `REPORT_EVERY` seconds and one with `"done": true` when the
+fetching is done (another after the page-cache warm-up, if any): `hints` (what
+`Prefetcher.progress` says, with `pages`: what the warm-up did), `fetch` (this process's
+counters, `Stats.snapshot`) and `fetched` (the chunks prefetched since the last report, as
 `[hex digest, plaintext bytes]`, for the mount's hit and waste accounting). A reader that
 goes away ends the warm-up within a report's interval (a write fails with EPIPE), even while
 a store request hangs.
@@ -28,7 +34,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +52,7 @@ from .chunk_plan import ChunkLoc
 from .fetcher import Fetcher
 from .index_cache import load_index
 from .node_hints import find_hint
+from .page_warm import PageWarmer
 from .prefetch import Prefetcher
 from .stats import Stats
 
@@ -91,21 +99,33 @@ class _ReportingStats(Stats):
 
 async def warm(store: Store, cache: ChunkCache, target: WarmTarget, *, hint: str,
                everything: bool, report: Callable[[dict[str, Any]], None] | None = None,
-               ) -> dict[str, Any]:
+               page_roots: Mapping[int, Path] | None = None) -> dict[str, Any]:
     """Replay the hint `hint` names (`none`: no hint) of `target` into `cache`, then with
-    `everything` fetch every other chunk. `report(line)` gets the reports described in the
+    `everything` fetch every other chunk; with `page_roots`, read the hint's files through
+    those mounts too (see the module). `report(line)` gets the reports described in the
     module; a BrokenPipeError it raises (the reader left) ends the warm-up and is raised
     again here. Returns the last report."""
     stats = _ReportingStats()
     fetcher = Fetcher(store, cache, stats, prefetch_concurrency=CONCURRENCY)
     prefetcher = Prefetcher(target.indexes, fetcher, fetch_all=everything)
+    fetch_done = threading.Event()
+    pages: list[PageWarmer] = []
+    warming: list[threading.Thread] = []
 
     def lookup() -> Any:
-        return find_hint(Repository(store), target.digest, target.manifest, target.indexes,
-                         hint)
+        found = find_hint(Repository(store), target.digest, target.manifest, target.indexes,
+                          hint)
+        if found is not None and found.hint.files and page_roots:
+            # Started at once: it opens the mounts and maps the files while chunks arrive.
+            pages.append(PageWarmer(found.hint, target.indexes, page_roots, cache, fetch_done))
+            warming.append(threading.Thread(target=pages[0].run, name="page-warm", daemon=True))
+            warming[0].start()
+        return found
 
     def line(done: bool) -> dict[str, Any]:
-        out = {"hints": prefetcher.progress(), "fetch": stats.snapshot(),
+        progress = prefetcher.progress()
+        progress["pages"] = pages[0].progress if pages else None
+        out = {"hints": progress, "fetch": stats.snapshot(),
                "fetched": stats.new_prefetched, "done": done}
         stats.new_prefetched = []
         if report is not None:
@@ -132,8 +152,13 @@ async def warm(store: Store, cache: ChunkCache, target: WarmTarget, *, hint: str
             await prefetcher.run(lookup)
             if prefetcher.hint_missing:
                 prefetcher.hint_missing = await _refetch(fetcher, prefetcher.hinted)
+            fetch_done.set()
+            if warming:
+                line(done=True)  # the mount may fetch neighbourhoods again from now on
+                await trio.to_thread.run_sync(warming[0].join, abandon_on_cancel=True)
             nursery.cancel_scope.cancel()
     finally:
+        fetch_done.set()  # a warm-up still waiting for chunks stops waiting
         fetcher.close()
     if gone:
         raise BrokenPipeError("the reader of the reports went away")

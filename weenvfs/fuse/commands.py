@@ -126,6 +126,10 @@ def _add_hint_options(p: argparse.ArgumentParser) -> None:
                    "(default latest) and publish it (the store must be writable)")
     p.add_argument("--record-result", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--record-replace", action="store_true", help=argparse.SUPPRESS)
+    # The runtime, for the top layer of a stack: the other layers' mounts, through which the
+    # hint replay reads their hinted files into the page cache (core/page_warm.py).
+    p.add_argument("--pages-through", action="append", default=[], metavar="N=DIR",
+                   help=argparse.SUPPRESS)
 
 
 def _register_umount(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -244,7 +248,19 @@ def _config(args: argparse.Namespace) -> MountConfig:
         neighbours=args.neighbours,
         layer=args.layer,
         path=args.path,
+        page_roots=_page_roots(args.pages_through),
     )
+
+
+def _page_roots(values: list[str]) -> dict[int, Path]:
+    """`N=DIR` of --pages-through: group position -> absolute folder (UsageError if not)."""
+    out = {}
+    for value in values:
+        group, _, folder = value.partition("=")
+        if not group.isdigit() or not Path(folder).is_absolute():
+            raise UsageError(f"--pages-through: {value!r}: expected N=DIR with DIR absolute")
+        out[int(group)] = Path(folder)
+    return out
 
 
 def _has_entries(folder: Path) -> bool:
@@ -271,7 +287,7 @@ def _cmd_mount(args: argparse.Namespace) -> int:
         record_tag=config.record_tag, record_result=config.record_result,
         record_replace=config.record_replace, coalesce=config.coalesce,
         neighbours=config.neighbours, layer=config.layer, path=config.path,
-        verbose=args.verbose, nonempty=args.nonempty,
+        verbose=args.verbose, nonempty=args.nonempty, page_roots=config.page_roots,
     )
     pid = spawn(child, log_file)
     # Mounted: a Ctrl-C from now on would report "interrupted" over a mount that stays.

@@ -12,7 +12,8 @@ Must not: import anything beyond the standard library at import time.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -34,6 +35,9 @@ class MountConfig:
     neighbours: bool = True  # fetch a missed chunk's blob neighbourhood too (off: benchmarks)
     layer: int | None = None  # serve only this group, as an overlayfs lower layer
     path: str = "auto"  # "kernel" (EROFS images over lazy devices), "fuse" (the tree), "auto"
+    # Group position -> a mount of that group (a layer mount of the same stack): the hint
+    # replay reads that group's hinted files through it too (core/page_warm.py).
+    page_roots: Mapping[int, Path] = field(default_factory=dict)
 
 
 # Where `weenv mountd` serves the node's metrics unless told otherwise (exporter.py).
@@ -62,6 +66,7 @@ def mount_args(
     record_tag: str | None = None, record_result: Path | None = None,
     record_replace: bool = False, coalesce: bool = True, neighbours: bool = True,
     layer: int | None = None, path: str = "auto", verbose: int = 0, nonempty: bool = False,
+    page_roots: Mapping[int, Path] | None = None,
 ) -> list[str]:
     """The arguments of `weenv mount REF MOUNTPOINT --foreground` for `spawn.spawn`.
 
@@ -82,6 +87,8 @@ def mount_args(
         optional += ["--layer", str(layer)]
     if path != "auto":
         optional += ["--path", path]
+    for group, root in sorted((page_roots or {}).items()):
+        optional += ["--pages-through", f"{group}={root}"]
     return [
         *(["-" + "v" * verbose] if verbose else []), "--log-file", str(log_file),
         "mount", ref, str(mountpoint), "--store", store, "--cache", str(cache_dir),

@@ -118,7 +118,7 @@ async def serve(env: LoadedEnv, config: MountConfig,
     # it runs while the image is made), else in this one (fuse/replay_process.py says why).
     replay_fd = None
     if env.serves_top and config.hint != NO_HINT:
-        replay_fd = replay_process.launch(env, config)
+        replay_fd = replay_process.launch(env, config, pages=reason is None)
     cache = ChunkCache(config.cache_dir, config.cache_size)
     stats = Stats()
     no_merge = {} if config.coalesce else {"coalesce_gap": -1}  # -1: never merge chunks
@@ -296,15 +296,17 @@ def _publish_recorded(env: LoadedEnv, config: MountConfig, recorder: HintRecorde
     assert config.record_tag is not None
     run = recorder.records()
     outcome: dict[str, Any] = {"manifest": env.digest, "tag": config.record_tag,
-                               "recorded": len(run), "hint": None, "records": 0}
+                               "recorded": len(run), "hint": None, "records": 0, "files": 0}
     try:
-        published = publish_env_run(env, run, config.record_tag, replace=config.record_replace)
+        published = publish_env_run(env, run, config.record_tag, replace=config.record_replace,
+                                    files=recorder.files())
     except (WeenvError, FormatError, OSError) as e:
         log.warning("cannot publish the recorded hint: %s", e)
         outcome["error"] = str(e)
     else:
         if published is not None:
             outcome["hint"], outcome["records"] = published[0], len(published[1].records)
+            outcome["files"] = len(published[1].files)
     if config.record_result is not None:
         tmp = config.record_result.with_name(f".{config.record_result.name}.{os.getpid()}")
         tmp.write_text(json.dumps(outcome, sort_keys=True))

@@ -34,12 +34,16 @@ log = logging.getLogger(__name__)
 MAX_LINE = 8 << 20  # a report names at most every chunk of an environment once
 
 
-def launch(env: LoadedEnv, config: MountConfig) -> int | None:
+def launch(env: LoadedEnv, config: MountConfig, pages: bool = False) -> int | None:
     """Have the node service start the replay of `env`'s hint (first thing in a mount: it
     then runs while the image is made); the read end of its report pipe, or None: no hint
     to replay (one tag lookup, so that a node starts no process for nothing), no node
     service, or the service runs as many replays as it takes already (`mountd.MAX_REPLAYS`:
-    on a node starting many environments at once each mount daemon replays its own)."""
+    on a node starting many environments at once each mount daemon replays its own).
+    With `pages` (the kernel path), the replay also reads the hint's files through this
+    mount into the page cache (core/page_warm.py): those of every group for a merged
+    mount, of its own group for a layer, and those of the groups `config.page_roots`
+    names through their mounts."""
     if not may_have_hint(env, config.hint):
         return None
     logs = [h.baseFilename for h in logging.getLogger().handlers
@@ -47,6 +51,11 @@ def launch(env: LoadedEnv, config: MountConfig) -> int | None:
     argv = [*(["--log-file", logs[0]] if logs else []), "cache", "warm", env.digest,
             "--store", env.store.url, "--cache", str(config.cache_dir), "--hint", config.hint,
             *(["--all"] if config.fetch_all else [])]
+    if pages:
+        layer = "" if env.layer is None else f"{env.layer}="
+        argv += ["--pages-through", f"{layer}{config.mountpoint.absolute()}"]
+        for group, root in sorted(config.page_roots.items()):
+            argv += ["--pages-through", f"{group}={root}"]
     read_fd, write_fd = os.pipe()
     try:
         launched = mountd.launch(argv, write_fd, 2, start=False, kind=mountd.REPLAY)

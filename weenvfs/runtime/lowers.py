@@ -100,12 +100,18 @@ def acquire_lowers(
     interrupt (Ctrl-C reaches this thread, not the workers) stops the daemons still starting
     before the mounts taken are released and it is raised."""
     cancel = threading.Event()
+    # The top layer replays the environment's hint; through the other layers' mounts it
+    # reads their hinted files into the page cache too (core/page_warm.py).
+    layers = {m.layer: mounts.env_dir(m.key) / "root" for m in planned if m.layer is not None}
+    top = max(layers, default=None)
 
     def take(mount: LowerMount) -> Path:
+        roots = ({g: root for g, root in layers.items() if g != top}
+                 if mount.layer is not None and mount.layer == top else None)
         with daemon.cancelled_by(cancel):
             return mounts.acquire(mount.key, holder, store_url=store_url, cache_dir=cache_dir,
                                   is_live=is_live, env=env, layer=mount.layer,
-                                  record=mount.record)
+                                  record=mount.record, page_roots=roots)
 
     interrupted: BaseException | None = None
     with ThreadPoolExecutor(max_workers=len(planned), thread_name_prefix="lower") as pool:

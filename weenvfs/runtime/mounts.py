@@ -48,7 +48,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -216,12 +216,15 @@ def acquire(
     key: str, holder: str, *, store_url: str, cache_dir: Path,
     is_live: Callable[[str], bool], env: str | None = None, layer: int | None = None,
     record: bool = False, anchor: Path | None = None,
+    page_roots: Mapping[int, Path] | None = None,
 ) -> Path:
     """Register `holder` as a user of mount `key`, mounting it if needed; return the mount
     point. `is_live(holder_id)` tells stale holders (crashed sandboxes) apart; a holder with
     an `anchor` folder is live while that folder exists. The mount is of environment `env`
     (default: `key`, a manifest digest), or of its group `layer`; with `record` it records
-    what is read and publishes it as the hint when unmounted."""
+    what is read and publishes it as the hint when unmounted. `page_roots` (group -> the
+    mount point of that group's layer) lets a top layer's hint replay read the other
+    layers' hinted files into the page cache."""
     with locked(key) as folder:
         prune_holders(folder, is_live)
         mp = folder / "root"
@@ -230,7 +233,7 @@ def acquire(
             mp.mkdir(exist_ok=True)
             try:
                 info = _mount(env or key, mp, store_url, cache_dir, layer,
-                              folder / RESULT_FILE if record else None)
+                              folder / RESULT_FILE if record else None, page_roots)
             except BaseException:
                 if not _holders(folder):  # nobody else uses the folder: leave nothing
                     _teardown(folder)
@@ -249,7 +252,7 @@ def acquire(
 
 def _mount(
     env: str, mp: Path, store_url: str, cache_dir: Path, layer: int | None,
-    record_result: Path | None = None,
+    record_result: Path | None = None, page_roots: Mapping[int, Path] | None = None,
 ) -> dict[str, Any]:
     cache_dir = cache_dir.absolute()
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -261,7 +264,7 @@ def _mount(
     recording = {} if record_result is None else {
         "hint": "none", "record_tag": RECORD_TAG, "record_result": record_result}
     args = mount_args(env, mp, store_url, cache_dir, log_file=log_file, allow_other=True,
-                      layer=layer, **recording)
+                      layer=layer, page_roots=page_roots, **recording)
     started = time.monotonic()
     pid = spawn(args, log_file)
     log.info("mounted %s at %s in %.0f ms (daemon %d)", what, mp,

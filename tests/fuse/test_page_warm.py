@@ -1,0 +1,119 @@
+"""Reading a hint's files into the page cache through the mount (core/page_warm.py), with the
+real CLI, the session's node service and real kernel-path mounts: after the replay, reading
+the hinted files costs the mount's data device nothing (they come from the page cache), an
+un-hinted file still does; chunks the replay could not fetch are never fetched on demand by
+the warm-up; a hint cannot make it open anything outside the mount."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hint_mounts import WAIT, publish_hint, publish_varied_env, wait_for_state
+from mounts import Mount, Mounter
+from support.polling import wait_for
+
+from weenvfs.core.cache import ChunkCache
+from weenvfs.core.page_warm import PageWarmer, open_beneath
+from weenvfs.store import open_store
+from weenvfs.store.repository import Repository
+
+pytestmark = pytest.mark.requires_fuse
+
+HINTED = ["etc/s003", "lib/big1", "etc/s040", "etc/s041", "lib/big4"]
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    return publish_varied_env(tmp_path)
+
+
+def warmed(mount: Mount) -> dict[str, Any]:
+    """The stats once the page-cache warm-up has ended (a hang guard, not a timing)."""
+
+    def done() -> dict[str, Any] | None:
+        stats = mount.stats()
+        pages = stats["hints"].get("pages")
+        return stats if pages and pages["seconds"] is not None else None
+
+    return wait_for(done, "the end of the page-cache warm-up", WAIT, interval=0.05)
+
+
+def device_reads(mount: Mount) -> int:
+    return int(mount.stats()["fetch"]["reads"])
+
+
+def test_hinted_files_are_read_into_the_page_cache(env, mounter: Mounter) -> None:
+    if mounter.path == "fuse":
+        pytest.skip("the page-cache warm-up is the kernel path's")
+    store, contents = env
+    publish_hint(store, "env:t", HINTED, files=True)
+    mount = mounter.mount("env:t", store)
+    stats = warmed(mount)
+    assert stats["mount"]["path"] == "kernel"
+    pages = stats["hints"]["pages"]
+    assert pages["files"] == pages["files_read"] == len(HINTED) and pages["skipped"] == 0
+    assert pages["bytes_read"] >= sum(len(contents[p]) for p in HINTED)
+    before = device_reads(mount)
+    for path in HINTED:
+        assert (mount.mountpoint / path).read_bytes() == contents[path], path
+    assert device_reads(mount) == before  # every page came from the page cache
+    assert (mount.mountpoint / "lib/big2").read_bytes() == contents["lib/big2"]
+    assert device_reads(mount) > before  # the measure can tell: an un-hinted file is read
+
+
+def test_a_hint_of_chunks_only_warms_no_page(env, mounter: Mounter) -> None:
+    store, contents = env
+    publish_hint(store, "env:t", HINTED)  # version 1: no file records
+    mount = mounter.mount("env:t", store)
+    stats = wait_for_state(mount, "done")
+    assert stats["hints"]["pages"] is None
+    assert (mount.mountpoint / HINTED[1]).read_bytes() == contents[HINTED[1]]
+
+
+def test_missing_chunks_are_skipped_not_fetched(env, mounter: Mounter, tmp_path: Path) -> None:
+    """With the replay over and nothing cached, the warm-up reads nothing: a read would make
+    the mount fetch on demand what the replay could not."""
+    if mounter.path == "fuse":
+        pytest.skip("the page-cache warm-up is the kernel path's")
+    store, _ = env
+    publish_hint(store, "env:t", HINTED, files=True)
+    mount = mounter.mount("env:t", store, extra=["--hint", "none"])
+    with open_store(str(store)) as opened:
+        repo = Repository(opened)
+        digest, manifest = repo.resolve_env("env:t")
+        indexes = [repo.get_index(g.index) for g in manifest.groups]
+        hint = repo.get_hint(repo.get_tag("hints", digest, "latest"))
+    done = threading.Event()
+    done.set()
+    warmer = PageWarmer(hint, indexes, {0: mount.mountpoint}, ChunkCache(tmp_path / "empty"),
+                        done)
+    before = device_reads(mount)
+    result = warmer.run()
+    assert result["files"] == len(HINTED) and result["files_read"] == 0
+    assert result["skipped"] >= len(HINTED) and result["bytes_read"] == 0
+    assert device_reads(mount) == before
+
+
+def test_open_beneath_stays_in_the_folder(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "dir").mkdir(parents=True)
+    (root / "dir" / "f").write_bytes(b"data")
+    (root / "link").symlink_to("/etc")
+    (root / "dir" / "up").symlink_to("../dir/f")
+    folder = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    try:
+        fd = open_beneath(folder, b"dir/f")
+        assert os.read(fd, 10) == b"data"
+        os.close(fd)
+        for path, code in ((b"link/passwd", errno.ELOOP), (b"dir/up", errno.ELOOP),
+                           (b"../root/dir/f", errno.EXDEV), (b"/etc/passwd", errno.EXDEV)):
+            with pytest.raises(OSError) as caught:
+                os.close(open_beneath(folder, path))
+            assert caught.value.errno == code, path
+    finally:
+        os.close(folder)

@@ -1,0 +1,181 @@
+"""Reading a hint's files into the kernel's page cache through a mount, ahead of the workload.
+
+Owns: `PageWarmer`, run in a thread of a hint replay (core/warm.py) next to its chunk fetches.
+For each file record of the hint (version 2, SPEC.md 9.1), in first-read order, once the
+chunks the hint names for that file are in the node cache, it reads those byte ranges of the
+file through a folder where the file's group is mounted (the mount that asked for the replay).
+On the kernel path every page-cache miss of a workload is a FUSE read of the data device;
+read here first, on the replay's core, they leave the workload's critical path and the
+workload finds the pages in the kernel's page cache (docs/design-notes.md has the numbers).
+A multi-chunk file is read only in the chunks the hint names; a file of one chunk (a small or
+batched file) whole. A range whose chunks are still missing when the replay has ended is
+skipped: reading it would fetch on demand what the replay could not.
+
+Files are opened with openat2(2) beneath the mount (no symlinks, no magic links, no other
+mount), so a hint cannot make this read anything else. Advisory work: an error skips the file
+(or, for the mount itself, the warm-up) and is logged; nothing is raised.
+
+Must not: fetch chunks (it waits for the replay's), or know FUSE.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from weenvfs.format.hints import Hint
+from weenvfs.format.index import GroupIndex
+
+from .cache import ChunkCache
+from .chunk_plan import chunk_loc
+
+log = logging.getLogger(__name__)
+
+MOUNT_WAIT = 30.0  # seconds to wait for a folder to become a mount point (it is being made)
+POLL = 0.002  # seconds between two looks at the cache for a chunk the replay fetches
+READ_SIZE = 1 << 20
+
+# openat2(2): the syscall number of the generic table (x86_64 and aarch64 alike) and its
+# RESOLVE_* flags (linux/openat2.h).
+_SYS_OPENAT2 = 437
+RESOLVE_NO_XDEV, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 1, 2, 4, 8
+_BENEATH = RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                ("resolve", ctypes.c_uint64)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def open_beneath(folder: int, path: bytes) -> int:
+    """A read-only descriptor of regular file `path` (relative) under the open `folder`,
+    refusing symlinks, magic links and crossing into another mount (OSError)."""
+    how = _OpenHow(os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK, 0, _BENEATH)
+    fd = _libc.syscall(_SYS_OPENAT2, folder, path, ctypes.byref(how), ctypes.sizeof(how))
+    if fd < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), os.fsdecode(path))
+    return int(fd)
+
+
+class PageWarmer:
+    """Reads the files of `hint` (those of the groups in `roots`: group position -> the folder
+    where it is mounted) through their mounts once `cache` has their hinted chunks;
+    `fetch_done` is set when the replay has fetched all it will."""
+
+    def __init__(self, hint: Hint, indexes: Sequence[GroupIndex], roots: Mapping[int, Path],
+                 cache: ChunkCache, fetch_done: threading.Event) -> None:
+        self.hint = hint
+        self.indexes = indexes
+        self.roots = dict(roots)
+        self.cache = cache
+        self.fetch_done = fetch_done
+        self.progress: dict[str, Any] = {"files": 0, "files_read": 0, "bytes_read": 0,
+                                         "skipped": 0, "seconds": None}
+        self._buffer = bytearray(READ_SIZE)
+
+    def run(self) -> dict[str, Any]:
+        """Warm every file it can; return (and keep in `progress`) what it did."""
+        started = time.monotonic()
+        folders: dict[int, int] = {}
+        try:
+            files = [f for f in self.hint.files if f.group in self.roots]
+            self.progress["files"] = len(files)
+            paths = self._paths(files)
+            hinted = {(r.group, r.chunk) for r in self.hint.records}
+            for file in files:
+                folder = folders.get(file.group)
+                if folder is None:
+                    folder = folders[file.group] = self._open_root(self.roots[file.group])
+                self._warm(folder, file.group, file.inode, paths[(file.group, file.inode)],
+                           hinted)
+        except OSError as error:
+            log.info("page-cache warm-up stopped: %s", error)
+        finally:
+            for folder in folders.values():
+                os.close(folder)
+            self.progress["seconds"] = round(time.monotonic() - started, 3)
+        return self.progress
+
+    def _paths(self, files: Sequence[Any]) -> dict[tuple[int, int], bytes]:
+        """(group, inode) -> path in its group, for `files` (one walk per group, stopped once
+        every wanted inode was seen)."""
+        out: dict[tuple[int, int], bytes] = {}
+        for group in sorted({f.group for f in files}):
+            wanted = {f.inode for f in files if f.group == group}
+            for path, ino in self.indexes[group].walk():
+                if ino in wanted:
+                    out[(group, ino)] = path
+                    wanted.discard(ino)
+                    if not wanted:
+                        break
+        return out
+
+    def _open_root(self, root: Path) -> int:
+        """The mount at `root`, open as a folder, once it is mounted (OSError otherwise)."""
+        deadline = time.monotonic() + MOUNT_WAIT
+        while not os.path.ismount(root):
+            if time.monotonic() > deadline:
+                raise OSError(errno.ETIMEDOUT, f"{root} was not mounted in {MOUNT_WAIT:g} s")
+            time.sleep(POLL)
+        return os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def _warm(self, folder: int, group: int, ino: int, path: bytes,
+              hinted: set[tuple[int, int]]) -> None:
+        index = self.indexes[group]
+        size = index.inode(ino).size
+        chunks = index.file_chunks(ino)
+        if len(chunks) <= 1:
+            ranges = [(0, size, list(chunks))]
+        else:
+            step = index.chunk_size
+            ranges = [(k * step, min(size, (k + 1) * step), [c])
+                      for k, c in enumerate(chunks) if (group, c) in hinted]
+        fd = -1
+        try:
+            for start, end, needed in ranges:
+                if not all(self._cached(index, c) for c in needed):
+                    self.progress["skipped"] += 1
+                    continue
+                if fd < 0:
+                    fd = open_beneath(folder, path)
+                self._read(fd, start, end)
+            if fd >= 0:
+                self.progress["files_read"] += 1
+        except OSError as error:
+            self.progress["skipped"] += 1
+            log.debug("page-cache warm-up skips %r: %s", path, error)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _cached(self, index: GroupIndex, chunk: int) -> bool:
+        """Whether `chunk` is in the node cache (a zero chunk always is), waiting while the
+        replay may still fetch it."""
+        loc = chunk_loc(index, chunk)
+        if loc.blob is None:
+            return True
+        while not self.cache.contains(loc.digest):
+            if self.fetch_done.is_set():
+                return self.cache.contains(loc.digest)
+            time.sleep(POLL)
+        return True
+
+    def _read(self, fd: int, start: int, end: int) -> None:
+        view = memoryview(self._buffer)
+        while start < end:
+            got = os.preadv(fd, [view[:min(end - start, READ_SIZE)]], start)
+            if got <= 0:
+                return
+            start += got
+            self.progress["bytes_read"] += got
