@@ -109,22 +109,23 @@ async def warm(store: Store, cache: ChunkCache, target: WarmTarget, *, hint: str
     fetcher = Fetcher(store, cache, stats, prefetch_concurrency=CONCURRENCY)
     prefetcher = Prefetcher(target.indexes, fetcher, fetch_all=everything)
     fetch_done = threading.Event()
-    pages: list[PageWarmer] = []
-    warming: list[threading.Thread] = []
+    pages: PageWarmer | None = None
+    warming: threading.Thread | None = None
 
     def lookup() -> Any:
+        nonlocal pages, warming
         found = find_hint(Repository(store), target.digest, target.manifest, target.indexes,
                           hint)
         if found is not None and found.hint.files and page_roots:
             # Started at once: it opens the mounts and maps the files while chunks arrive.
-            pages.append(PageWarmer(found.hint, target.indexes, page_roots, cache, fetch_done))
-            warming.append(threading.Thread(target=pages[0].run, name="page-warm", daemon=True))
-            warming[0].start()
+            pages = PageWarmer(found.hint, target.indexes, page_roots, cache, fetch_done)
+            warming = threading.Thread(target=pages.run, name="page-warm", daemon=True)
+            warming.start()
         return found
 
     def line(done: bool) -> dict[str, Any]:
         progress = prefetcher.progress()
-        progress["pages"] = pages[0].progress if pages else None
+        progress["pages"] = None if pages is None else pages.progress
         out = {"hints": progress, "fetch": stats.snapshot(),
                "fetched": stats.new_prefetched, "done": done}
         stats.new_prefetched = []
@@ -153,9 +154,9 @@ async def warm(store: Store, cache: ChunkCache, target: WarmTarget, *, hint: str
             if prefetcher.hint_missing:
                 prefetcher.hint_missing = await _refetch(fetcher, prefetcher.hinted)
             fetch_done.set()
-            if warming:
+            if warming is not None:
                 line(done=True)  # the mount may fetch neighbourhoods again from now on
-                await trio.to_thread.run_sync(warming[0].join, abandon_on_cancel=True)
+                await trio.to_thread.run_sync(warming.join, abandon_on_cancel=True)
             nursery.cancel_scope.cancel()
     finally:
         fetch_done.set()  # a warm-up still waiting for chunks stops waiting
