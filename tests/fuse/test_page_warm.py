@@ -117,3 +117,32 @@ def test_open_beneath_stays_in_the_folder(tmp_path: Path) -> None:
             assert caught.value.errno == code, path
     finally:
         os.close(folder)
+
+
+def test_a_group_whose_mount_never_comes_is_skipped_alone(env, mounter: Mounter, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    if mounter.path == "fuse":
+        pytest.skip("the page-cache warm-up is the kernel path's")
+    store, contents = env
+    publish_hint(store, "env:t", HINTED, files=True)
+    mount = mounter.mount("env:t", store)
+    warmed(mount)  # the mount's own replay has cached the chunks
+    with open_store(str(store)) as opened:
+        repo = Repository(opened)
+        digest, manifest = repo.resolve_env("env:t")
+        indexes = [repo.get_index(g.index) for g in manifest.groups]
+        hint = repo.get_hint(repo.get_tag("hints", digest, "latest"))
+    # A file record of a second group, whose folder is no mount: its files are skipped, the
+    # first group's are read.
+    monkeypatch.setattr("weenvfs.core.page_warm.MOUNT_WAIT", 0.05)
+    (tmp_path / "not-a-mount").mkdir()
+    hint = hint._replace(files=(*hint.files, hint.files[0]._replace(group=1)))
+    done = threading.Event()
+    done.set()
+    warmer = PageWarmer(hint, [*indexes, indexes[0]],
+                        {0: mount.mountpoint, 1: tmp_path / "not-a-mount"},
+                        ChunkCache(mount.cache), done)
+    result = warmer.run()
+    assert result["files"] == len(HINTED) + 1
+    assert result["files_read"] == len(HINTED) and result["skipped"] == 1
+    assert (mount.mountpoint / HINTED[0]).read_bytes() == contents[HINTED[0]]

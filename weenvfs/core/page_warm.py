@@ -13,7 +13,7 @@ skipped: reading it would fetch on demand what the replay could not.
 
 Files are opened with openat2(2) beneath the mount (no symlinks, no magic links, no other
 mount), so a hint cannot make this read anything else. Advisory work: an error skips the file
-(or, for the mount itself, the warm-up) and is logged; nothing is raised.
+(or, for a mount that does not come, its group's files) and is logged; nothing is raised.
 
 Must not: fetch chunks (it waits for the replay's), or know FUSE.
 """
@@ -93,14 +93,23 @@ class PageWarmer:
             self.progress["files"] = len(files)
             paths = self._paths(files)
             hinted = {(r.group, r.chunk) for r in self.hint.records}
+            unusable: set[int] = set()  # groups whose mount did not come
             for file in files:
-                folder = folders.get(file.group)
-                if folder is None:
-                    folder = folders[file.group] = self._open_root(self.roots[file.group])
-                self._warm(folder, file.group, file.inode, paths[(file.group, file.inode)],
-                           hinted)
-        except OSError as error:
-            log.info("page-cache warm-up stopped: %s", error)
+                path = paths.get((file.group, file.inode))  # None: in no folder of its group
+                if path is None or file.group in unusable:
+                    self.progress["skipped"] += 1
+                    continue
+                if file.group not in folders:
+                    try:
+                        folders[file.group] = self._open_root(self.roots[file.group])
+                    except OSError as error:
+                        log.info("page-cache warm-up skips group %d: %s", file.group, error)
+                        unusable.add(file.group)
+                        self.progress["skipped"] += 1
+                        continue
+                self._warm(folders[file.group], file.group, file.inode, path, hinted)
+        except Exception as error:  # advisory work: the mount goes on without it
+            log.warning("page-cache warm-up stopped: %s", error)
         finally:
             for folder in folders.values():
                 os.close(folder)
