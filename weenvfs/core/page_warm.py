@@ -20,6 +20,7 @@ Must not: fetch chunks (it waits for the replay's), or know FUSE.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import errno
 import logging
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from weenvfs.format.hints import Hint
-from weenvfs.format.index import GroupIndex
+from weenvfs.format.index import ROOT_INODE, GroupIndex
 
 from .cache import ChunkCache
 from .chunk_plan import chunk_loc
@@ -66,6 +67,33 @@ def open_beneath(folder: int, path: bytes) -> int:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), os.fsdecode(path))
     return int(fd)
+
+
+def paths_of(index: GroupIndex, wanted: set[int]) -> dict[int, bytes]:
+    """A path of each inode of `wanted` in `index`, visiting only the folders that can hold
+    one: inode numbers are depth-first pre-order (SPEC.md 6, canonical indexes), so a
+    folder's subtree is the range from its number up to the next folder beside it. Every
+    path returned names its inode; an inode this does not find (a non-canonical index) is
+    left out. A full walk of the reference group took 0.15 s; most of it is not needed."""
+    targets = sorted(wanted)
+    out: dict[int, bytes] = {}
+    stack = [(b"", ROOT_INODE, 0, index.header.inode_count)]
+    while stack:
+        prefix, folder, _, end = stack.pop()
+        entries = list(index.entries(folder))
+        folders = []
+        for name, ino in entries:
+            path = prefix + b"/" + name if prefix else name
+            if ino in wanted and ino not in out:
+                out[ino] = path
+            elif index.inode(ino).is_dir:
+                folders.append((path, ino))
+        for k, (path, ino) in enumerate(folders):
+            until = folders[k + 1][1] if k + 1 < len(folders) else end
+            at = bisect.bisect_left(targets, ino)
+            if at < len(targets) and targets[at] < until and ino < until:
+                stack.append((path, ino, ino, until))
+    return out
 
 
 class PageWarmer:
@@ -117,17 +145,11 @@ class PageWarmer:
         return self.progress
 
     def _paths(self, files: Sequence[Any]) -> dict[tuple[int, int], bytes]:
-        """(group, inode) -> path in its group, for `files` (one walk per group, stopped once
-        every wanted inode was seen)."""
+        """(group, inode) -> path in its group, for `files` (`paths_of` per group)."""
         out: dict[tuple[int, int], bytes] = {}
         for group in sorted({f.group for f in files}):
-            wanted = {f.inode for f in files if f.group == group}
-            for path, ino in self.indexes[group].walk():
-                if ino in wanted:
-                    out[(group, ino)] = path
-                    wanted.discard(ino)
-                    if not wanted:
-                        break
+            found = paths_of(self.indexes[group], {f.inode for f in files if f.group == group})
+            out.update(((group, ino), path) for ino, path in found.items())
         return out
 
     def _open_root(self, root: Path) -> int:
