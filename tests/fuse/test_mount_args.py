@@ -29,6 +29,17 @@ def test_non_empty_mount_point_is_refused(tmp_path: Path, capsys) -> None:
     assert not daemon.is_mounted(mp)
 
 
+@pytest.mark.parametrize(("value", "says"), [("/layers/0", "a mount names its group"),
+                                             ("0=relative", "expected [N=]DIR")])
+def test_a_bad_pages_through_is_one_line(tmp_path: Path, capsys, value: str, says: str) -> None:
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    code = main(["mount", "e:t", str(mp), "--store", str(tmp_path), "--pages-through", value])
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and err.count("\n") == 1, err
+    assert not daemon.is_mounted(mp)
+
+
 def test_nonempty_flag_mounts_over_files(tmp_path: Path, mounter) -> None:
     src = tmp_path / "src"
     src.mkdir()

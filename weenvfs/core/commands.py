@@ -148,20 +148,12 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _page_root(value: str) -> tuple[int | None, Path]:
-    """`[N=]DIR` of --pages-through: (group position or None for every group, folder)."""
-    group, sep, folder = value.partition("=")
-    if not sep:
-        group, folder = "", value
-    if group and not group.isdigit() or not folder or not Path(folder).is_absolute():
-        raise UsageError(f"--pages-through: {value!r}: expected [N=]DIR with DIR absolute")
-    return (int(group) if group else None), Path(folder)
-
-
 def _page_roots(values: list[str], groups: int) -> dict[int, Path]:
     """Group position -> folder, from --pages-through (one for every group, then each N)."""
+    from .page_warm import parse_root
+
     out: dict[int, Path] = {}
-    for group, folder in sorted(map(_page_root, values), key=lambda item: item[0] is not None):
+    for group, folder in sorted(map(parse_root, values), key=lambda item: item[0] is not None):
         if group is not None and group >= groups:
             raise UsageError(f"--pages-through {group}={folder}: the environment has groups "
                              f"0 to {groups - 1}")

@@ -254,12 +254,14 @@ def _config(args: argparse.Namespace) -> MountConfig:
 
 def _page_roots(values: list[str]) -> dict[int, Path]:
     """`N=DIR` of --pages-through: group position -> absolute folder (UsageError if not)."""
+    from weenvfs.core.page_warm import parse_root
+
     out = {}
     for value in values:
-        group, _, folder = value.partition("=")
-        if not group.isdigit() or not Path(folder).is_absolute():
-            raise UsageError(f"--pages-through: {value!r}: expected N=DIR with DIR absolute")
-        out[int(group)] = Path(folder)
+        group, folder = parse_root(value)
+        if group is None:
+            raise UsageError(f"--pages-through: {value!r}: a mount names its group (N=DIR)")
+        out[group] = folder
     return out
 
 
