@@ -8,7 +8,8 @@ Owns:
 - `--store` (one option, one check that it was given, with a hint when it was given after
   REF, where it belongs to the command);
 - argparse `type=` functions (`positive`, `non_negative`, `port`, `env_pair`; sizes are
-  `weenvfs.units.size_arg`) and `print_json`, the one way commands print JSON.
+  `weenvfs.units.size_arg`), `page_root` (`--pages-through [N=]DIR` of `weenv mount` and
+  `weenv cache warm`) and `print_json`, the one way commands print JSON.
 
 Must not: import anything beyond the stdlib and `weenvfs.errors` (it is imported by `weenv
 run` and `weenv mount` before they start: DESIGN.md's start-up budget), or know any command.
@@ -20,6 +21,7 @@ import argparse
 import contextlib
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 from weenvfs.errors import UsageError
@@ -63,6 +65,17 @@ def env_pair(text: str) -> tuple[str, str]:
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     return key, value
+
+
+def page_root(value: str) -> tuple[int | None, Path]:
+    """`[N=]DIR` of --pages-through: (group position, or None for every group, and an
+    absolute folder); UsageError otherwise (a one-line error, not argparse's usage)."""
+    group, sep, folder = value.partition("=")
+    if not sep:
+        group, folder = "", value
+    if group and not group.isdigit() or not folder or not Path(folder).is_absolute():
+        raise UsageError(f"--pages-through: {value!r}: expected [N=]DIR with DIR absolute")
+    return (int(group) if group else None), Path(folder)
 
 
 def add_store(p: argparse.ArgumentParser, *, required: bool = True) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from weenvfs.cli import add_command
-from weenvfs.cli_args import add_store, print_json
+from weenvfs.cli_args import add_store, page_root, print_json
 from weenvfs.core.cache import CACHE_ENV, DEFAULT_CACHE_DIR, ChunkCache, default_cache_dir
 from weenvfs.errors import UsageError, WeenvError
 from weenvfs.units import format_size, size_arg
@@ -150,10 +150,8 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 
 def _page_roots(values: list[str], groups: int) -> dict[int, Path]:
     """Group position -> folder, from --pages-through (one for every group, then each N)."""
-    from .page_warm import parse_root
-
     out: dict[int, Path] = {}
-    for group, folder in sorted(map(parse_root, values), key=lambda item: item[0] is not None):
+    for group, folder in sorted(map(page_root, values), key=lambda item: item[0] is not None):
         if group is not None and group >= groups:
             raise UsageError(f"--pages-through {group}={folder}: the environment has groups "
                              f"0 to {groups - 1}")

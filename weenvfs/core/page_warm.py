@@ -31,7 +31,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from weenvfs.errors import UsageError
 from weenvfs.format.hints import Hint
 from weenvfs.format.index import ROOT_INODE, GroupIndex
 
@@ -68,17 +67,6 @@ def open_beneath(folder: int, path: bytes) -> int:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), os.fsdecode(path))
     return int(fd)
-
-
-def parse_root(value: str, what: str = "--pages-through") -> tuple[int | None, Path]:
-    """`[N=]DIR` of a --pages-through option: (group position, or None for every group, and
-    an absolute folder); UsageError naming `what` otherwise."""
-    group, sep, folder = value.partition("=")
-    if not sep:
-        group, folder = "", value
-    if group and not group.isdigit() or not folder or not Path(folder).is_absolute():
-        raise UsageError(f"{what}: {value!r}: expected [N=]DIR with DIR absolute")
-    return (int(group) if group else None), Path(folder)
 
 
 def paths_of(index: GroupIndex, wanted: set[int]) -> dict[int, bytes]:

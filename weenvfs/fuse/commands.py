@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weenvfs.cli import add_command
-from weenvfs.cli_args import add_store, positive, print_json
+from weenvfs.cli_args import add_store, page_root, positive, print_json
 from weenvfs.errors import UsageError, WeenvError
 from weenvfs.units import parse_size, size_arg
 
@@ -254,11 +254,9 @@ def _config(args: argparse.Namespace) -> MountConfig:
 
 def _page_roots(values: list[str]) -> dict[int, Path]:
     """`N=DIR` of --pages-through: group position -> absolute folder (UsageError if not)."""
-    from weenvfs.core.page_warm import parse_root
-
     out = {}
     for value in values:
-        group, folder = parse_root(value)
+        group, folder = page_root(value)
         if group is None:
             raise UsageError(f"--pages-through: {value!r}: a mount names its group (N=DIR)")
         out[group] = folder
