@@ -84,7 +84,8 @@ MAX_U32 = 0xFFFFFFFF
 HINT_MAGIC = b"WEENVHNT"
 HINT_VERSION = 1  # a hint of chunk records only
 HINT_FILES_VERSION = 2  # a hint with a file table after its chunk records (SPEC.md 9.1)
-SUPPORTED_HINT_VERSIONS = frozenset({1, 2})
+HINT_PACK_VERSION = 3  # version 2 plus a pack table: the hinted chunks in one blob, in order
+SUPPORTED_HINT_VERSIONS = frozenset({1, 2, 3})
 # magic, version, reserved, manifest digest, record count
 HINT_HEADER = struct.Struct("<8sHH32sI")
 assert HINT_HEADER.size == 48
@@ -98,6 +99,11 @@ HINT_FILES_HEAD = struct.Struct("<II")
 assert HINT_FILES_HEAD.size == 8
 HINT_FILE = HINT_RECORD
 MAX_HINT_FILES = 1 << 20
+# version 3, after the file table: pack blob digest, pack size, entry count (= record count),
+# reserved; then one frame length per record (0: that record's chunk is not in the pack)
+HINT_PACK_HEAD = struct.Struct("<32sQII")
+assert HINT_PACK_HEAD.size == 48
+HINT_PACK_ENTRY = struct.Struct("<I")
 
 # -- manifests ------------------------------------------------------------------------------
 
@@ -122,10 +128,12 @@ MAX_MANIFEST_SIZE = 4 << 20  # 128 groups and a runtime config fit in well under
 # Raw (decompressed) bytes of one index: about 130 bytes per entry (measured: 46,733 entries,
 # 6.0 MB), so some 2 million files; a mount holds its indexes in memory.
 MAX_INDEX_SIZE = 256 << 20
-# A full hint: header, MAX_HINT_RECORDS records, the file table head and MAX_HINT_FILES files.
-MAX_HINT_SIZE = 48 + 12 * MAX_HINT_RECORDS + 8 + 12 * MAX_HINT_FILES
+# A full hint: header, MAX_HINT_RECORDS records, the file table head, MAX_HINT_FILES files,
+# the pack head and one pack entry per record.
+MAX_HINT_SIZE = 48 + 12 * MAX_HINT_RECORDS + 8 + 12 * MAX_HINT_FILES + 48 + 4 * MAX_HINT_RECORDS
 assert (HINT_HEADER.size + MAX_HINT_RECORDS * HINT_RECORD.size + HINT_FILES_HEAD.size
-        + MAX_HINT_FILES * HINT_FILE.size == MAX_HINT_SIZE)
+        + MAX_HINT_FILES * HINT_FILE.size + HINT_PACK_HEAD.size
+        + MAX_HINT_RECORDS * HINT_PACK_ENTRY.size == MAX_HINT_SIZE)
 # Raw bytes of an EROFS image (published, or derived by a node from an index): about the size
 # of its index for real trees (the one above: 6.0 MB), so twice MAX_INDEX_SIZE.
 MAX_IMAGE_SIZE = 2 * MAX_INDEX_SIZE

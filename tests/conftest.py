@@ -49,6 +49,9 @@ os.environ.setdefault("WEENV_KEEP_WARM", "0")
 # snapshotter's (tests/support/containerd.py).
 os.environ["WEENV_METRICS"] = "off"
 os.environ["WEENV_SNAPSHOTTER_METRICS"] = "off"
+# Recording mounts pack what they publish in a background process, which moves the hint tag
+# while a test checks it; tests of packing turn it on (tests/core/test_hint_pack.py).
+os.environ["WEENV_HINT_PACK"] = "off"
 _SESSION_SOCKET = os.environ["WEENV_MOUNTD_SOCKET"]
 
 

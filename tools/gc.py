@@ -1,8 +1,8 @@
 """`weenv gc`: find, and with `delete=True` remove, objects no tag can reach.
 
 Owns: the mark phase (every tag is a root: env tags -> manifests -> indexes -> blobs, and the
-manifest's hint; group tags -> indexes -> blobs; hint tags -> hints), the sweep over every key
-under blobs/, indexes/, manifests/ and hints/, and the safety rules:
+manifest's hint; group tags -> indexes -> blobs; hint tags -> hints -> their pack blobs), the
+sweep over every key under blobs/, indexes/, manifests/ and hints/, and the safety rules:
 
 - A reachable object is never deleted. Every reachable manifest, index and hint is read and
   verified to learn what it references; if any cannot be read or decoded, gc aborts before
@@ -140,8 +140,10 @@ class _Marker:
 
     def hint(self, digest: str, origin: str) -> None:
         if digest not in self.marks["hints"]:
-            self._read("hints", digest, origin, self.repo.get_hint)
+            hint = self._read("hints", digest, origin, self.repo.get_hint)
             self.marks["hints"].add(digest)
+            if hint.pack is not None:  # SPEC.md 9.1: a blob only the hint names
+                self.marks["blobs"].add(hint.pack.blob)
 
     def tags(self, roots: dict[str, int]) -> None:
         """Mark from every tag (again, after listing, to catch tags set meanwhile)."""

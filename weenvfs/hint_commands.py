@@ -9,9 +9,12 @@ Owns:
   task still shows what it reads), with a warning.
 - `show`: an environment's hint (by tag or digest): size, groups, how many ranged requests a
   replay costs (the fetcher's own coalescing), and optionally every record.
+- `pack`: pack the hint a tag points at (core/hint_pack.py) and move the tag to the packed
+  hint; `record` packs what it published, and a recording mount has this command run in the
+  background by the node service once it published.
 
-Must not: record or publish anything itself (core/node_hints.py and fuse/mount.py do), or serve a
-mount (fuse/).
+Must not: record, publish or pack anything itself (core/node_hints.py, core/hint_pack.py and
+fuse/mount.py do), or serve a mount (fuse/).
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ from weenvfs.core.chunk_plan import (
     DEFAULT_MAX_REQUEST_BYTES,
     plan_requests,
 )
-from weenvfs.core.node_hints import check_hint_spec, find_hint
-from weenvfs.core.prefetch import hint_locs
+from weenvfs.core.node_hints import HINT_DIGEST, check_hint_spec, find_hint
+from weenvfs.core.prefetch import replay_locs
 from weenvfs.errors import RefNotFound, UsageError, WeenvError
 from weenvfs.format.digest import short
 from weenvfs.format.refs import DEFAULT_TAG
@@ -69,12 +72,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         examples=[
             "weenv hints record --store /srv/weenv py:3.11 python3 -c 'import numpy'",
             "weenv hints show py:3.11 --store /srv/weenv",
+            "weenv hints pack py:3.11 --store s3://envs",
         ],
         func=None,
     )
     sub = group.add_subparsers(title="hints commands", metavar="COMMAND")
     _register_record(sub)
     _register_show(sub)
+    _register_pack(sub)
 
 
 def _register_record(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -100,8 +105,41 @@ def _register_record(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--replace", action="store_true",
                    help="publish this run alone instead of merging it into the tag's hint")
     p.add_argument("--cache", type=Path, metavar="DIR", help="node chunk cache folder")
+    p.add_argument("--no-pack", dest="pack", action="store_false",
+                   help="do not pack the published hint (see weenv hints pack)")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     add_ref_and_command(p, "ref", "REF", "environment NAME[:TAG] or manifest digest")
+
+
+def _register_pack(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = add_command(
+        sub,
+        "pack",
+        help="pack an environment's hint: its chunks in one blob, in the order they are read",
+        description=(
+            "Write the chunks of REF's hint TAG, in the order the hint lists them, into one\n"
+            "blob of their own (from the node cache where it has them, else from the store,\n"
+            "each verified), publish the hint again with the pack's table and move TAG to\n"
+            "it. A replay then reads a few large ranges instead of one request per scattered\n"
+            "run of chunks. A recording mount has its hint packed in the background once it\n"
+            "published it; run this for hints published before packs existed."
+        ),
+        examples=[
+            "weenv hints pack py:3.11 --store s3://envs",
+            "weenv hints pack py:3.11 --store /srv/weenv --tag train --json",
+        ],
+        func=_cmd_pack,
+    )
+    p.add_argument("ref", metavar="REF", help="environment NAME[:TAG] or manifest digest")
+    add_store(p)
+    p.add_argument("--tag", default=DEFAULT_TAG, help="hint tag to pack (default latest)")
+    p.add_argument("--cache", type=Path, metavar="DIR",
+                   help="node chunk cache to take chunks from (default: $WEENV_CACHE, else "
+                        "/var/cache/weenv/chunks; chunks it lacks come from the store)")
+    p.add_argument("--if-hint", metavar="DIGEST",
+                   help="only if TAG points at this hint (what a recording mount passes)")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
 
 def _register_show(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -148,8 +186,26 @@ def _cmd_record(args: argparse.Namespace) -> int:
         status, outcome = _record_in(work, args, store, cache, command, env_vars)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if args.pack and outcome.get("hint"):
+        outcome["pack"] = _pack_outcome(store, outcome["manifest"], args.tag, cache,
+                                        outcome["hint"])
     _report(outcome, status, args.json)
     return status
+
+
+def _pack_outcome(store: str, manifest: str, tag: str, cache: Path,
+                  expect: str | None) -> dict[str, Any]:
+    """`pack_tag` of `tag` in `store`, as the JSON `record` and `pack` print."""
+    from weenvfs.core.cache import ChunkCache
+    from weenvfs.core.hint_pack import pack_tag
+
+    with open_store(store) as s:
+        repo = Repository(s)
+        indexes = [repo.get_index(g.index) for g in repo.get_manifest(manifest).groups]
+        node_cache = ChunkCache(cache) if cache.is_dir() else None
+        done = pack_tag(repo, manifest, indexes, tag, node_cache, expect=expect)
+    return {"hint": done.hint, "pack": done.pack, "chunks": done.chunks, "bytes": done.bytes,
+            "from_cache": done.from_cache, "skipped": done.reason}
 
 
 def _record_in(
@@ -224,6 +280,38 @@ def _report(outcome: dict[str, Any], status: int, as_json: bool) -> None:
     else:
         print(f"hint {outcome['hint']} ({outcome['records']} chunks; this run read "
               f"{outcome['recorded']}) -> {short(outcome['manifest'])}:{outcome['tag']}")
+        if outcome.get("pack"):
+            _say_pack(outcome["pack"])
+
+
+def _say_pack(pack: dict[str, Any]) -> None:
+    if pack["hint"] is None or pack["skipped"]:
+        print(f"not packed: {pack['skipped']}")
+    else:
+        print(f"packed as hint {pack['hint']}: {pack['chunks']} chunks, {pack['bytes']} bytes "
+              f"in blob {short(pack['pack'])} ({pack['from_cache']} from the node cache)")
+
+
+# -- pack -----------------------------------------------------------------------------------
+
+
+def _cmd_pack(args: argparse.Namespace) -> int:
+    if args.ready_fd is not None:
+        os.close(args.ready_fd)  # started in the background: nobody waits for the result
+    check_hint_spec(args.tag, "--tag", allow_none=False)
+    if args.if_hint is not None and not HINT_DIGEST.fullmatch(args.if_hint):
+        raise UsageError(f"--if-hint: {args.if_hint!r:.80} is not a hint digest")
+    from weenvfs.core.cache import default_cache_dir
+
+    cache = (args.cache or default_cache_dir()).absolute()
+    with open_store(args.store) as s:
+        manifest, _ = Repository(s).resolve_env(args.ref)
+    outcome = _pack_outcome(args.store, manifest, args.tag, cache, args.if_hint)
+    if args.json:
+        print_json(outcome)
+    else:
+        _say_pack(outcome)
+    return 0
 
 
 # -- show -----------------------------------------------------------------------------------
@@ -238,8 +326,9 @@ def describe_hint(repo: Repository, ref: str, spec: str, records: bool) -> dict[
     if found is None:
         raise RefNotFound(f"no usable hint {spec} for {ref} ({short(digest)})")
     recs = found.hint.records
-    locs = hint_locs(recs, indexes)
+    locs = replay_locs(found.hint, indexes)
     runs = plan_requests(locs, DEFAULT_COALESCE_GAP, DEFAULT_MAX_REQUEST_BYTES)
+    pack = found.hint.pack
     per_group = Counter(r.group for r in recs)
     out: dict[str, Any] = {
         "env": ref,
@@ -252,6 +341,9 @@ def describe_hint(repo: Repository, ref: str, spec: str, records: bool) -> dict[
         "stored_bytes": sum(c.clen for c in locs),
         "blobs": len({c.blob for c in locs}),
         "ranged_requests": len(runs),
+        "pack": None if pack is None else {
+            "blob": pack.blob, "bytes": pack.size,
+            "chunks": sum(1 for n in pack.lengths if n)},
         "span_ms": recs[-1].time_ms if recs else 0,
         "groups": {g.name: per_group.get(i, 0) for i, g in enumerate(manifest.groups)},
     }
@@ -270,6 +362,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
     print(f"  {info['records']} records, {info['chunks']} chunks to fetch: {info['bytes']} bytes "
           f"({info['stored_bytes']} stored) in {info['blobs']} blob(s), "
           f"{info['ranged_requests']} ranged requests; read over {info['span_ms']} ms")
+    if info["pack"] is not None:
+        print(f"  packed: {info['pack']['chunks']} chunks in blob {short(info['pack']['blob'])}"
+              f" ({info['pack']['bytes']} bytes)")
     groups = ", ".join(f"{name} {n}" for name, n in info["groups"].items())
     print(f"  records per group: {groups}")
     for g, c, t in info.get("record_list", []):

@@ -20,7 +20,14 @@ from weenvfs.format import constants as C
 from weenvfs.format.chunk import compress_object, decompress_object
 from weenvfs.format.digest import digest_hex
 from weenvfs.format.errors import FormatError, UnsupportedFormat
-from weenvfs.format.hints import Hint, HintFile, HintRecord, decode_hint, encode_hint
+from weenvfs.format.hints import (
+    Hint,
+    HintFile,
+    HintPack,
+    HintRecord,
+    decode_hint,
+    encode_hint,
+)
 from weenvfs.format.manifest import (
     GroupRef,
     Manifest,
@@ -213,9 +220,10 @@ def test_hint_header_rules() -> None:
     with pytest.raises(FormatError, match="hint magic"):
         decode_hint(_raw_hint(magic=b"WEENVIDX"))
     with pytest.raises(UnsupportedFormat):
-        decode_hint(_raw_hint(version=3))
-    with pytest.raises(FormatError, match="hint file table"):
-        decode_hint(_raw_hint(version=2))  # version 2 without its file table
+        decode_hint(_raw_hint(version=4))
+    for version in (2, 3):
+        with pytest.raises(FormatError, match="hint file table"):
+            decode_hint(_raw_hint(version=version))  # without its file table
     for count in (0, 2, 0xFFFFFFFF):
         with pytest.raises(FormatError, match="hint records"):
             decode_hint(_raw_hint(count=count))
@@ -259,6 +267,45 @@ def test_hint_file_table_rules() -> None:
         encode_hint(HINT._replace(files=(HintFile(0, 0, 0),) * (C.MAX_HINT_FILES + 1)))
 
 
+D2 = "b" * 64
+PACKED_HINT = FILES_HINT._replace(pack=HintPack(D2, 30, (10, 0, 20)))
+
+
+def test_a_hint_with_a_pack_is_version_3() -> None:
+    raw = decompress_object(encode_hint(PACKED_HINT), "hint", C.MAX_HINT_SIZE)
+    assert C.HINT_HEADER.unpack_from(raw)[1] == C.HINT_PACK_VERSION == 3
+    at = 48 + 12 * 3 + 8 + 12 * 3
+    assert len(raw) == at + 48 + 4 * 3
+    assert C.HINT_PACK_HEAD.unpack_from(raw, at) == (bytes.fromhex(D2), 30, 3, 0)
+    assert C.HINT_PACK_ENTRY.unpack_from(raw, at + 48 + 8) == (20,)
+    assert decode_hint(encode_hint(PACKED_HINT)) == PACKED_HINT
+    assert PACKED_HINT.pack.offsets() == [0, 10, 10]
+    no_files = HINT._replace(pack=PACKED_HINT.pack)  # version 3 keeps an empty file table
+    raw = decompress_object(encode_hint(no_files), "hint", C.MAX_HINT_SIZE)
+    assert C.HINT_FILES_HEAD.unpack_from(raw, 48 + 12 * 3) == (0, 0)
+    assert decode_hint(encode_hint(no_files)) == no_files
+
+
+def test_hint_pack_table_rules() -> None:
+    head = C.HINT_HEADER.pack(C.HINT_MAGIC, 3, 0, bytes.fromhex(D1), 2)
+    head += C.HINT_RECORD.pack(1, 0, 2, 3) + C.HINT_RECORD.pack(1, 0, 4, 5)
+    head += C.HINT_FILES_HEAD.pack(0, 0)
+
+    def packed(size: int, count: int, lengths: list[int], reserved: int = 0) -> bytes:
+        table = C.HINT_PACK_HEAD.pack(bytes.fromhex(D2), size, count, reserved)
+        return compress_object(head + table + b"".join(C.HINT_PACK_ENTRY.pack(n) for n in lengths))
+
+    assert decode_hint(packed(7, 2, [3, 4], reserved=1)).pack == HintPack(D2, 7, (3, 4))
+    for size, count, lengths in ((8, 2, [3, 4]), (7, 3, [3, 4]), (7, 2, [7]), (7, 2, [3, 4, 0]),
+                                 (0, 2, [0, 0])):
+        with pytest.raises(FormatError, match="hint pack"):
+            decode_hint(packed(size, count, lengths))
+    for pack in (HintPack(D2, 3, (3,)), HintPack("zz", 3, (3, 0)), HintPack(D2, 4, (3, 0)),
+                 HintPack(D2, 0, (0, 0)), HintPack(D2, 1 << 32, (1 << 32, 0))):
+        with pytest.raises(FormatError):
+            encode_hint(HINT._replace(records=HINT.records[:2], pack=pack))
+
+
 def test_hint_truncated_at_every_offset() -> None:
     stored = encode_hint(HINT)
     for cut in range(len(stored)):
@@ -269,10 +316,11 @@ def test_hint_truncated_at_every_offset() -> None:
     for cut in range(len(raw)):
         with pytest.raises(FormatError):
             decode_hint(compress_object(raw[:cut]))
-    raw = decompress_object(encode_hint(FILES_HINT), "hint", C.MAX_HINT_SIZE)
-    for cut in range(len(raw)):
-        with pytest.raises(FormatError):
-            decode_hint(compress_object(raw[:cut]))
+    for hint in (FILES_HINT, PACKED_HINT):
+        raw = decompress_object(encode_hint(hint), "hint", C.MAX_HINT_SIZE)
+        for cut in range(len(raw)):
+            with pytest.raises(FormatError):
+                decode_hint(compress_object(raw[:cut]))
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hint_mounts import publish_hint, publish_varied_env, wait_for_state
 from mounts import Mounter, publish, run_weenv
+from support.polling import wait_for
 
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
@@ -99,6 +100,43 @@ def test_record_hints_publishes_on_unmount(env, mounter: Mounter) -> None:
     expected = [index.file_chunks(index.resolve(b"etc/s010"))[0]]
     expected += list(index.file_chunks(index.resolve(b"lib/big2")))
     assert [c for _, c, _ in shown["record_list"]] == expected
+    assert shown["pack"] is None  # $WEENV_HINT_PACK is off in the tests (tests/conftest.py)
+    # Packed by hand: the tag moves to a version 3 hint whose chunks lie in one blob.
+    packed = json.loads(run_weenv("hints", "pack", "env:t", "--store", str(store), "--tag",
+                                  "rec", "--cache", str(mount.cache), "--json").stdout)
+    assert packed["chunks"] == 7 and packed["from_cache"] == 7 and packed["skipped"] is None
+    shown = json.loads(run_weenv("hints", "show", "env:t", "--store", str(store), "--hint",
+                                 "rec", "--json").stdout)
+    assert shown["hint"] == packed["hint"] and shown["pack"]["blob"] == packed["pack"]
+    assert shown["ranged_requests"] == 1 and shown["records"] == 7
+    again = json.loads(run_weenv("hints", "pack", "env:t", "--store", str(store), "--tag",
+                                 "rec", "--json").stdout)
+    assert again["skipped"] == "the hint has a pack already" and again["hint"] == packed["hint"]
+    bad = run_weenv("hints", "pack", "env:t", "--store", str(store), "--if-hint", "zz",
+                    check=False)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--if-hint" in bad.stderr
+
+
+def test_a_recording_mount_packs_its_hint_in_the_background(env, mounter: Mounter,
+                                                            monkeypatch) -> None:
+    store, contents = env
+    monkeypatch.setenv("WEENV_HINT_PACK", "on")
+    mount = mounter.mount("env:t", store, extra=["--record-hints", "rec", "--hint", "none"])
+    assert (mount.mountpoint / "lib/big2").read_bytes() == contents["lib/big2"]
+    run_weenv("umount", str(mount.mountpoint))
+
+    def packed() -> dict | None:
+        shown = json.loads(run_weenv("hints", "show", "env:t", "--store", str(store),
+                                     "--hint", "rec", "--json").stdout)
+        return shown if shown["pack"] is not None else None
+
+    shown = wait_for(packed, "the recorded hint to be packed", timeout=60, interval=0.2)
+    assert shown["pack"]["chunks"] == shown["chunks"] == 6 and shown["ranged_requests"] == 1
+    replay = mounter.mount("env:t", store, extra=["--hint", "rec"], cache=mount.cache.parent
+                           / "cold")
+    stats = wait_for_state(replay, "done")
+    assert stats["fetch"]["prefetch"]["requests"] == 1
+    assert (replay.mountpoint / "lib/big2").read_bytes() == contents["lib/big2"]
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +157,7 @@ def test_hints_record_end_to_end_on_minbase(minbase: Path, tmp_path: Path, mount
     shown = json.loads(run_weenv("hints", "show", "minbase:t", "--store", str(minbase),
                                  "--json").stdout)
     assert shown["chunks"] >= 3  # /bin/sh, ls and their libraries, os-release
+    assert "packed as hint" in done.stdout and shown["pack"]["chunks"] == shown["chunks"]
     mount = mounter.mount("minbase:t", minbase, cache=tmp_path / "cold")
     stats = wait_for_state(mount, "done")
     assert stats["hints"]["hint"] == shown["hint"]

@@ -22,7 +22,7 @@ from fixtures import (
 from support.trees import file
 
 from weenvfs.format.digest import short
-from weenvfs.format.hints import Hint, HintRecord, encode_hint
+from weenvfs.format.hints import Hint, HintPack, HintRecord, encode_hint
 from weenvfs.format.manifest import GroupRef
 from weenvfs.store.base import TEMP_PREFIX
 from weenvfs.store.faulty import FaultyStore
@@ -146,6 +146,21 @@ def test_hint_tags_and_manifest_hints_are_roots(repo: Repository, store: LocalSt
     assert report.unreferenced == []
     assert report.reachable["hints"] == {tagged, embedded}
     assert report.roots == {"envs": 2, "groups": 3, "hints": 1}
+
+
+def test_a_hint_keeps_its_pack_blob(repo: Repository, store: LocalStore) -> None:
+    """SPEC.md 9.1: a pack is a blob only its hint names; it lives as long as the hint."""
+    env = standard_env(repo)
+    pack = repo.put_object("blobs", b"frames of the hinted chunks")
+    hint = Hint(env, (HintRecord(0, 1, 2),), pack=HintPack(pack, 27, (27,)))
+    repo.set_tag("hints", env, "latest", repo.put_object("hints", encode_hint(hint)))
+    _age_all(store)
+    report = collect_garbage(repo, delete=True)
+    assert report.unreferenced == [] and pack in report.reachable["blobs"]
+    store.delete(f"tags/hints/{env}/latest")
+    report = collect_garbage(repo, delete=True)
+    assert f"blobs/{pack}" in {key for key, _ in report.unreferenced}
+    assert not repo.has_object("blobs", pack)
 
 
 def test_unreadable_reachable_index_aborts(

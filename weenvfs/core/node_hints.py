@@ -150,6 +150,13 @@ def check_hint(hint: Hint, manifest_digest: str, indexes: Sequence[GroupIndex]) 
         if (index is None or file.inode >= index.header.inode_count
                 or not index.inode(file.inode).is_reg):
             return f"file record {tuple(file)} names no regular file of this environment"
+    if hint.pack is not None:
+        for rec, length in zip(hint.records, hint.pack.lengths):
+            if not length:
+                continue
+            chunk = indexes[rec.group].chunk(rec.chunk)
+            if chunk.zero or length > C.max_frame_size(chunk.ulen):
+                return f"the pack holds a frame of {length} bytes for record {tuple(rec)}"
     return None
 
 

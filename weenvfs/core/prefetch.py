@@ -29,7 +29,7 @@ from typing import Any
 import trio
 
 from weenvfs.format.digest import short
-from weenvfs.format.hints import HintRecord
+from weenvfs.format.hints import Hint, HintRecord
 from weenvfs.format.index import GroupIndex
 
 from .chunk_plan import ChunkLoc, chunk_loc
@@ -57,6 +57,23 @@ def hint_locs(records: Sequence[HintRecord], indexes: Sequence[GroupIndex]) -> l
         loc = chunk_loc(indexes[rec.group], rec.chunk)
         if loc.blob is not None and loc.digest not in out:
             out[loc.digest] = loc
+    return list(out.values())
+
+
+def replay_locs(hint: Hint, indexes: Sequence[GroupIndex]) -> list[ChunkLoc]:
+    """Where a replay fetches the chunks of `hint` from, in record order: its pack (SPEC.md
+    9.1, version 3) for the chunks in it, their groups' blobs for the others (`hint_locs`
+    without a pack). Same digests and lengths as `hint_locs`, so a chunk the pack cannot
+    deliver is fetched from its group's blob afterwards."""
+    if hint.pack is None:
+        return hint_locs(hint.records, indexes)
+    out: dict[bytes, ChunkLoc] = {}
+    for rec, length, offset in zip(hint.records, hint.pack.lengths, hint.pack.offsets()):
+        loc = chunk_loc(indexes[rec.group], rec.chunk)
+        if loc.blob is None or loc.digest in out:
+            continue
+        out[loc.digest] = loc._replace(blob=hint.pack.blob, offset=offset, clen=length) \
+            if length else loc
     return list(out.values())
 
 
@@ -141,13 +158,17 @@ class Prefetcher:
         self.hinted = hint_locs(found.hint.records, self.indexes)
         self._digests = {loc.digest for loc in self.hinted}
         self.state = "replaying"
-        log.info("replaying hint %s (%s): %d chunks, %d bytes stored", short(found.digest),
-                 found.source, len(self.hinted), sum(c.clen for c in self.hinted))
+        order = replay_locs(found.hint, self.indexes)
+        log.info("replaying hint %s (%s): %d chunks, %d bytes stored%s", short(found.digest),
+                 found.source, len(order), sum(c.clen for c in order),
+                 "" if found.hint.pack is None else f", pack {short(found.hint.pack.blob)}")
         # The hint names what the workload reads: fetching the neighbourhoods of misses
         # meanwhile (core/neighbours.py) would only compete with it for the prefetch slots.
         neighbours, self.fetcher.neighbours = self.fetcher.neighbours, None
         try:
-            await self._prefetch(self.hinted, self._hint_window_done)
+            await self._prefetch(order, self._hint_window_done)
+            if found.hint.pack is not None and self.hint_missing:
+                await self._unpacked()
         finally:
             self.fetcher.neighbours = neighbours
         log.info("hint %s replayed: %d of %d chunks not cached", short(found.digest),
@@ -156,6 +177,19 @@ class Prefetcher:
     def _hint_window_done(self, window: list[ChunkLoc], missing: int) -> None:
         self.hint_done += len(window)
         self.hint_missing += missing
+
+    async def _unpacked(self) -> None:
+        """The hinted chunks the pack did not deliver (its blob missing or damaged: each
+        frame is verified like any other), fetched once more from their groups' blobs."""
+        cache = self.fetcher.cache
+        todo = [loc for loc in self.hinted if not cache.contains(loc.digest)]
+        log.info("%d hinted chunks not delivered by the pack: from their blobs", len(todo))
+        self.hint_missing = 0
+
+        def done(window: list[ChunkLoc], missing: int) -> None:
+            self.hint_missing += missing
+
+        await self._prefetch(todo, done)
 
     async def _fetch_everything(self) -> None:
         todo = all_locs(self.indexes, self._digests)

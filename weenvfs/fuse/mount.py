@@ -15,7 +15,8 @@ Owns, in order:
    `pyfuse3.close(unmount=True)` unmounts (a no-op if `fusermount3 -u` already did), the
    fetcher is closed and the pid file removed. A mount that recorded a hint
    (`config.record_tag`) merges it into the environment's hint and publishes it after
-   unmounting, and writes what it published to `config.record_result` if set.
+   unmounting, writes what it published to `config.record_result` if set, and has the hint
+   packed in the background (pack_launch.py).
 
 Must not: parse the command line (commands.py), fork or daemonize (daemon.py), or decide what
 the file system looks like (core/tree.py).
@@ -48,7 +49,7 @@ from weenvfs.core.tree import FormatError
 from weenvfs.errors import WeenvError
 from weenvfs.store import open_store
 
-from . import replay_process
+from . import pack_launch, replay_process
 from .config import MountConfig
 from .ops import Operations
 
@@ -307,6 +308,7 @@ def _publish_recorded(env: LoadedEnv, config: MountConfig, recorder: HintRecorde
         if published is not None:
             outcome["hint"], outcome["records"] = published[0], len(published[1].records)
             outcome["files"] = len(published[1].files)
+            outcome["packing"] = pack_launch.launch(env, config, published[0])
     if config.record_result is not None:
         tmp = config.record_result.with_name(f".{config.record_result.name}.{os.getpid()}")
         tmp.write_text(json.dumps(outcome, sort_keys=True))
