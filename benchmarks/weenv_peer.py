@@ -50,7 +50,7 @@ from weenvfs.tools.builder import BuildOptions, build_group, open_source
 from weenvfs.tools.publish import compose_env
 
 PREFIX = "swe"
-HINT_TAG = "bench-v3"  # bump when the recorded commands or the hint format change
+HINT_TAG = "bench-v4"  # bump when the recorded commands or the hint format change
 PROVENANCE = {"benchmark": "coldstart"}
 
 
