@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_prefetch import CONTENTS, env, found, run  # noqa: F401  (env is a fixture)
+from test_prefetch import CONTENTS, found, run, varied_env
 from test_reader import inode_of
 
 from weenvfs.core.cache import ChunkCache
@@ -29,6 +29,11 @@ from weenvfs.format.hints import Hint, HintRecord
 from weenvfs.format.refs import object_key
 from weenvfs.store.faulty import FaultyStore
 from weenvfs.store.repository import Repository
+
+
+@pytest.fixture
+def env(repo: Repository, build_group, open_env) -> LoadedEnv:
+    return varied_env(repo, build_group, open_env)
 
 
 def _records(env: LoadedEnv) -> list[HintRecord]:
@@ -48,7 +53,8 @@ def test_a_pack_holds_each_hinted_chunk_once_in_record_order(env: LoadedEnv,
     hint = _hint(env)
     packed, from_cache = pack_hint(repo, hint, env.tree.groups, None)
     assert from_cache == 0 and packed.pack is not None
-    assert packed.records == hint.records and check_hint(packed, env.digest, env.tree.groups) is None
+    assert packed.records == hint.records
+    assert check_hint(packed, env.digest, env.tree.groups) is None
     assert packed.pack.lengths[2] == 0  # the repeated record
     blob = repo.store.get(object_key("blobs", packed.pack.blob))
     assert len(blob) == packed.pack.size

@@ -40,10 +40,15 @@ def _contents() -> dict[str, bytes]:
 CONTENTS = _contents()
 
 
-@pytest.fixture
-def env(repo: Repository, build_group, open_env) -> LoadedEnv:
+def varied_env(repo: Repository, build_group, open_env) -> LoadedEnv:
+    """CONTENTS as environment env:t: 4 KiB chunks, files under 1 KiB batched."""
     specs = [file(p, d) for p, d in CONTENTS.items()]
     return open_env(build_group(repo, specs, "g", "t", chunk_size=CHUNK, batch_threshold=1 << 10))
+
+
+@pytest.fixture
+def env(repo: Repository, build_group, open_env) -> LoadedEnv:
+    return varied_env(repo, build_group, open_env)
 
 
 def found(env: LoadedEnv, records: list[HintRecord]) -> FoundHint:

@@ -151,7 +151,7 @@ def check_hint(hint: Hint, manifest_digest: str, indexes: Sequence[GroupIndex]) 
                 or not index.inode(file.inode).is_reg):
             return f"file record {tuple(file)} names no regular file of this environment"
     if hint.pack is not None:
-        for rec, length in zip(hint.records, hint.pack.lengths):
+        for rec, length in zip(hint.records, hint.pack.lengths, strict=True):
             if not length:
                 continue
             chunk = indexes[rec.group].chunk(rec.chunk)

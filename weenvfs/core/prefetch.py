@@ -68,11 +68,12 @@ def replay_locs(hint: Hint, indexes: Sequence[GroupIndex]) -> list[ChunkLoc]:
     if hint.pack is None:
         return hint_locs(hint.records, indexes)
     out: dict[bytes, ChunkLoc] = {}
-    for rec, length, offset in zip(hint.records, hint.pack.lengths, hint.pack.offsets()):
+    pack = hint.pack
+    for rec, length, offset in zip(hint.records, pack.lengths, pack.offsets(), strict=True):
         loc = chunk_loc(indexes[rec.group], rec.chunk)
         if loc.blob is None or loc.digest in out:
             continue
-        out[loc.digest] = loc._replace(blob=hint.pack.blob, offset=offset, clen=length) \
+        out[loc.digest] = loc._replace(blob=pack.blob, offset=offset, clen=length) \
             if length else loc
     return list(out.values())
 
