@@ -416,3 +416,22 @@ def test_an_idle_server_stays_while_its_daemons_live(
     finally:
         if daemon.process_alive(pid) and mountd._is_server(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_request_naming_an_s3_store_makes_its_client_ahead(monkeypatch) -> None:
+    """`_prebuild_clients` after answering: the next children opening the same store in
+    the same environment take the client over (tests/store/test_s3.py checks the taking);
+    no client is made for other stores or without static keys, and a bad URL is no error."""
+    from weenvfs.store import s3
+
+    monkeypatch.setattr(s3, "_prebuilt", {})
+    url = "s3://bucket/envs?endpoint=http://127.0.0.1:9&region=us-east-1"
+    env = {"AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret", "HOME": "/root",
+           "AWS_EC2_METADATA_DISABLED": "true"}
+    for argv, env_ in ((["mount", "x", "--store", "/srv/weenv"], env),
+                       (["mount", "x", "--store", url], {"HOME": "/root"}),
+                       (["mount", "x", "--store", "s3://"], env)):
+        mountd._prebuild_clients({"argv": argv, "env": env_})
+    assert s3._prebuilt == {}
+    mountd._prebuild_clients({"argv": ["sandbox", "resolve", "e:t", "--store", url], "env": env})
+    assert [key[0] for key in s3._prebuilt] == [url]

@@ -82,6 +82,36 @@ def test_credentials_from_environment(seaweed: Any, monkeypatch: pytest.MonkeyPa
         assert store.get("tags/env/a/latest") == b"x"
 
 
+def test_a_client_made_ahead_is_taken_over_only_with_the_same_environment(
+    seaweed: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the node service does before forking (fuse/mountd.py): a store opened later in
+    the same environment takes the client over; any other environment, URL or option makes
+    its own, and without static keys nothing is made ahead (it might reach the network)."""
+    from weenvfs.store import prebuild_client, s3
+
+    monkeypatch.setattr(s3, "_prebuilt", {})
+    url = seaweed.url("prebuilt")
+    keys = seaweed.env()
+    assert not prebuild_client(url, dict(os.environ))  # no static keys in it
+    environ = {**os.environ, **keys}
+    assert prebuild_client(url, environ) and not prebuild_client(url, environ)
+    assert not prebuild_client("file:///tmp/x", environ)
+    assert "AWS_ACCESS_KEY_ID" not in os.environ  # the environment was put back
+    for name, value in keys.items():
+        monkeypatch.setenv(name, value)
+    ((made, _),) = s3._prebuilt.values()
+    store = S3Store(url)
+    assert store._client is made
+    store.check(write=True)
+    store.put("tags/env/a/latest", b"x")
+    assert store.get("tags/env/a/latest") == b"x"
+    assert S3Store(url, read_timeout=7.0)._client is not made
+    assert S3Store(seaweed.url("other"))._client is not made
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "another secret")
+    assert S3Store(url)._client is not made
+
+
 def test_credentials_from_a_profile(
     seaweed: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -26,7 +26,10 @@ With an `exporter` (exporter.py, `weenv mountd --metrics`), the server forks a c
 serves the node's Prometheus metrics while it runs, and starts it again if it dies.
 
 The server stays single-threaded (fork and threads do not mix) and never serves a FUSE
-request itself. $WEENV_MOUNTD_SOCKET moves the socket (tests, several servers on one node);
+request itself. After answering a request that names an S3 store it makes that store's client
+(no connection: clients connect at their first request), so that the next children opening
+the same store with the same credentials take it over instead of making their own.
+$WEENV_MOUNTD_SOCKET moves the socket (tests, several servers on one node);
 WEENV_MOUNTD=off makes `launch` neither use nor start a server.
 
 Must not: mount anything itself, or wait for the daemon it forked (the readiness pipe tells
@@ -489,6 +492,7 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
             if replay:
                 replays[pid] = daemons[pid]
         _answer(conn, "ok")
+        _prebuild_clients(request)
     except (OSError, ValueError, KeyError, TypeError) as error:
         log.warning("bad mount request: %s", error)
         with contextlib.suppress(OSError):
@@ -498,6 +502,23 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
             with contextlib.suppress(OSError):
                 os.close(fd)
     return True
+
+
+def _prebuild_clients(request: dict[str, Any]) -> None:
+    """After answering: make the store client of the request's `--store` URL for the next
+    children that open it (store.prebuild_client: about 20 ms each of them saves; a mount,
+    its replay and the resolution before it open the same store one after the other)."""
+    argv = [str(a) for a in request["argv"]]
+    for flag, value in zip(argv, argv[1:], strict=False):
+        if flag == "--store":
+            from weenvfs.store import prebuild_client
+
+            env = {str(k): str(v) for k, v in request["env"].items()}
+            try:
+                if prebuild_client(value, env):
+                    log.info("made the client of %s ahead for the next requests", value)
+            except Exception as error:  # an optimisation: never the server's failure
+                log.warning("cannot make a client of %s ahead: %s", value, error)
 
 
 def _alive(children: dict[int, str]) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from weenvfs.errors import (
@@ -88,6 +88,17 @@ def warm_up() -> None:
     from weenvfs.store import s3
 
     s3.warm_up()
+
+
+def prebuild_client(url: str, environ: Mapping[str, str]) -> bool:
+    """Make ahead of time the client a store of `url` opened with environment `environ`
+    needs, for the processes the caller forks afterwards (the mount server calls it; only S3
+    stores have clients worth it: `s3.prebuild`). True if one was made now."""
+    if not url.startswith("s3://"):
+        return False
+    from weenvfs.store import s3
+
+    return s3.prebuild(url, environ)
 
 
 def open_store(url: str, *, create: bool = False) -> Store:

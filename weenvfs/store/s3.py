@@ -5,7 +5,8 @@ Everything not in the URL comes from the standard AWS configuration (AWS_* varia
 profiles, ~/.aws/config and ~/.aws/credentials, credential_process, SSO, instance roles).
 
 Owns: one boto3 client per store, built in the constructor from an explicit
-`boto3.session.Session()` (clients are thread-safe, sessions are not); translating botocore's
+`boto3.session.Session()` (clients are thread-safe, sessions are not), or taken over from the
+node service that forked this process (`prebuild`); translating botocore's
 errors into the store errors (s3_common.py); credential renewal. Must not: retry (botocore's
 own retries are off, `total_max_attempts=1`, so that RetryingStore alone decides and its
 counters are the truth), cache, or know what the objects mean, except which key prefixes
@@ -28,7 +29,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -91,6 +92,46 @@ def warm_up() -> None:
     session.client("s3", endpoint_url="http://127.0.0.1:9", config=Config(user_agent_extra="weenv"))
 
 
+# Clients made ahead of time by the node service (`prebuild`), which the processes it forks
+# take over (copy-on-write memory, no connection yet: a client connects at its first request)
+# instead of spending about 20 ms each on a session and a client. Keyed by the store URL and
+# every variable of the environment that can change which credentials and configuration a
+# session finds, so a process only ever gets the client it would have made itself.
+MAX_PREBUILT = 8
+_prebuilt: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Any, Credentials]] = {}
+
+
+def _environment_key(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in environ.items()
+                        if k.startswith(("AWS_", "BOTO_")) or k == "HOME"))
+
+
+def prebuild(url: str, environ: Mapping[str, str]) -> bool:
+    """Make the client an S3Store of `url` would make in a process with environment
+    `environ`, for the processes this one forks later (see `_prebuilt`); True if made now.
+    Only for static keys in the environment: other credential sources may reach the network
+    (instance roles, credential_process, SSO), which the node service must never wait for."""
+    key = (url, _environment_key(environ))
+    if key in _prebuilt or not (environ.get("AWS_ACCESS_KEY_ID")
+                                and environ.get("AWS_SECRET_ACCESS_KEY")):
+        return False
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(environ)
+        store = S3Store(url, prebuilt=False)
+    except StoreError as error:
+        log.debug("no client made ahead for %s: %s", url, error)
+        return False
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    while len(_prebuilt) >= MAX_PREBUILT:
+        del _prebuilt[next(iter(_prebuilt))]
+    _prebuilt[key] = (store._client, store._credentials)
+    return True
+
+
 class S3Store(Store):
     """Objects under `PREFIX/` in `BUCKET`.
 
@@ -98,6 +139,8 @@ class S3Store(Store):
     and embedding); credentials given that way are fixed and never renewed.
     `create_only_prefixes`: keys under these are written with `If-None-Match: *` where the
     server supports it (detected at the first put), so an existing immutable object is kept.
+    `prebuilt`: take the client the node service made for this URL and environment, if any
+    (`prebuild`; only with the default timeouts and pool size it was made with).
     """
 
     def __init__(
@@ -112,6 +155,7 @@ class S3Store(Store):
         upload_threads: int = 4,
         create_only_prefixes: tuple[str, ...] = CONTENT_ADDRESSED,
         session_options: dict[str, Any] | None = None,
+        prebuilt: bool = True,
     ) -> None:
         self._url = url
         self.location = parse_s3_url(url)
@@ -125,7 +169,12 @@ class S3Store(Store):
         self._session_options = dict(session_options or {})
         self._lock = threading.Lock()
         self._bucket_seen = False
-        self._client, self._credentials = self._new_client()
+        made = _prebuilt.get((url, _environment_key(os.environ))) if prebuilt else None
+        defaults = (connect_timeout, read_timeout, max_connections) == (5.0, 30.0, 32)
+        if made is not None and defaults and not session_options:
+            self._client, self._credentials = made
+        else:
+            self._client, self._credentials = self._new_client()
 
     @property
     def url(self) -> str:
