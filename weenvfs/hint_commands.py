@@ -188,22 +188,33 @@ def _cmd_record(args: argparse.Namespace) -> int:
         shutil.rmtree(work, ignore_errors=True)
     if args.pack and outcome.get("hint"):
         outcome["pack"] = _pack_outcome(store, outcome["manifest"], args.tag, cache,
-                                        outcome["hint"])
+                                        outcome["hint"], quiet=args.json)
     _report(outcome, status, args.json)
     return status
 
 
-def _pack_outcome(store: str, manifest: str, tag: str, cache: Path,
-                  expect: str | None) -> dict[str, Any]:
-    """`pack_tag` of `tag` in `store`, as the JSON `record` and `pack` print."""
+def _pack_outcome(store: str, manifest: str, tag: str, cache: Path, expect: str | None,
+                  quiet: bool) -> dict[str, Any]:
+    """`pack_tag` of `tag` in `store`, as the JSON `record` and `pack` print; progress on
+    stderr unless `quiet`."""
     from weenvfs.core.cache import ChunkCache
     from weenvfs.core.hint_pack import pack_tag
+    from weenvfs.tools.progress import Progress
+
+    bar = Progress(mode="quiet" if quiet else "auto")
+
+    def progress(total: int, done: int) -> None:
+        if total:
+            bar.begin("packing the hint", total, unit="chunks")
+        bar.update(done)
 
     with open_store(store) as s:
         repo = Repository(s)
         indexes = [repo.get_index(g.index) for g in repo.get_manifest(manifest).groups]
         node_cache = ChunkCache(cache) if cache.is_dir() else None
-        done = pack_tag(repo, manifest, indexes, tag, node_cache, expect=expect)
+        with bar:
+            done = pack_tag(repo, manifest, indexes, tag, node_cache, expect=expect,
+                            progress=progress)
     return {"hint": done.hint, "pack": done.pack, "chunks": done.chunks, "bytes": done.bytes,
             "from_cache": done.from_cache, "skipped": done.reason}
 
@@ -299,14 +310,19 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     if args.ready_fd is not None:
         os.close(args.ready_fd)  # started in the background: nobody waits for the result
     check_hint_spec(args.tag, "--tag", allow_none=False)
-    if args.if_hint is not None and not HINT_DIGEST.fullmatch(args.if_hint):
-        raise UsageError(f"--if-hint: {args.if_hint!r:.80} is not a hint digest")
+    expect = None
+    if args.if_hint is not None:
+        match = HINT_DIGEST.fullmatch(args.if_hint)
+        if match is None:
+            raise UsageError(f"--if-hint: {args.if_hint!r:.80} is not a hint digest")
+        expect = match.group(1)
     from weenvfs.core.cache import default_cache_dir
 
     cache = (args.cache or default_cache_dir()).absolute()
     with open_store(args.store) as s:
         manifest, _ = Repository(s).resolve_env(args.ref)
-    outcome = _pack_outcome(args.store, manifest, args.tag, cache, args.if_hint)
+    outcome = _pack_outcome(args.store, manifest, args.tag, cache, expect,
+                            quiet=args.json or args.ready_fd is not None)
     if args.json:
         print_json(outcome)
     else:

@@ -70,16 +70,18 @@ class Packed:
 
 def pack_hint(repo: Repository, hint: Hint, indexes: Sequence[GroupIndex],
               cache: ChunkCache | None, *, limit: int = MAX_PACK_BYTES,
-              progress: Callable[[int, int], None] | None = None) -> tuple[Hint, int]:
+              progress: Callable[[int], None] | None = None) -> tuple[Hint, int]:
     """`hint` with a pack of its chunks (the pack blob stored), and how many chunks came
-    from `cache`. Raises StoreError/FormatError when a chunk the cache lacks cannot be read
-    or verified from the store."""
+    from `cache`; `progress(1)` after each record. Raises StoreError/FormatError when a chunk
+    the cache lacks cannot be read or verified from the store."""
     lengths: list[int] = []
     seen: set[bytes] = set()
     hasher = blake3.blake3()
     total = from_cache = 0
     with tempfile.NamedTemporaryFile(prefix="weenv-pack-") as out:  # removed on any exit
-        for n, rec in enumerate(hint.records):
+        for rec in hint.records:
+            if progress is not None:
+                progress(1)
             loc = chunk_loc(indexes[rec.group], rec.chunk)
             if loc.blob is None or loc.digest in seen or total + loc.clen > limit:
                 lengths.append(0)
@@ -91,8 +93,6 @@ def pack_hint(repo: Repository, hint: Hint, indexes: Sequence[GroupIndex],
             hasher.update(frame)
             lengths.append(len(frame))
             total += len(frame)
-            if progress is not None:
-                progress(n + 1, len(hint.records))
         if not total:
             raise WeenvError("the hint names no stored chunk: nothing to pack")
         out.flush()
@@ -123,10 +123,12 @@ def _frame(repo: Repository, loc: ChunkLoc, cache: ChunkCache | None) -> tuple[b
 
 def pack_tag(repo: Repository, manifest_digest: str, indexes: Sequence[GroupIndex], tag: str,
              cache: ChunkCache | None, *, expect: str | None = None,
-             limit: int = MAX_PACK_BYTES) -> Packed:
+             limit: int = MAX_PACK_BYTES,
+             progress: Callable[[int, int], None] | None = None) -> Packed:
     """Pack the hint `tag` points at for this manifest and point `tag` at the packed hint.
     With `expect`, only if the tag points at that hint digest (before and after packing).
-    A hint that has a pack already is left alone."""
+    A hint that has a pack already is left alone. `progress(total, 0)` once the hint is
+    known, then `progress(0, 1)` per record."""
     current = _tagged(repo, manifest_digest, tag)
     if current is None:
         return Packed(None, None, 0, 0, 0, f"no hint is tagged {tag}")
@@ -139,7 +141,10 @@ def pack_tag(repo: Repository, manifest_digest: str, indexes: Sequence[GroupInde
     if hint.pack is not None:
         return Packed(current, hint.pack.blob, sum(1 for n in hint.pack.lengths if n),
                       hint.pack.size, 0, "the hint has a pack already")
-    packed, from_cache = pack_hint(repo, hint, indexes, cache, limit=limit)
+    if progress is not None:
+        progress(len(hint.records), 0)
+    step = None if progress is None else (lambda n: progress(0, n))
+    packed, from_cache = pack_hint(repo, hint, indexes, cache, limit=limit, progress=step)
     assert packed.pack is not None
     if _tagged(repo, manifest_digest, tag) != current:
         return Packed(None, packed.pack.blob, 0, 0, from_cache,
