@@ -37,10 +37,10 @@ from types import ModuleType
 from typing import Any
 
 from weenvfs.format import constants as C
-from weenvfs.format.chunk import decompress_object
+from weenvfs.format.chunk import decode_chunk, decompress_object
 from weenvfs.format.digest import digest_bytes, digest_hex
 from weenvfs.format.erofs import BLOCK_SIZE, HOLE, ErofsInode, write_image
-from weenvfs.format.hints import Hint, HintRecord, encode_hint
+from weenvfs.format.hints import Hint, HintPack, HintRecord, encode_hint
 from weenvfs.format.index import GroupIndex
 from weenvfs.format.index_writer import ChunkRef, Node, encode_index
 from weenvfs.format.manifest import GroupRef, Manifest, RuntimeConfig, encode_manifest
@@ -582,12 +582,34 @@ def _file(name: str, data: bytes) -> dict[str, Any]:
     return {"file": name, "digest": digest_hex(data), "size": len(data)}
 
 
+def packed_hint(manifest: bytes, records: list[HintRecord],
+                groups: list[Group]) -> tuple[bytes, bytes, list[int]]:
+    """A version 3 hint of `records` (SPEC.md 9.1): the pack (each distinct stored chunk
+    once, in record order, as a raw-block frame), the stored hint, the frame lengths."""
+    pack, lengths, seen = bytearray(), [], set()
+    for r in records:
+        index = GroupIndex(groups[r.group].raw)
+        chunk = index.chunk(r.chunk)
+        if chunk.zero or chunk.digest in seen:
+            lengths.append(0)
+            continue
+        seen.add(chunk.digest)
+        frame = groups[r.group].blob[chunk.offset : chunk.offset + chunk.clen]
+        repacked = stored_frame(decode_chunk(frame, chunk.digest, chunk.ulen))
+        pack += repacked
+        lengths.append(len(repacked))
+    hint = Hint(digest_hex(manifest), tuple(records), (),
+                HintPack(digest_hex(bytes(pack)), len(pack), tuple(lengths)))
+    return bytes(pack), stored_hint(hint), lengths
+
+
 def build_vector(name: str, vector: Vector) -> tuple[dict[str, bytes], dict[str, Any]]:
     """The files of one vector and its entry in vectors.json."""
     files: dict[str, bytes] = {}
-    groups, refs, records = [], [], []
+    groups, refs, records, built = [], [], [], []
     for position, (gname, entries) in enumerate(vector.groups):
         group = build_group(entries, vector.chunk_size)
+        built.append(group)
         files[f"{gname}.index.bin"] = group.raw
         files[f"{gname}.index.zst"] = group.stored
         info = {
@@ -629,6 +651,12 @@ def build_vector(name: str, vector: Vector) -> tuple[dict[str, bytes], dict[str,
         | {"manifest": digest_hex(manifest), "records": [list(r) for r in records]},
         "reads": reads,
     }
+    if len(built) > 1:  # the same records, packed: hint version 3
+        pack, packed, lengths = packed_hint(manifest, records, built)
+        files[f"{name}.pack.blob"] = pack
+        files[f"{name}.packed-hint.zst"] = packed
+        entry["packed_hint"] = _file(f"{name}.packed-hint.zst", packed) | {
+            "pack": _file(f"{name}.pack.blob", pack), "lengths": lengths}
     if vector.composed is not None:
         entry["composed"] = [
             {"path": p, "path_hex": p.encode().hex(), "group": g, "type": t}
@@ -672,6 +700,7 @@ def build_all() -> dict[str, bytes]:
         "versions": {
             "index": C.INDEX_VERSION,
             "hint": C.HINT_VERSION,
+            "hint_pack": C.HINT_PACK_VERSION,
             "manifest_schema": C.MANIFEST_SCHEMA,
         },
         "vectors": listing,

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 from format_support import VECTORS_DIR, exercise, read_file, tree_from_index
 
-from weenvfs.format.chunk import decompress_object
+from weenvfs.format import constants as C
+from weenvfs.format.chunk import decode_chunk, decompress_object
 from weenvfs.format.compose import ComposedTree
 from weenvfs.format.digest import digest_hex
-from weenvfs.format.hints import decode_hint
+from weenvfs.format.hints import decode_hint, encode_hint
 from weenvfs.format.index import GroupIndex
 from weenvfs.format.index_writer import encode_index
 from weenvfs.format.manifest import decode_manifest, encode_manifest
@@ -48,6 +49,9 @@ def _listed_files(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for vector in doc["vectors"]:
         out[vector["manifest"]["file"]] = vector["manifest"]
         out[vector["hint"]["file"]] = vector["hint"]
+        if "packed_hint" in vector:
+            out[vector["packed_hint"]["file"]] = vector["packed_hint"]
+            out[vector["packed_hint"]["pack"]["file"]] = vector["packed_hint"]["pack"]
         for g in vector["groups"]:
             for key in ("index_object", "index_raw", "blob"):
                 if g[key] is not None:
@@ -230,3 +234,28 @@ def test_manifest_and_hint(
         info = v["groups"][r.group]
         index = GroupIndex(vector_files[info["index_raw"]["file"]])
         index.chunk(r.chunk)
+
+
+def test_packed_hint(vectors_doc: dict[str, Any], vector_files: dict[str, bytes]) -> None:
+    """SPEC.md 9.1, version 3: the env vector's records again, with a pack holding each
+    distinct stored chunk once, in record order; every frame decodes to its chunk."""
+    v = _vector(vectors_doc, "env")
+    raw_hint = vector_files[v["packed_hint"]["file"]]
+    hint = decode_hint(raw_hint)
+    plain = decode_hint(vector_files[v["hint"]["file"]])
+    assert hint.records == plain.records and hint.manifest == plain.manifest
+    assert decompress_object(raw_hint, "hint", C.MAX_HINT_SIZE)[8:10] == b"\x03\x00"
+    assert decompress_object(encode_hint(hint), "hint", C.MAX_HINT_SIZE) == \
+        decompress_object(raw_hint, "hint", C.MAX_HINT_SIZE)  # canonical
+    pack = vector_files[v["packed_hint"]["pack"]["file"]]
+    assert hint.pack is not None and hint.pack.blob == digest_hex(pack)
+    assert hint.pack.size == len(pack) and list(hint.pack.lengths) == v["packed_hint"]["lengths"]
+    seen = set()
+    for r, length, offset in zip(hint.records, hint.pack.lengths, hint.pack.offsets(),
+                                 strict=True):
+        chunk = GroupIndex(vector_files[v["groups"][r.group]["index_raw"]["file"]]).chunk(r.chunk)
+        if chunk.zero or chunk.digest in seen:
+            assert length == 0
+            continue
+        seen.add(chunk.digest)
+        decode_chunk(pack[offset:offset + length], chunk.digest, chunk.ulen)
