@@ -75,6 +75,19 @@ def test_run_parses_without_the_heavy_libraries() -> None:
     assert done.stdout.strip() == "[]"
 
 
+def test_what_run_executes_imports_no_store_or_codec() -> None:
+    """`weenv run` from an S3 store has the node service resolve (runtime/node_resolve.py):
+    the store, the format's codecs and the core are then never needed in its process."""
+    code = (
+        "import sys\n"
+        "import weenvfs.runtime.commands, weenvfs.runtime.environment, weenvfs.runtime.sandbox\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=60)
+    assert done.stdout.strip() == "[]"
+
+
 def test_top_level_help_still_lists_every_command() -> None:
     done = subprocess.run([sys.executable, "-m", "weenvfs", "--help"], capture_output=True,
                           text=True, check=True, timeout=60)
