@@ -193,10 +193,10 @@ def _cmd_record(args: argparse.Namespace) -> int:
     return status
 
 
-def _pack_outcome(store: str, manifest: str, tag: str, cache: Path, expect: str | None,
+def _pack_outcome(store: str, ref: str, tag: str, cache: Path, expect: str | None,
                   quiet: bool) -> dict[str, Any]:
-    """`pack_tag` of `tag` in `store`, as the JSON `record` and `pack` print; progress on
-    stderr unless `quiet`."""
+    """`pack_tag` of environment `ref`'s hint `tag` in `store`, as the JSON `record` and
+    `pack` print; progress on stderr unless `quiet`."""
     from weenvfs.core.cache import ChunkCache
     from weenvfs.core.hint_pack import pack_tag
     from weenvfs.tools.progress import Progress
@@ -210,10 +210,11 @@ def _pack_outcome(store: str, manifest: str, tag: str, cache: Path, expect: str 
 
     with open_store(store) as s:
         repo = Repository(s)
-        indexes = [repo.get_index(g.index) for g in repo.get_manifest(manifest).groups]
+        digest, manifest = repo.resolve_env(ref)
+        indexes = [repo.get_index(g.index) for g in manifest.groups]
         node_cache = ChunkCache(cache) if cache.is_dir() else None
         with bar:
-            done = pack_tag(repo, manifest, indexes, tag, node_cache, expect=expect,
+            done = pack_tag(repo, digest, indexes, tag, node_cache, expect=expect,
                             progress=progress)
     return {"hint": done.hint, "pack": done.pack, "chunks": done.chunks, "bytes": done.bytes,
             "from_cache": done.from_cache, "skipped": done.reason}
@@ -319,9 +320,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     from weenvfs.core.cache import default_cache_dir
 
     cache = (args.cache or default_cache_dir()).absolute()
-    with open_store(args.store) as s:
-        manifest, _ = Repository(s).resolve_env(args.ref)
-    outcome = _pack_outcome(args.store, manifest, args.tag, cache, expect,
+    outcome = _pack_outcome(args.store, args.ref, args.tag, cache, expect,
                             quiet=args.json or args.ready_fd is not None)
     if args.json:
         print_json(outcome)

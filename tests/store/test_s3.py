@@ -100,7 +100,7 @@ def test_a_client_made_ahead_is_taken_over_only_with_the_same_environment(
     assert "AWS_ACCESS_KEY_ID" not in os.environ  # the environment was put back
     for name, value in keys.items():
         monkeypatch.setenv(name, value)
-    ((made, _),) = s3._prebuilt.values()
+    ((made, _, _),) = s3._prebuilt.values()
     store = S3Store(url)
     assert store._client is made
     store.check(write=True)

@@ -148,6 +148,14 @@ def launch(args: list[str], ready_fd: int, log_fd: int, start: bool = True,
     return True
 
 
+def log_args() -> list[str]:
+    """`--log-file PATH` of this process's log file (none without one): what a command the
+    server forks for this process passes, so that its log lands next to the caller's."""
+    files = [h.baseFilename for h in logging.getLogger().handlers
+             if isinstance(h, logging.FileHandler)]
+    return ["--log-file", files[0]] if files else []
+
+
 def enabled() -> bool:
     """Whether mounts go through a server (WEENV_MOUNTD is not `off`)."""
     return os.environ.get(SWITCH_ENV, "").lower() not in ("off", "0", "no")
@@ -508,11 +516,11 @@ def _prebuild_clients(request: dict[str, Any]) -> None:
     """After answering: make the store client of the request's `--store` URL for the next
     children that open it (store.prebuild_client: about 20 ms each of them saves; a mount,
     its replay and the resolution before it open the same store one after the other)."""
+    from weenvfs.store import prebuild_client
+
     argv = [str(a) for a in request["argv"]]
     for flag, value in zip(argv, argv[1:], strict=False):
         if flag == "--store":
-            from weenvfs.store import prebuild_client
-
             env = {str(k): str(v) for k, v in request["env"].items()}
             try:
                 if prebuild_client(value, env):

@@ -40,9 +40,7 @@ def launch(env: LoadedEnv, config: MountConfig, hint_digest: str) -> bool:
     assert config.record_tag is not None
     if not enabled():
         return False
-    logs = [h.baseFilename for h in logging.getLogger().handlers
-            if isinstance(h, logging.FileHandler)]
-    argv = [*(["--log-file", logs[0]] if logs else []), "hints", "pack", env.digest,
+    argv = [*mountd.log_args(), "hints", "pack", env.digest,
             "--store", env.store.url, "--cache", str(config.cache_dir.absolute()),
             "--tag", config.record_tag, "--if-hint", hint_digest]
     read_fd, write_fd = os.pipe()

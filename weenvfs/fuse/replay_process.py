@@ -46,9 +46,7 @@ def launch(env: LoadedEnv, config: MountConfig, pages: bool = False) -> int | No
     names through their mounts."""
     if not may_have_hint(env, config.hint):
         return None
-    logs = [h.baseFilename for h in logging.getLogger().handlers
-            if isinstance(h, logging.FileHandler)]
-    argv = [*(["--log-file", logs[0]] if logs else []), "cache", "warm", env.digest,
+    argv = [*mountd.log_args(), "cache", "warm", env.digest,
             "--store", env.store.url, "--cache", str(config.cache_dir), "--hint", config.hint,
             *(["--all"] if config.fetch_all else [])]
     if pages:

@@ -98,7 +98,8 @@ def warm_up() -> None:
 # every variable of the environment that can change which credentials and configuration a
 # session finds, so a process only ever gets the client it would have made itself.
 MAX_PREBUILT = 8
-_prebuilt: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Any, Credentials]] = {}
+# (url, environment) -> (client, its credentials, the (timeouts, pool size) it was made with)
+_prebuilt: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Any, Credentials, Any]] = {}
 
 
 def _environment_key(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -128,7 +129,7 @@ def prebuild(url: str, environ: Mapping[str, str]) -> bool:
         os.environ.update(saved)
     while len(_prebuilt) >= MAX_PREBUILT:
         del _prebuilt[next(iter(_prebuilt))]
-    _prebuilt[key] = (store._client, store._credentials)
+    _prebuilt[key] = (store._client, store._credentials, store._client_settings)
     return True
 
 
@@ -140,7 +141,7 @@ class S3Store(Store):
     `create_only_prefixes`: keys under these are written with `If-None-Match: *` where the
     server supports it (detected at the first put), so an existing immutable object is kept.
     `prebuilt`: take the client the node service made for this URL and environment, if any
-    (`prebuild`; only with the default timeouts and pool size it was made with).
+    (`prebuild`; only with the timeouts and pool size it was made with).
     """
 
     def __init__(
@@ -170,11 +171,15 @@ class S3Store(Store):
         self._lock = threading.Lock()
         self._bucket_seen = False
         made = _prebuilt.get((url, _environment_key(os.environ))) if prebuilt else None
-        defaults = (connect_timeout, read_timeout, max_connections) == (5.0, 30.0, 32)
-        if made is not None and defaults and not session_options:
-            self._client, self._credentials = made
+        if made is not None and made[2] == self._client_settings and not session_options:
+            self._client, self._credentials = made[:2]
         else:
             self._client, self._credentials = self._new_client()
+
+    @property
+    def _client_settings(self) -> tuple[Any, ...]:
+        """What a client is made with besides the URL and the environment."""
+        return self._timeouts, self._max_connections
 
     @property
     def url(self) -> str:
