@@ -25,6 +25,17 @@ def test_demand_between_cache_write_and_prefetch_record_is_a_hit_not_waste() -> 
     assert (stats.prefetch_hint_hits, stats.unused_prefetched()) == (1, 0)
 
 
+def test_demand_before_another_process_reports_its_prefetch_is_a_hit() -> None:
+    """A replay in a process of its own reads its chunks through the mount (page-cache
+    warm-up) before its report names them; this process has made no prefetch request."""
+    stats = Stats()
+    stats.prefetch_elsewhere = True
+    stats.record_demand_use(A)
+    assert stats.prefetch_hint_hits == 0
+    stats.record_prefetched(A, 10)
+    assert (stats.prefetch_hint_hits, stats.unused_prefetched()) == (1, 0)
+
+
 def test_unread_prefetch_is_waste_and_demand_without_prefetch_is_no_hit() -> None:
     stats = Stats()
     stats.record_demand_use(A)  # no prefetch at all

@@ -127,6 +127,9 @@ class Stats:
         self.prefetched_bytes = 0  # plaintext bytes of those chunks
         self.prefetch_hint_hits = 0  # demand reads served by a chunk prefetch brought
         self.prefetch_dropped = 0  # read-ahead batches dropped (too many in flight)
+        # Another process prefetches for this consumer (fuse/replay_process.py): its reports
+        # name the chunks it brought after this process may already have read them.
+        self.prefetch_elsewhere = False
         self._prefetched: OrderedDict[bytes, None] = OrderedDict()
         # Chunks demand used before their prefetch was recorded: the prefetch's decoder thread
         # writes the cache before the trio task records the chunk, and a demand read may hit
@@ -160,7 +163,7 @@ class Stats:
         """A demand read used `digest`: a hint hit if prefetch brought it (counted once)."""
         if self._prefetched.pop(digest, 0) is None:
             self.prefetch_hint_hits += 1
-        elif self.prefetch_requests:  # a prefetch may be about to record it
+        elif self.prefetch_requests or self.prefetch_elsewhere:  # it may be about to record it
             self._used_early[digest] = None
             if len(self._used_early) > _PREFETCH_MEMORY:
                 self._used_early.popitem(last=False)

@@ -79,6 +79,9 @@ class ReplayProcess:
                                              "chunks": 0, "bytes": 0, "chunks_done": 0,
                                              "chunks_missing": 0, "replay_s": None}
         self._digests: set[bytes] = set()
+        # Its page-cache warm-up reads chunks through this mount before its next report
+        # names them: such a read is a hit (Stats.record_demand_use).
+        fetcher.stats.prefetch_elsewhere = True
         self._neighbours = fetcher.neighbours
         fetcher.neighbours = None  # until the replay is over (core/prefetch.py says why)
 
