@@ -183,14 +183,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def _command_of(argv: Sequence[str]) -> str | None:
     """The subcommand named in `argv` (the first word that is not a global option); `version`
     for `--version`, which needs no command module either."""
-    words = iter(argv)
-    for word in words:
+    at = _command_at(argv)
+    return None if at is None else "version" if argv[at] == "--version" else argv[at]
+
+
+def _command_at(argv: Sequence[str]) -> int | None:
+    """Where in `argv` the subcommand (or `--version`) is, if anywhere."""
+    words = iter(enumerate(argv))
+    for at, word in words:
         if word == "--version":
-            return "version"
+            return at
         if word == "--log-file":
             next(words, None)
         elif word == "--" or not word.startswith("-"):
-            return None if word == "--" else word
+            return None if word == "--" else at
     return None
 
 
@@ -288,12 +294,30 @@ def _dispatch(args: argparse.Namespace) -> int:
     return int(args.func(args))
 
 
+def _handed_over(argv: Sequence[str] | None) -> int | None:
+    """The exit status of a command another process carried out for this one (`weenv run`
+    by the node service: its module's `hand_over(argv, at)`), or None (see main)."""
+    words = sys.argv[1:]
+    at = _command_at(words) if argv is None else None
+    module = None if at is None else COMMANDS.get(words[at])
+    hand_over = None if module is None else getattr(importlib.import_module(module),
+                                                    "hand_over", None)
+    return None if hand_over is None else hand_over(words, at)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run `weenv` with `argv` (default: sys.argv[1:]) and return the exit code."""
+    """Run `weenv` with `argv` (default: sys.argv[1:]) and return the exit code. Run as the
+    program (no `argv`), a command whose module has a `hand_over` may be carried out by
+    another process (`weenv run` by the node service, runtime/node_run.py, whose process
+    calls this with the arguments and runs it)."""
+    raw = argv
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv  # until the arguments are parsed
     logs = _LogSetup()
     try:
+        handed = _handed_over(raw)
+        if handed is not None:
+            return handed
         args = _parse(build_parser(_command_of(argv)), argv)
         debug = args.debug
         _setup_logging(logs, args.verbose, args.log_file)

@@ -216,10 +216,13 @@ def test_bad_requests_are_refused_and_the_server_goes_on(server: Path) -> None:
     request = (b'{"argv": [], "env": {}, "umask": 18, "fingerprint": "%s", "namespaces": %s}\n'
                % (mountd.fingerprint().encode(),
                   str(mountd._namespaces()).replace("'", '"').encode()))
-    assert ask(request, []).startswith(b"refused: a request passes exactly two")
+    assert ask(request, []).startswith(b"refused: a request of kind daemon passes exactly 2")
     read_end, write_end = os.pipe()
     try:
         assert ask(request, [write_end]).startswith(b"refused")
+        attached = request.replace(b'"umask"', b'"kind": "attached", "cwd": "/", "umask"')
+        assert ask(attached, [write_end, write_end]).startswith(
+            b"refused: a request of kind attached passes exactly 5")
     finally:
         os.close(read_end)
         os.close(write_end)

@@ -14,6 +14,10 @@ Owns:
   (0: never). A detached server first leaves its starter's cgroups (`leave_caller_cgroups`),
   and every HOUSEKEEPING_EVERY seconds it forks `weenv mounts evict --expired` (the idle
   bounds of the node's shared mounts, runtime/mounts.py).
+- attached commands: a request of kind ATTACHED (`launch_attached`, runtime/node_run.py:
+  `weenv run` hands itself over) is forked the same way but runs with the client's stdin,
+  stdout, stderr and working folder, writes `pid N` and then `exit N` on the status pipe the
+  client passed, and takes the closing of the client's alive pipe as SIGTERM;
 - `launch`: the client side used by `spawn.spawn`: True if the server forked the daemon,
   False when no server answers (after `start_server` tried to start one, when `may_start`:
   root or the user's own socket, from the node's own namespaces), or it declines (its code
@@ -65,6 +69,12 @@ SOCKET_ENV = "WEENV_MOUNTD_SOCKET"
 SWITCH_ENV = "WEENV_MOUNTD"  # "off": never use a server
 CONNECT_TIMEOUT = 5.0  # seconds for a server to accept and answer one request
 DAEMON, REPLAY = "daemon", "replay"  # what a request starts (`launch`'s kind)
+# A command attached to the client's stdio (`launch_attached`, runtime/node_run.py): its
+# stdin, stdout and stderr, the write end of its status pipe and the read end of a pipe whose
+# write end only the client holds (EOF: the client is gone).
+ATTACHED = "attached"
+ATTACHED_FDS = 5
+MAX_FDS = 8  # room for descriptors in a request (more are discarded by the kernel: refused)
 # Hint replays (`weenv cache warm` for a mount, fuse/replay_process.py) the server runs at
 # once: one per two CPUs. A replay apart from its mount daemon uses a core of its own; when
 # many environments start together there is none to spare, and each daemon replays its own.
@@ -137,9 +147,27 @@ def launch(args: list[str], ready_fd: int, log_fd: int, start: bool = True,
         "argv": list(args), "env": dict(os.environ), "umask": _umask(),
         "fingerprint": fingerprint(), "namespaces": _namespaces(), "kind": kind,
     }).encode() + b"\n"
-    answer = _ask(request, ready_fd, log_fd)
+    return _request(request, [ready_fd, log_fd], start)
+
+
+def launch_attached(args: list[str], fds: list[int]) -> bool:
+    """Ask the server (started first if none answers and this process may) to run
+    `python -m weenvfs ARGS` in a process of its own with this process's working folder and
+    `fds` (ATTACHED_FDS of them, see ATTACHED); True if it did. The command's first line on
+    the status pipe is `pid N`, its last `exit N` (runtime/node_run.py reads them)."""
+    if not enabled():
+        return False
+    request = json.dumps({
+        "argv": list(args), "env": dict(os.environ), "umask": _umask(), "cwd": os.getcwd(),
+        "fingerprint": fingerprint(), "namespaces": _namespaces(), "kind": ATTACHED,
+    }).encode() + b"\n"
+    return _request(request, fds, start=True)
+
+
+def _request(request: bytes, fds: list[int], start: bool) -> bool:
+    answer = _ask(request, fds)
     if answer is None and start and may_start() and start_server():
-        answer = _ask(request, ready_fd, log_fd)
+        answer = _ask(request, fds)
     if answer is None:
         return False
     if answer != b"ok":
@@ -161,7 +189,7 @@ def enabled() -> bool:
     return os.environ.get(SWITCH_ENV, "").lower() not in ("off", "0", "no")
 
 
-def _ask(request: bytes, ready_fd: int, log_fd: int) -> bytes | None:
+def _ask(request: bytes, fds: list[int]) -> bytes | None:
     """The server's answer to `request`; None when no server listens. Once the request is
     out, the server may have forked the daemon: a lost answer then counts as `ok` (starting
     a second daemon could race it for the mount point; the readiness pipe tells either way)."""
@@ -175,7 +203,7 @@ def _ask(request: bytes, ready_fd: int, log_fd: int) -> bytes | None:
             conn.settimeout(CONNECT_TIMEOUT)
             conn.connect(address)
             conn.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                      array.array("i", [ready_fd, log_fd]))])
+                                      array.array("i", fds))])
             sent = True
             return _read_line(conn)
     except OSError as error:
@@ -487,14 +515,17 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
         if request.get("namespaces") != namespaces:
             _answer(conn, "declined: the client runs in another mount or network namespace")
             return True
-        if len(fds) != 2:
-            _answer(conn, "refused: a request passes exactly two file descriptors")
+        attached = request.get("kind") == ATTACHED
+        wanted = ATTACHED_FDS if attached else 2
+        if len(fds) != wanted:
+            _answer(conn, f"refused: a request of kind {request.get('kind', DAEMON)} passes "
+                          f"exactly {wanted} file descriptors")
             return True
         replay = request.get("kind") == REPLAY
         if replay and _alive(replays) >= MAX_REPLAYS:
             _answer(conn, f"busy: {MAX_REPLAYS} hint replay(s) run already")
             return True
-        pid = _fork_daemon(request, fds, held, run)
+        pid = (_fork_attached if attached else _fork_daemon)(request, fds, held, run)
         if pid:
             daemons[pid] = daemon.start_time(pid)
             if replay:
@@ -543,7 +574,7 @@ def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
     data = b""
     size = array.array("i").itemsize
     while b"\n" not in data and len(data) < MAX_REQUEST:
-        part, ancdata, _flags, _ = conn.recvmsg(65536, socket.CMSG_SPACE(4 * size))
+        part, ancdata, _flags, _ = conn.recvmsg(65536, socket.CMSG_SPACE(MAX_FDS * size))
         for level, kind, payload in ancdata:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 received = array.array("i")
@@ -567,6 +598,15 @@ def _fork_daemon(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
     umask = int(request["umask"])
     return _detached(held, lambda: _become_daemon(argv, env, umask, run, ready_fd=fds[0],
                                                   log_fd=fds[1]))
+
+
+def _fork_attached(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
+                   run: Callable[[list[str]], int]) -> int:
+    """Fork the command of an ATTACHED request, nobody's child; its pid, or 0."""
+    argv = [str(a) for a in request["argv"]]
+    env = {str(k): str(v) for k, v in request["env"].items()}
+    umask, cwd = int(request["umask"]), str(request["cwd"])
+    return _detached(held, lambda: _become_attached(argv, env, umask, cwd, run, fds))
 
 
 def _fork_task(argv: list[str], held: tuple[Any, ...], run: Callable[[list[str]], int]) -> None:
@@ -638,6 +678,54 @@ def _become_daemon(argv: list[str], env: dict[str, str], umask: int,
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
+    os._exit(code)
+
+
+def _become_attached(argv: list[str], env: dict[str, str], umask: int, cwd: str,
+                     run: Callable[[list[str]], int], fds: list[int]) -> None:
+    """In the forked command: the client's stdio, folder, umask and environment, then `weenv
+    ARGV` in-process, its exit status on the status pipe. A client that goes away (its end
+    of the alive pipe closes) is taken as SIGTERM: the command cleans up as it would."""
+    import threading
+
+    import setproctitle
+
+    sys.argv = [sys.executable, "-m", "weenvfs", *argv]
+    setproctitle.setproctitle(" ".join(sys.argv))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for target, fd in enumerate(fds[:3]):
+        os.dup2(fd, target)
+        os.close(fd)
+    status, alive = fds[3], fds[4]
+    for fd in (status, alive):
+        os.set_inheritable(fd, False)
+    os.write(status, b"pid %d\n" % os.getpid())
+    os.umask(umask)
+    os.environ.clear()
+    os.environ.update(env)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    code = 125
+    try:
+        os.chdir(cwd)
+
+        def watch() -> None:
+            with contextlib.suppress(OSError):
+                os.read(alive, 1)  # returns once the client's end is closed
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, name="client-watch", daemon=True).start()
+        code = run(argv)
+    except OSError as error:
+        print(f"weenv: error: cannot enter {cwd}: {error.strerror}", file=sys.stderr)
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        with contextlib.suppress(OSError):
+            os.write(status, b"exit %d\n" % code)
     os._exit(code)
 
 

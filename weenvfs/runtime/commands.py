@@ -1,8 +1,9 @@
 """The `weenv run` and `weenv sandbox create|exec|reset|rm|ls|gc` commands.
 
-Owns: their arguments, defaults and output. `run` makes a sandbox owned by itself, runs one
-command with this terminal's stdin/stdout/stderr, removes the sandbox (also on SIGTERM, SIGHUP
-or Ctrl-C) and exits with the command's status. `sandbox create` makes a detached sandbox
+Owns: their arguments, defaults and output. `run` makes a sandbox owned by itself (or by the
+`weenv run` it runs for, in a process of the node service: node_run.py), runs one command
+with this terminal's stdin/stdout/stderr, removes the sandbox (also on SIGTERM, SIGHUP or
+Ctrl-C) and exits with the command's status. `sandbox create` makes a detached sandbox
 that lives until `sandbox rm`; the other subcommands find it by id through its state folder,
 from any process. Must not: build sandboxes or capture output itself (sandbox.py,
 environment.py).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -42,6 +44,18 @@ if TYPE_CHECKING:
     from .sandbox import Sandbox
 
 Sub = argparse._SubParsersAction  # type: ignore[type-arg]
+
+log = logging.getLogger(__name__)
+
+
+def hand_over(argv: list[str], at: int) -> int | None:
+    """`weenv run` carried out by the node service: its exit status, or None to run the
+    command here (cli.main calls this before parsing; node_run.py says when)."""
+    if argv[at] != "run":
+        return None
+    from . import node_run
+
+    return node_run.delegate(argv, at) if node_run.wanted(argv) else None
 
 
 def register(subparsers: Sub) -> None:
@@ -142,6 +156,9 @@ def _register_run(subparsers: Sub) -> None:
     _add_sandbox_options(p, store_required=False)
     p.add_argument("--keep", action="store_true",
                    help="keep the writable layer on disk and print where")
+    # Passed by a `weenv run` that the node service runs for it (node_run.py): the sandbox's
+    # owner is that process, the one its user sees and signals.
+    p.add_argument("--owner-pid", type=int, help=argparse.SUPPRESS)
     add_ref_and_command(p, "ref", "REF", "environment NAME[:TAG] or manifest digest")
 
 
@@ -365,6 +382,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .sandbox import Sandbox
 
     command = split_command(args, "ref", store=True)
+    if args.owner_pid:
+        log.info("run by the node service for process %d", args.owner_pid)
     source = resolve_source(args.ref, args.store, args.cache, args.record_hint)
     if not command:
         command = list(source.command)
@@ -373,7 +392,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     with _signals_interrupt():
         with _provisioner_notice(args.elastic):
             box = Sandbox.create(source, _options(args, keep_upper=args.keep),
-                                 owner_pid=os.getpid(), start=False)
+                                 owner_pid=args.owner_pid or os.getpid(), start=False)
         try:
             return _run_once(box, command)
         finally:

@@ -1,0 +1,115 @@
+"""`weenv run` carried out by the node service (runtime/node_run.py, fuse/mountd.py ATTACHED):
+the command gets this process's stdin, stdout, stderr, working folder and exit status; a bad
+option is reported as before; a client killed with SIGKILL leaves nothing behind; with
+WEENV_NODE_RUN=off the client runs it itself. (SIGTERM and Ctrl-C relayed to the service's
+process are the tests of test_cleanup.py and test_interrupts.py, which now go this way.)
+
+Real sandboxes, mounts and the session's node service (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rt_support import EnvRef
+
+from weenvfs.fuse import daemon
+from weenvfs.runtime import sandbox_state
+from weenvfs.runtime.sandbox import Sandbox
+
+WAIT = 60.0  # a safety bound, not a timing
+SCRIPT = "read line; echo \"out:$line\"; echo err >&2; exit 7"
+
+
+def _weenv(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+           stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "weenvfs", *args], input=stdin,
+                          capture_output=True, cwd=cwd, env=env, timeout=WAIT, check=False)
+
+
+def _by_service(stderr: bytes) -> bool:
+    return b"run by the node service for process" in stderr
+
+
+def test_the_node_service_runs_it_with_this_processs_stdio_folder_and_status(
+    env_ref: EnvRef,
+) -> None:
+    # A relative --store: the service's process works in this process's folder.
+    done = _weenv("-v", "run", "--store", env_ref.store.name, "--cache", str(env_ref.cache),
+                  env_ref.ref, "/bin/sh", "-c", SCRIPT, cwd=env_ref.store.parent,
+                  stdin=b"hello\n")
+    assert done.returncode == 7, done.stderr
+    assert done.stdout == b"out:hello\n"
+    assert b"err\n" in done.stderr
+    assert _by_service(done.stderr)
+
+
+def test_switched_off_the_client_runs_it_itself(env_ref: EnvRef) -> None:
+    env = {**os.environ, "WEENV_NODE_RUN": "off"}
+    done = _weenv("-v", "run", "--store", str(env_ref.store), "--cache", str(env_ref.cache),
+                  env_ref.ref, "/bin/sh", "-c", SCRIPT, env=env, stdin=b"hello\n")
+    assert (done.returncode, done.stdout) == (7, b"out:hello\n"), done.stderr
+    assert not _by_service(done.stderr)
+
+
+def test_a_bad_option_is_reported_as_before(env_ref: EnvRef) -> None:
+    done = _weenv("run", "--store", str(env_ref.store), "--no-such-option", env_ref.ref,
+                  "true")
+    assert done.returncode == 2
+    assert b"unrecognized arguments: --no-such-option" in done.stderr
+    assert b"Traceback" not in done.stderr
+
+
+def test_a_client_killed_with_sigkill_leaves_nothing(env_ref: EnvRef) -> None:
+    """The service's process sees the client's end of its alive pipe close and cleans up
+    as for SIGTERM: sandbox, its processes and its mount go."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "weenvfs", "run", "--store", str(env_ref.store), "--cache",
+         str(env_ref.cache), env_ref.ref, "/bin/sh", "-c", "echo started; sleep 1000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"started\n"
+        owned = [i for i in sandbox_state.list_ids()
+                 if Sandbox.load(i).state["owner"]["pid"] == child.pid]
+        assert len(owned) == 1  # owned by the client, the process its user sees
+        box = Sandbox.load(owned[0])
+        pids = box.processes()
+        assert pids
+        child.kill()
+        child.wait(WAIT)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    deadline = time.monotonic() + WAIT
+    while sandbox_state.exists(box.id) or any(daemon.process_alive(p) for p in pids):
+        assert time.monotonic() < deadline, "the sandbox outlived its killed client"
+        time.sleep(0.05)
+    while daemon.is_mounted(env_ref.mountpoint()):  # released with the sandbox (keep-warm 0)
+        assert time.monotonic() < deadline, "the mount outlived the sandbox"
+        time.sleep(0.05)
+
+
+def test_signals_reach_the_command_through_the_client(env_ref: EnvRef) -> None:
+    """SIGHUP to the client ends the run as it would in-process (exit 129, sandbox gone)."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "weenvfs", "run", "--store", str(env_ref.store), "--cache",
+         str(env_ref.cache), env_ref.ref, "/bin/sh", "-c", "echo started; sleep 1000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        assert child.stdout.readline() == b"started\n"
+        child.send_signal(signal.SIGHUP)
+        assert child.wait(WAIT) == 128 + signal.SIGHUP
+        assert child.stderr.read().decode().strip().endswith("weenv: terminated by SIGHUP")
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert not [i for i in sandbox_state.list_ids()
+                if Sandbox.load(i).state["owner"]["pid"] == child.pid]

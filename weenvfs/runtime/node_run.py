@@ -1,0 +1,108 @@
+"""`weenv run` carried out by the node service, this process only its stand-in.
+
+A warm `weenv run` spent most of its fixed cost before the sandbox even started: the
+interpreter's start and the imports of the runtime (about 60 ms), then a fork of the node
+service to resolve the reference in the store (about 40 ms), on a 2-core node ~0.2 s of CPU
+per run (docs/benchmarks.md). The node service (`weenv mountd`, fuse/mountd.py) has all of
+that loaded, and a store client made. So `weenv run` hands its whole argument list to the
+service, which forks a process that runs the command exactly as this process would have:
+with this process's stdin, stdout and stderr (passed over the socket), working folder,
+umask and environment. This process then only waits for its exit status and passes on the
+signals it gets (Ctrl-C, SIGTERM, SIGHUP), so the command cleans up as it would here. If
+this process goes away (kill -9), the command sees its end of a pipe close and cleans up as
+for SIGTERM. Parsing the arguments is the command's: a bad option is reported by it, on
+this process's stderr, with the same exit status.
+
+`delegate` returns None when the service does not take it (no service and none may be
+started, WEENV_MOUNTD=off or WEENV_NODE_RUN=off, not root, a declined request): the caller
+then runs the command itself. Once the service took it, the command is never run twice: a
+service child that ends without a status is an error (EXIT_LOST).
+
+Must not: import the runtime's heavy modules (the point is not to), or interpret the
+arguments beyond finding the command's name (cli.py does that).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from weenvfs.fuse import mountd
+
+SWITCH_ENV = "WEENV_NODE_RUN"  # "off": every `weenv run` runs in its own process
+EXIT_LOST = 125  # as `docker run` when the daemon fails: the command's own status is unknown
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def wanted(argv: Sequence[str]) -> bool:
+    """Whether to ask the node service for `weenv ARGV`: enabled, root (a sandbox needs it;
+    a user's error comes from the command run here, as before), and no `-h`/`--help`
+    anywhere (help must not start a service; when the word belongs to the sandbox's command,
+    that run merely goes the slower way)."""
+    return (os.environ.get(SWITCH_ENV, "").lower() not in ("off", "0", "no")
+            and mountd.enabled() and os.geteuid() == 0
+            and not any(word in ("-h", "--help") for word in argv))
+
+
+def delegate(argv: Sequence[str], at: int) -> int | None:
+    """Have the node service run `weenv ARGV` (`run` at `argv[at]`) attached to this process;
+    its exit status, or None if the service did not take it (see the module). The sandbox's
+    owner is this process (`--owner-pid`): the one its user sees, signals and waits for."""
+    argv = [*argv[:at + 1], "--owner-pid", str(os.getpid()), *argv[at + 1:]]
+    status_read, status_write = os.pipe()
+    alive_read, alive_write = os.pipe()
+    try:
+        try:
+            taken = mountd.launch_attached(argv, [0, 1, 2, status_write, alive_read])
+        finally:
+            os.close(status_write)
+            os.close(alive_read)
+        if not taken:
+            return None
+        return _wait(status_read)
+    finally:
+        os.close(status_read)
+        os.close(alive_write)  # the command's watch ends here: it has exited, or must
+
+
+def _wait(status_read: int) -> int:
+    """Relay signals to the command until its status line arrives (EXIT_LOST if none)."""
+    pid = 0
+    pending: list[int] = []
+
+    def relay(signum: int, _frame: object) -> None:
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+        else:
+            pending.append(signum)
+
+    old = {s: signal.signal(s, relay) for s in FORWARDED}
+    try:
+        data = b""
+        while True:
+            try:
+                part = os.read(status_read, 4096)
+            except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for clarity
+                continue
+            if not part:
+                break
+            data += part
+            lines = data.split(b"\n")
+            for line in lines[:-1]:
+                if line.startswith(b"pid ") and not pid:
+                    pid = int(line[4:])
+                    for signum in pending:
+                        relay(signum, None)
+                elif line.startswith(b"exit "):
+                    return int(line[5:])
+            data = lines[-1]
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    print("weenv: error: the node service's run of this command ended without an exit "
+          "status (see `weenv mountd --check` and its log)", file=sys.stderr)
+    return EXIT_LOST
