@@ -7,6 +7,9 @@ Owns these measurements (results summarized in docs/benchmarks.md):
    --network none` of the same tree as an image already on the node (`docker import`), and
    against `bwrap` running `true` over a local directory holding the same tree (read-only
    bind, new pid/net/ipc/uts namespaces: no writable layer, no cgroup, so a lower bound).
+   The same as the README's `weenv run --store STORE ENV true` (the installed entry point,
+   one process per run), carried out by the node service (the default) and by the client
+   itself (WEENV_NODE_RUN=off), against `docker run --rm`.
 2. One more command in a running sandbox (`exec true`) against `docker exec` in a running
    container and one more `bwrap ... true`.
 3. Reset (back to the pristine tree, after the episode wrote files) against tearing the
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -108,6 +112,16 @@ class Bench:
         return Environment.open(self.ref, store=self.store, cache=self.cache,
                                 tmpfs_upper=tmpfs, record_hint=False)
 
+    def cli_run_true(self, node_service: bool) -> Callable[[], object]:
+        """`weenv run ... true` as the README runs it (the installed entry point), carried
+        out by the node service or (WEENV_NODE_RUN=off) by the client itself."""
+        script = Path(sys.executable).parent / "weenv"
+        argv = [*([str(script)] if script.exists() else [sys.executable, "-m", "weenvfs"]),
+                "run", "--store", str(self.store), "--cache", str(self.cache),
+                "--no-record-hint", self.ref, "true"]
+        env = {**os.environ, "WEENV_NODE_RUN": "on" if node_service else "off"}
+        return lambda: subprocess.run(argv, env=env, check=True, capture_output=True)
+
     def create_and_true(self) -> None:
         env = self.open()
         try:
@@ -135,6 +149,8 @@ def bench_ready(b: Bench, tree: Path, docker: DockerSide | None,
     try:
         contenders: dict[str, Callable[[], object]] = {
             "weenv create + true": b.create_and_true,
+            "weenv run true (CLI)": b.cli_run_true(True),
+            "weenv run true (CLI, WEENV_NODE_RUN=off)": b.cli_run_true(False),
             "bwrap true": lambda: subprocess.run(bwrap, check=True),
         }
         execs: dict[str, Callable[[], object]] = {
@@ -162,9 +178,13 @@ def bench_ready(b: Bench, tree: Path, docker: DockerSide | None,
         "close": Timing(tuple(close)).as_dict(),
         "bwrap_command": BWRAP.format(tree=tree),
     }
+    out["cli_run_node_vs_own"] = paired_ratio(
+        ready["weenv run true (CLI)"], ready["weenv run true (CLI, WEENV_NODE_RUN=off)"])
     if docker:
         out["create_vs_docker"] = paired_ratio(ready["weenv create + true"],
                                                ready["docker run --rm true"])
+        out["cli_run_vs_docker"] = paired_ratio(ready["weenv run true (CLI)"],
+                                                ready["docker run --rm true"])
         out["exec_vs_docker"] = paired_ratio(exec_true["weenv exec true"],
                                              exec_true["docker exec true"])
     return out
@@ -299,9 +319,12 @@ def report(results: dict[str, Any], repeats: int) -> None:
     rows.append(("cold: mount + create + true", cold["median_s"] * 1000, cold["spread"]))
     print_table(f"sandbox runtime, {repeats} rounds (median)", ["what", "ms", "spread"], rows)
     ratios = [("weenv create + true / bwrap true", ready["create_vs_bwrap"]),
-              ("weenv exec true / bwrap true", ready["exec_vs_bwrap"])]
+              ("weenv exec true / bwrap true", ready["exec_vs_bwrap"]),
+              ("weenv run (node service) / weenv run (own process)",
+               ready["cli_run_node_vs_own"])]
     if "create_vs_docker" in ready:
         ratios += [("weenv create + true / docker run --rm true", ready["create_vs_docker"]),
+                   ("weenv run true / docker run --rm true", ready["cli_run_vs_docker"]),
                    ("weenv exec true / docker exec true", ready["exec_vs_docker"])]
     ratios += [(f"reset / (close + create), {r['upper']}", r["reset_vs_recreate"])
                for r in results["reset"]]
