@@ -113,3 +113,13 @@ def test_signals_reach_the_command_through_the_client(env_ref: EnvRef) -> None:
             child.wait()
     assert not [i for i in sandbox_state.list_ids()
                 if Sandbox.load(i).state["owner"]["pid"] == child.pid]
+
+
+def test_a_missing_store_is_one_clear_line(tmp_path: Path) -> None:
+    """Checked only when the reference does not resolve (environment.py): the store's own
+    error, not "no such environment", on the client's stderr."""
+    done = _weenv("run", "--store", str(tmp_path / "no-store"), "env:1", "true")
+    assert done.returncode != 0
+    assert done.stderr.decode().strip().splitlines() == [
+        f"weenv: error: store file://{tmp_path / 'no-store'}: directory "
+        f"{tmp_path / 'no-store'} does not exist"]

@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from weenvfs.errors import WeenvError
+from weenvfs.errors import RefNotFound, WeenvError
 from weenvfs.fuse.config import default_cache_dir
 
 from . import node_resolve, recording, rootfs, safe_paths
@@ -90,8 +90,13 @@ def resolve_source(ref: str, store: str | Path, cache: str | Path | None,
     from weenvfs.store.repository import Repository
 
     with open_store(str(store)) as opened:
-        opened.check()  # fail fast, before anything is mounted
-        digest, manifest = Repository(opened).resolve_env(ref)
+        try:
+            digest, manifest = Repository(opened).resolve_env(ref)
+        except RefNotFound:
+            # Checked only now (a store round trip less for every run): a store that is
+            # missing or unreadable says so rather than "no such environment".
+            opened.check()
+            raise
         url = opened.url
         record = recording.decide(opened, digest, manifest, record_hint)
     config = manifest.config
