@@ -88,6 +88,20 @@ def test_what_run_executes_imports_no_store_or_codec() -> None:
     ) == []
 
 
+def test_a_handed_over_run_imports_none_of_the_runtime() -> None:
+    """`weenv run` handed to the node service (cli.HAND_OVER, runtime/node_run.py): its
+    process needs the socket code only, not the sandbox machinery the service runs."""
+    code = ("import importlib, weenvfs.cli as cli\n"
+            "for name in cli.HAND_OVER.values():\n"
+            "    importlib.import_module(name)\n")
+    heavy = ("weenvfs.runtime.commands", "weenvfs.runtime.environment",
+             "weenvfs.runtime.sandbox", "weenvfs.runtime.launcher")
+    done = subprocess.run([sys.executable, "-c", code + "import sys\nprint(sorted(sys.modules))"],
+                          capture_output=True, text=True, check=True, timeout=60)
+    assert not [name for name in heavy if f"'{name}'" in done.stdout]
+    assert _heavy_after(code) == []
+
+
 def test_top_level_help_still_lists_every_command() -> None:
     done = subprocess.run([sys.executable, "-m", "weenvfs", "--help"], capture_output=True,
                           text=True, check=True, timeout=60)

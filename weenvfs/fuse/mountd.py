@@ -55,7 +55,6 @@ import struct
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -358,15 +357,14 @@ def _preload(preload: tuple[str, ...]) -> None:
     warm_up()
 
 
-@dataclass
 class _Listening:
-    """A server's socket, the lock that makes it the node's only one, and its pid file."""
+    """A server's socket, the lock that makes it the node's only one, and its pid file. (A
+    plain class: `dataclasses` costs `weenv run`, which imports this module, ~5 ms.)"""
 
-    path: Path
-    lock: Any
-    listener: socket.socket
-    bound: int  # the socket file's inode: removed at the end only if still ours
-    pid_path: Path
+    def __init__(self, path: Path, lock: Any, listener: socket.socket, bound: int,
+                 pid_path: Path) -> None:
+        self.path, self.lock, self.listener, self.pid_path = path, lock, listener, pid_path
+        self.bound = bound  # the socket file's inode: removed at the end only if still ours
 
 
 def _listen(exporter: Exporter | None) -> _Listening | None:

@@ -48,16 +48,6 @@ Sub = argparse._SubParsersAction  # type: ignore[type-arg]
 log = logging.getLogger(__name__)
 
 
-def hand_over(argv: list[str], at: int) -> int | None:
-    """`weenv run` carried out by the node service: its exit status, or None to run the
-    command here (cli.main calls this before parsing; node_run.py says when)."""
-    if argv[at] != "run":
-        return None
-    from . import node_run
-
-    return node_run.delegate(argv, at) if node_run.wanted(argv) else None
-
-
 def register(subparsers: Sub) -> None:
     """Add `run` and `sandbox` with its subcommands."""
     _register_run(subparsers)

@@ -37,6 +37,12 @@ EXIT_LOST = 125  # as `docker run` when the daemon fails: the command's own stat
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+def hand_over(argv: Sequence[str], at: int) -> int | None:
+    """`weenv run` carried out by the node service: its exit status, or None to run the
+    command in this process (cli.main calls this before it parses anything: cli.HAND_OVER)."""
+    return delegate(argv, at) if wanted(argv) else None
+
+
 def wanted(argv: Sequence[str]) -> bool:
     """Whether to ask the node service for `weenv ARGV`: enabled, root (a sandbox needs it;
     a user's error comes from the command run here, as before), and no `-h`/`--help`
