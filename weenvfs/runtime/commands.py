@@ -133,7 +133,10 @@ def _register_run(subparsers: Sub) -> None:
             "(one per group, shared with every environment built on the same groups), in\n"
             "its own pid, mount, ipc, uts and (by default) network namespaces and cgroup.\n"
             "Without COMMAND the environment's entrypoint and cmd run. Everything is removed at\n"
-            "exit (--keep keeps the writable layer for inspection)."
+            "exit (--keep keeps the writable layer for inspection). As root, the node service\n"
+            "(`weenv mountd`, started when missing) carries the run out with this process's\n"
+            "stdio, folder and environment; this process passes on signals and the exit\n"
+            "status (WEENV_NODE_RUN=off: everything in this process)."
         ),
         examples=[
             "weenv run --store /srv/weenv debian:12 cat /etc/os-release",
