@@ -123,3 +123,14 @@ def test_a_missing_store_is_one_clear_line(tmp_path: Path) -> None:
     assert done.stderr.decode().strip().splitlines() == [
         f"weenv: error: store file://{tmp_path / 'no-store'}: directory "
         f"{tmp_path / 'no-store'} does not exist"]
+
+
+def test_a_deleted_working_folder_runs_it_here(env_ref: EnvRef, tmp_path: Path) -> None:
+    """The service's process could not enter it: the client runs the command itself."""
+    script = (f"mkdir {tmp_path}/gone && cd {tmp_path}/gone && rmdir {tmp_path}/gone && "
+              f"exec {sys.executable} -m weenvfs -v run --store {env_ref.store} "
+              f"--cache {env_ref.cache} {env_ref.ref} /bin/echo ok")
+    done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, timeout=WAIT,
+                          check=False)
+    assert (done.returncode, done.stdout) == (0, b"ok\n"), done.stderr
+    assert not _by_service(done.stderr)

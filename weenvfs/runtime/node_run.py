@@ -45,12 +45,18 @@ def hand_over(argv: Sequence[str], at: int) -> int | None:
 
 def wanted(argv: Sequence[str]) -> bool:
     """Whether to ask the node service for `weenv ARGV`: enabled, root (a sandbox needs it;
-    a user's error comes from the command run here, as before), and no `-h`/`--help`
-    anywhere (help must not start a service; when the word belongs to the sandbox's command,
-    that run merely goes the slower way)."""
-    return (os.environ.get(SWITCH_ENV, "").lower() not in ("off", "0", "no")
-            and mountd.enabled() and os.geteuid() == 0
-            and not any(word in ("-h", "--help") for word in argv))
+    a user's error comes from the command run here, as before), no `-h`/`--help` anywhere
+    (help must not start a service; when the word belongs to the sandbox's command, that run
+    merely goes the slower way), and a working folder that still exists (the service's
+    process could not enter a deleted one)."""
+    if (os.environ.get(SWITCH_ENV, "").lower() in ("off", "0", "no") or not mountd.enabled()
+            or os.geteuid() != 0 or any(word in ("-h", "--help") for word in argv)):
+        return False
+    try:
+        os.getcwd()
+    except OSError:
+        return False
+    return True
 
 
 def delegate(argv: Sequence[str], at: int) -> int | None:
