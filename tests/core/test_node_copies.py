@@ -16,7 +16,13 @@ import pytest
 from test_reader import make_env
 
 from weenvfs.core import index_cache, node_files
-from weenvfs.core.index_cache import INDEX_DIR, TREE_VERDICT, load_index
+from weenvfs.core.index_cache import (
+    INDEX_DIR,
+    MANIFEST_DIR,
+    TREE_VERDICT,
+    load_index,
+    load_manifest,
+)
 from weenvfs.core.kernel_image import cached_layout
 from weenvfs.core.loaded_env import LoadedEnv, open_environment
 from weenvfs.format.device_layout import DeviceLayout
@@ -139,3 +145,23 @@ def test_saved_layouts_refuse_what_is_not_one(env: LoadedEnv) -> None:
     for bad in (b"", saved[:10], b"XXXXXXXX" + saved[8:], saved + b"\0", saved[:-1]):
         with pytest.raises(ValueError):
             DeviceLayout.from_bytes(bad)
+
+
+def test_a_manifest_is_fetched_once_and_a_damaged_copy_never_served(
+        env: LoadedEnv, tmp_path: Path, assert_logs) -> None:
+    store = FaultyStore(env.store)
+    repo, cache = Repository(store), tmp_path / "node"
+    load = lambda d: load_manifest(repo, d, cache)  # noqa: E731
+    digest, first = repo.resolve_env(env.digest, load)
+    fetched = store.calls["get"]
+    assert fetched >= 1 and first == env.manifest
+    assert repo.resolve_env(env.digest, load) == (digest, first)
+    assert store.calls["get"] == fetched  # from the node's copy
+    copy = cache / MANIFEST_DIR / digest
+    data = bytearray(copy.read_bytes())
+    data[-1] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    with assert_logs("copy of manifest [0-9a-f]{12} is damaged: fetching it again", count=1):
+        assert repo.resolve_env(env.digest, load) == (digest, first)
+    assert store.calls["get"] == fetched + 1
+    assert copy.read_bytes() != bytes(data)  # replaced by the verified object

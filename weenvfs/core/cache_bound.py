@@ -34,9 +34,9 @@ _MIN_RESCAN_BYTES = 1 << 20  # but not more often than every MiB (a tiny or full
 FREE_MARGIN_FRACTION = 0.05  # of the file system's size, kept free ...
 FREE_MARGIN_MAX = 1 << 30  # ... or this much, whichever is smaller
 # What mounts keep next to the chunks, counted in the bound and evicted with them (LRU by
-# mtime, which their users refresh as `open` does a chunk's): group indexes
+# mtime, which their users refresh as `open` does a chunk's): group indexes and manifests
 # (index_cache.py), EROFS images and device layouts (kernel_image.py).
-NODE_FOLDERS = ("indexes", "erofs")
+NODE_FOLDERS = ("indexes", "manifests", "erofs")
 _HEX = frozenset("0123456789abcdef")
 
 

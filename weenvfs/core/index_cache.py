@@ -1,4 +1,5 @@
-"""The node's copies of group indexes: fetched once, checked to be a tree once.
+"""The node's copies of group indexes (fetched once, checked to be a tree once) and of
+environment manifests (fetched once).
 
 A mount needs every index of its environment, verified against its digest and checked to be
 a tree (`format.validate.check_tree`: a shared directory or a cycle passes every per-record
@@ -7,6 +8,11 @@ every mount), and fetching costs a store round trip, yet an index is immutable: 
 names it. So a mount keeps the stored object as `<cache>/indexes/<digest>`, still verifies
 its digest at every use (a millisecond or two for 4 MB), and records the tree check's verdict
 on the file (node_files.py): the next mount of an index only hashes and decompresses it.
+
+A manifest is immutable too, and each start of an environment read it from the store up to
+three times (the resolution, the mount daemon, the hint replay: a round trip each, two of them
+on a cold start's critical path, one on every warm `weenv run`). `load_manifest` keeps it as
+`<cache>/manifests/<digest>`, verified against its digest at every use.
 
 Must not: fetch anything but indexes, or keep what it did not verify.
 """
@@ -18,6 +24,7 @@ from pathlib import Path
 
 from weenvfs.format.digest import digest_hex
 from weenvfs.format.index import GroupIndex
+from weenvfs.format.manifest import Manifest, decode_manifest
 from weenvfs.format.validate import check_tree
 from weenvfs.store.repository import Repository
 
@@ -26,6 +33,7 @@ from .node_files import has_verdict, set_verdict, touch, write_atomically
 log = logging.getLogger(__name__)
 
 INDEX_DIR = "indexes"
+MANIFEST_DIR = "manifests"
 # The verdict of `check_tree` on a node copy. Renamed whenever what `check_tree` refuses
 # changes, so that copies checked by an older validator are checked again.
 TREE_VERDICT = "user.weenv.tree-checked-1"
@@ -55,7 +63,26 @@ def load_index(repo: Repository, digest: str, cache_dir: Path | None = None) -> 
     return index
 
 
-def _node_copy(path: Path, digest: str) -> bytes | None:
+def load_manifest(repo: Repository, digest: str, cache_dir: Path | None = None) -> Manifest:
+    """Manifest `digest`, verified: from the node's copy in `cache_dir` when it is there and
+    intact, else from `repo` (and then copied there)."""
+    if cache_dir is None:
+        return repo.get_manifest(digest)
+    path = cache_dir / MANIFEST_DIR / digest
+    data = _node_copy(path, digest, "manifest")
+    if data is not None:
+        touch(path)
+        return decode_manifest(data)
+    data = repo.get_object("manifests", digest)
+    manifest = decode_manifest(data)
+    try:
+        write_atomically(path, data)
+    except OSError as error:  # a full or read-only cache costs a round trip, nothing else
+        log.info("cannot keep manifest %s in %s: %s", digest[:12], path.parent, error)
+    return manifest
+
+
+def _node_copy(path: Path, digest: str, what: str = "index") -> bytes | None:
     """The node copy's bytes if it exists and still hashes to `digest`."""
     try:
         data = path.read_bytes()
@@ -63,7 +90,7 @@ def _node_copy(path: Path, digest: str) -> bytes | None:
         return None
     if digest_hex(data) == digest:
         return data
-    log.warning("the node's copy of index %s is damaged: fetching it again", digest[:12])
+    log.warning("the node's copy of %s %s is damaged: fetching it again", what, digest[:12])
     return None
 
 

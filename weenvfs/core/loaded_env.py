@@ -24,7 +24,7 @@ from weenvfs.format.manifest import Manifest
 from weenvfs.store.base import Store
 from weenvfs.store.repository import Repository
 
-from .index_cache import load_index
+from .index_cache import load_index, load_manifest
 from .layer_tree import LayerTree
 from .tree import Tree
 
@@ -70,7 +70,7 @@ def open_environment(store: Store, ref: str, layer: int | None = None,
     """
     store.check()
     repo = Repository(store)
-    digest, manifest = repo.resolve_env(ref)
+    digest, manifest = repo.resolve_env(ref, lambda d: load_manifest(repo, d, cache_dir))
     groups = manifest.groups
     if layer is not None:
         if not 0 <= layer < len(groups):

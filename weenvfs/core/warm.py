@@ -50,7 +50,7 @@ from weenvfs.store.repository import Repository
 from .cache import ChunkCache
 from .chunk_plan import ChunkLoc
 from .fetcher import Fetcher
-from .index_cache import load_index
+from .index_cache import load_index, load_manifest
 from .node_hints import find_hint
 from .page_warm import PageWarmer
 from .prefetch import Prefetcher
@@ -77,7 +77,7 @@ class WarmTarget:
 def load_target(store: Store, ref: str, cache_dir: Path) -> WarmTarget:
     """Resolve `ref` in `store` and load its group indexes (each checked, as a mount does)."""
     repo = Repository(store)
-    digest, manifest = repo.resolve_env(ref)
+    digest, manifest = repo.resolve_env(ref, lambda d: load_manifest(repo, d, cache_dir))
     loaded: dict[str, GroupIndex] = {}
     for group in manifest.groups:
         if group.index not in loaded:

@@ -86,12 +86,15 @@ def resolve_source(ref: str, store: str | Path, cache: str | Path | None,
             return source
     # Imported here: a caller the node service resolves for (`weenv run`) never needs the
     # store or the format modules (about 25 ms of its start-up).
+    from weenvfs.core.index_cache import load_manifest
     from weenvfs.store import open_store
     from weenvfs.store.repository import Repository
 
     with open_store(str(store)) as opened:
+        repo = Repository(opened)
         try:
-            digest, manifest = Repository(opened).resolve_env(ref)
+            digest, manifest = repo.resolve_env(
+                ref, lambda d: load_manifest(repo, d, cache_dir))
         except RefNotFound:
             # Checked only now (a store round trip less for every run): a store that is
             # missing or unreadable says so rather than "no such environment".

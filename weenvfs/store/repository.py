@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from weenvfs.errors import ObjectCorrupt, ObjectMissing, RefNotFound, StoreError
@@ -152,11 +152,13 @@ class Repository:
         name, tag = parse_name_tag(ref, "environment" if kind == "envs" else "group")
         return self.get_tag(kind, name, tag)
 
-    def resolve_env(self, ref: str) -> tuple[str, Manifest]:
-        """(digest, manifest) of an environment given as `NAME[:TAG]` or a manifest digest."""
+    def resolve_env(self, ref: str, load: Callable[[str], Manifest] | None = None
+                    ) -> tuple[str, Manifest]:
+        """(digest, manifest) of an environment given as `NAME[:TAG]` or a manifest digest;
+        the manifest read by `load(digest)` when given (a node's copy), else from the store."""
         digest = self._resolve("envs", ref)
         try:
-            return digest, self.get_manifest(digest)
+            return digest, (load or self.get_manifest)(digest)
         except ObjectMissing:
             raise RefNotFound(
                 f"no environment manifest {short(digest)} in {self.store.url}"
