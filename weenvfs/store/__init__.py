@@ -38,7 +38,10 @@ def _open_file_url(url: str, create: bool) -> Store:
         raise StoreError(f"bad store URL {url!r}: expected file:///absolute/path")
     if parts.query or parts.fragment:
         raise StoreError(f"bad store URL {url!r}: file URLs take no query or fragment")
-    return LocalStore(Path(urllib.parse.unquote(parts.path)), create=create)
+    # As bytes: a folder whose name is not UTF-8 (Path.as_uri quotes its bytes) is the same
+    # folder again, not one with U+FFFD in its name.
+    return LocalStore(Path(os.fsdecode(urllib.parse.unquote_to_bytes(parts.path))),
+                      create=create)
 
 
 def _file_url(url: str) -> str:
