@@ -249,3 +249,16 @@ def _remove_created(served: Served) -> None:
         box = sandbox.Sandbox.load(sandbox_id)
         if box.state["env"]["digest"] == served.env.digest:
             box.destroy()
+
+
+def test_sigterm_while_resolving_ends_weenv_run_as_in_its_own_process(served: Served) -> None:
+    """Before its clean-up is set up a run dies of SIGTERM; carried out by the node service
+    (runtime/node_run.py), the process the user signalled dies of it as well, rather than
+    reporting a lost status."""
+    served.stall("resolve")
+    with _running(COMMANDS["run"](served)) as proc:
+        _wait(served.stalled, proc, "the resolve step")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=HANG_GUARD)
+        assert proc.returncode == -signal.SIGTERM, err
+        assert b"Traceback" not in err and b"exit status" not in err, err

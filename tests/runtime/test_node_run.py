@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from rt_support import EnvRef
 
 from weenvfs.fuse import daemon
@@ -134,3 +135,22 @@ def test_a_deleted_working_folder_runs_it_here(env_ref: EnvRef, tmp_path: Path) 
                           check=False)
     assert (done.returncode, done.stdout) == (0, b"ok\n"), done.stderr
     assert not _by_service(done.stderr)
+
+
+@pytest.mark.parametrize("switch", ["on", "off"])
+def test_names_that_are_not_utf8_reach_the_service_unchanged(env_ref: EnvRef, tmp_path: Path,
+                                                            switch: str) -> None:
+    """Arguments, working folder and environment go to the service as JSON text (surrogate
+    escapes) and must come back as the same bytes: a store found by a name that is not UTF-8,
+    relative to a folder whose name is not UTF-8 either."""
+    folder = os.path.join(os.fsencode(tmp_path), b"work-\xff\xc3")
+    os.mkdir(folder)
+    os.symlink(os.fsencode(env_ref.store), os.path.join(folder, b"store-\xfe"))
+    env = {**os.environb, b"WEENV_TEST_RAW": b"v\xff\xfe", b"WEENV_NODE_RUN": switch.encode()}
+    done = subprocess.run(
+        [os.fsencode(sys.executable), b"-m", b"weenvfs", b"-v", b"run", b"--store",
+         b"store-\xfe", b"--cache", os.fsencode(env_ref.cache), env_ref.ref.encode(),
+         b"/bin/echo", b"ok"],
+        cwd=folder, env=env, capture_output=True, timeout=WAIT, check=False)
+    assert (done.returncode, done.stdout) == (0, b"ok\n"), done.stderr
+    assert _by_service(done.stderr) == (switch == "on")

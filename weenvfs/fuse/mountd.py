@@ -651,12 +651,7 @@ def _detached(held: tuple[Any, ...], body: Callable[[], None]) -> int:
 def _become_daemon(argv: list[str], env: dict[str, str], umask: int,
                    run: Callable[[list[str]], int], ready_fd: int, log_fd: int) -> None:
     """In the forked daemon: the client's view of the world, then `weenv ARGV` in-process."""
-    import setproctitle
-
-    sys.argv = [sys.executable, "-m", "weenvfs", *argv]
-    # What `ps` shows and what tools match on (else the server's command line). Before the
-    # environment is replaced: setproctitle moves the environment block on first use.
-    setproctitle.setproctitle(" ".join(sys.argv))
+    _take_over(argv, env, umask)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_DFL)
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -666,17 +661,30 @@ def _become_daemon(argv: list[str], env: dict[str, str], umask: int,
     for fd in (devnull, log_fd):
         os.close(fd)
     os.chdir("/")
-    os.umask(umask)
-    os.environ.clear()
-    os.environ.update(env)
-    root = logging.getLogger()
-    for handler in list(root.handlers):  # the server's logging is not the daemon's
-        root.removeHandler(handler)
     code = run([*argv, "--ready-fd", str(ready_fd)])
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)
+
+
+def _take_over(argv: list[str], env: dict[str, str], umask: int) -> None:
+    """What a forked command takes from its client (its arguments, as `ps` shows them, its
+    umask and environment), and none of the server's logging."""
+    import setproctitle
+
+    sys.argv = [sys.executable, "-m", "weenvfs", *argv]
+    # What `ps` shows and what tools match on (else the server's command line). Before the
+    # environment is replaced: setproctitle moves the environment block on first use. Bytes
+    # that are not UTF-8 (surrogate escapes in argv) are shown replaced: it takes UTF-8 only.
+    title = " ".join(sys.argv).encode(errors="surrogateescape").decode(errors="replace")
+    setproctitle.setproctitle(title)
+    os.umask(umask)
+    os.environ.clear()
+    os.environ.update(env)
+    root = logging.getLogger()
+    for handler in list(root.handlers):  # the server's logging is not the command's
+        root.removeHandler(handler)
 
 
 def _become_attached(argv: list[str], env: dict[str, str], umask: int, cwd: str,
@@ -686,10 +694,6 @@ def _become_attached(argv: list[str], env: dict[str, str], umask: int, cwd: str,
     of the alive pipe closes) is taken as SIGTERM: the command cleans up as it would."""
     import threading
 
-    import setproctitle
-
-    sys.argv = [sys.executable, "-m", "weenvfs", *argv]
-    setproctitle.setproctitle(" ".join(sys.argv))
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     for target, fd in enumerate(fds[:3]):
@@ -699,14 +703,9 @@ def _become_attached(argv: list[str], env: dict[str, str], umask: int, cwd: str,
     for fd in (status, alive):
         os.set_inheritable(fd, False)
     os.write(status, b"pid %d\n" % os.getpid())
-    os.umask(umask)
-    os.environ.clear()
-    os.environ.update(env)
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
     code = 125
     try:
+        _take_over(argv, env, umask)
         os.chdir(cwd)
 
         def watch() -> None:
@@ -716,8 +715,9 @@ def _become_attached(argv: list[str], env: dict[str, str], umask: int, cwd: str,
 
         threading.Thread(target=watch, name="client-watch", daemon=True).start()
         code = run(argv)
-    except OSError as error:
-        print(f"weenv: error: cannot enter {cwd}: {error.strerror}", file=sys.stderr)
+    except Exception as error:  # the set-up failed (`run` reports its own errors)
+        print(f"weenv: error: the node service could not start the command: {error}",
+              file=sys.stderr)
     finally:
         with contextlib.suppress(Exception):
             sys.stdout.flush()

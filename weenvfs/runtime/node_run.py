@@ -81,25 +81,23 @@ def delegate(argv: Sequence[str], at: int) -> int | None:
 
 
 def _wait(status_read: int) -> int:
-    """Relay signals to the command until its status line arrives (EXIT_LOST if none)."""
+    """Relay signals to the command until its status line arrives. None arrives when the
+    command died of a SIGTERM or SIGHUP relayed before it set up its clean-up (as this
+    process would have, running it): this process then dies of it too; else EXIT_LOST."""
     pid = 0
-    pending: list[int] = []
+    received: list[int] = []
 
     def relay(signum: int, _frame: object) -> None:
+        received.append(signum)
         if pid:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
-        else:
-            pending.append(signum)
 
     old = {s: signal.signal(s, relay) for s in FORWARDED}
     try:
         data = b""
         while True:
-            try:
-                part = os.read(status_read, 4096)
-            except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for clarity
-                continue
+            part = os.read(status_read, 4096)  # retried after a relayed signal (PEP 475)
             if not part:
                 break
             data += part
@@ -107,14 +105,20 @@ def _wait(status_read: int) -> int:
             for line in lines[:-1]:
                 if line.startswith(b"pid ") and not pid:
                     pid = int(line[4:])
-                    for signum in pending:
-                        relay(signum, None)
+                    for signum in received:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signum)
                 elif line.startswith(b"exit "):
                     return int(line[5:])
             data = lines[-1]
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    fatal = [s for s in received if s != signal.SIGINT]
+    if fatal:
+        signal.signal(fatal[-1], signal.SIG_DFL)
+        os.kill(os.getpid(), fatal[-1])
+        return 128 + fatal[-1]
     print("weenv: error: the node service's run of this command ended without an exit "
           "status (see `weenv mountd --check` and its log)", file=sys.stderr)
     return EXIT_LOST
