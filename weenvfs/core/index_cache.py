@@ -14,7 +14,8 @@ three times (the resolution, the mount daemon, the hint replay: a round trip eac
 on a cold start's critical path, one on every warm `weenv run`). `load_manifest` keeps it as
 `<cache>/manifests/<digest>`, verified against its digest at every use.
 
-Must not: fetch anything but indexes, or keep what it did not verify.
+Must not: fetch anything but indexes and manifests (never tags: they move), or keep what it
+did not verify.
 """
 
 from __future__ import annotations

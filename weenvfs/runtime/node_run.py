@@ -15,8 +15,10 @@ this process's stderr, with the same exit status.
 
 `delegate` returns None when the service does not take it (no service and none may be
 started, WEENV_MOUNTD=off or WEENV_NODE_RUN=off, not root, a declined request): the caller
-then runs the command itself. Once the service took it, the command is never run twice: a
-service child that ends without a status is an error (EXIT_LOST).
+then runs the command itself (also for `-h`/`--help` and from a deleted working folder).
+Once the service took it, the command is never run twice: a service child that ends without
+a status dies, as this process then does, of the SIGTERM or SIGHUP relayed to it before its
+clean-up was set up; otherwise that is an error (EXIT_LOST).
 
 Must not: import the runtime's heavy modules (the point is not to), or interpret the
 arguments beyond finding the command's name (cli.py does that).
