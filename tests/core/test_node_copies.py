@@ -1,4 +1,4 @@
-"""The node's copies of indexes and device layouts (core/index_cache.py, core/kernel_image.py,
+"""The node's copies of indexes and device layouts (core/node_copies.py, core/kernel_image.py,
 core/node_files.py): fetched or derived once, checked against their digest at every use, and
 never served when damaged.
 
@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 from test_reader import make_env
 
-from weenvfs.core import index_cache, node_files
-from weenvfs.core.index_cache import (
+from weenvfs.core import node_copies, node_files
+from weenvfs.core.kernel_image import cached_layout
+from weenvfs.core.loaded_env import LoadedEnv, open_environment
+from weenvfs.core.node_copies import (
     INDEX_DIR,
     MANIFEST_DIR,
     TREE_VERDICT,
     load_index,
     load_manifest,
 )
-from weenvfs.core.kernel_image import cached_layout
-from weenvfs.core.loaded_env import LoadedEnv, open_environment
 from weenvfs.format.device_layout import DeviceLayout
 from weenvfs.store.faulty import FaultyStore
 from weenvfs.store.repository import Repository
@@ -51,8 +51,8 @@ def test_an_index_is_fetched_and_tree_checked_once(env: LoadedEnv, tmp_path: Pat
     repo, digest = Repository(store), env.manifest.groups[0].index
     cache = tmp_path / "node"
     checks: list[int] = []
-    real_check = index_cache.check_tree
-    monkeypatch.setattr(index_cache, "check_tree",
+    real_check = node_copies.check_tree
+    monkeypatch.setattr(node_copies, "check_tree",
                         lambda index: (checks.append(1), real_check(index))[1])
     first = load_index(repo, digest, cache)
     fetched = store.calls["get"]
@@ -99,7 +99,7 @@ def test_a_refused_index_is_not_kept(env: LoadedEnv, tmp_path: Path, monkeypatch
     def refuse(index: object) -> None:
         raise FormatError("directory inode 1", "reachable by more than one path")
 
-    monkeypatch.setattr("weenvfs.core.index_cache.check_tree", refuse)
+    monkeypatch.setattr("weenvfs.core.node_copies.check_tree", refuse)
     with pytest.raises(FormatError):
         load_index(Repository(env.store), env.manifest.groups[0].index, tmp_path / "node")
     assert not (tmp_path / "node" / INDEX_DIR / env.manifest.groups[0].index).exists()

@@ -35,7 +35,7 @@ FREE_MARGIN_FRACTION = 0.05  # of the file system's size, kept free ...
 FREE_MARGIN_MAX = 1 << 30  # ... or this much, whichever is smaller
 # What mounts keep next to the chunks, counted in the bound and evicted with them (LRU by
 # mtime, which their users refresh as `open` does a chunk's): group indexes and manifests
-# (index_cache.py), EROFS images and device layouts (kernel_image.py).
+# (node_copies.py), EROFS images and device layouts (kernel_image.py).
 NODE_FOLDERS = ("indexes", "manifests", "erofs")
 _HEX = frozenset("0123456789abcdef")
 

@@ -172,8 +172,7 @@ def _cmd_warm(args: argparse.Namespace) -> int:
     cache_dir = (args.cache or default_cache_dir()).absolute()
     report = report_to_fd(args.ready_fd) if args.ready_fd is not None else _Progress(args.ref)
     with open_store(args.store) as store:
-        store.check()
-        target = load_target(store, args.ref, cache_dir)
+        target = load_target(store, args.ref, cache_dir)  # checks the store if it must
         roots = _page_roots(args.pages_through, len(target.indexes))
         cache = ChunkCache(cache_dir)
         try:

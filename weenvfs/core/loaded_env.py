@@ -1,13 +1,14 @@
-"""Loading an environment for mounting: store check, manifest, group indexes, composed tree.
+"""Loading an environment for mounting: manifest, group indexes, composed tree.
 
-Owns: the only I/O a mount does before it serves requests, in this order: `store.check()`
-(fail fast with one line if the store cannot be reached), resolving the reference to a manifest
-digest, fetching and verifying the manifest and every group index (never file data; each index's
-directory graph checked to be a tree by `format.validate.check_tree`; a mount keeps checked
-indexes on the node, index_cache.py; every object refused unread beyond its kind's size limit,
-SPEC.md 12.1, by `Repository`), and composing them into a `Tree`. The indexes of a multi-group
-environment load in parallel: each is a store round trip (or two) before its checks, and an
-image converted from Docker has a group per layer. Must not: mount or fetch chunks.
+Owns: the only I/O a mount does before it serves requests, in this order: resolving the
+reference to a manifest digest (a store that cannot be reached or read fails it with one line;
+node_copies.py `resolve_env`), fetching and verifying the manifest and every group index (never
+file data; each index's directory graph checked to be a tree by `format.validate.check_tree`; a
+mount keeps checked indexes on the node, node_copies.py; every object refused unread beyond its
+kind's size limit, SPEC.md 12.1, by `Repository`), and composing them into a `Tree`. The
+indexes of a multi-group environment load in parallel: each is a store round trip (or two)
+before its checks, and an image converted from Docker has a group per layer. Must not: mount or
+fetch chunks.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from weenvfs.format.manifest import Manifest
 from weenvfs.store.base import Store
 from weenvfs.store.repository import Repository
 
-from .index_cache import load_index, load_manifest
 from .layer_tree import LayerTree
+from .node_copies import load_index, resolve_env
 from .tree import Tree
 
 log = logging.getLogger(__name__)
@@ -60,17 +61,16 @@ class LoadedEnv:
 
 def open_environment(store: Store, ref: str, layer: int | None = None,
                      cache_dir: Path | None = None) -> LoadedEnv:
-    """Check `store`, resolve `ref` (`NAME[:TAG]` or a manifest digest) and load its indexes:
+    """Resolve `ref` (`NAME[:TAG]` or a manifest digest) in `store` and load its indexes:
     all of them, composed, or with `layer` the groups up to that one (0 is the lowest), its
     group shown as an overlayfs lower layer (core/layer_tree.py). With `cache_dir`, through
-    the node's checked copies (index_cache.py).
+    the node's checked copies (node_copies.py).
 
     Raises StoreUnavailable/StoreError, RefNotFound, ObjectCorrupt, FormatError or (for a
     layer the environment does not have) UsageError, each with a one-line message.
     """
-    store.check()
     repo = Repository(store)
-    digest, manifest = repo.resolve_env(ref, lambda d: load_manifest(repo, d, cache_dir))
+    digest, manifest = resolve_env(repo, ref, cache_dir)
     groups = manifest.groups
     if layer is not None:
         if not 0 <= layer < len(groups):

@@ -9,7 +9,7 @@ which check gave it, and holds as long as the file still hashes to the same dige
 
 Owns: atomic writes, verdict markers, and `touch`: the cache evicts these files with its
 chunks, least recently used first by mtime (cache.py), so each use refreshes it. Must not:
-decide what a file means or how it is checked (index_cache.py, kernel_image.py).
+decide what a file means or how it is checked (node_copies.py, kernel_image.py).
 """
 
 from __future__ import annotations

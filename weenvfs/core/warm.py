@@ -2,7 +2,7 @@
 every other chunk) fetched, verified and cached, ahead of or next to its mounts.
 
 Owns: loading what a warm-up needs without composing a tree (the manifest, and the group
-indexes through the node's checked copies, index_cache.py), finding the hint as a mount
+indexes through the node's checked copies, node_copies.py), finding the hint as a mount
 would (node_hints.py `find_hint`), running the `Prefetcher`, and the progress reports that a
 mount reads when its replay runs in a process of its own (fuse/replay_process.py).
 
@@ -50,7 +50,7 @@ from weenvfs.store.repository import Repository
 from .cache import ChunkCache
 from .chunk_plan import ChunkLoc
 from .fetcher import Fetcher
-from .index_cache import load_index, load_manifest
+from .node_copies import load_index, resolve_env
 from .node_hints import find_hint
 from .page_warm import PageWarmer
 from .prefetch import Prefetcher
@@ -75,9 +75,10 @@ class WarmTarget:
 
 
 def load_target(store: Store, ref: str, cache_dir: Path) -> WarmTarget:
-    """Resolve `ref` in `store` and load its group indexes (each checked, as a mount does)."""
+    """Resolve `ref` in `store` (node_copies.py `resolve_env`) and load its group indexes
+    (each checked, as a mount does)."""
     repo = Repository(store)
-    digest, manifest = repo.resolve_env(ref, lambda d: load_manifest(repo, d, cache_dir))
+    digest, manifest = resolve_env(repo, ref, cache_dir)
     loaded: dict[str, GroupIndex] = {}
     for group in manifest.groups:
         if group.index not in loaded:

@@ -67,7 +67,7 @@ def load(store_url: str, ref: str, layer: int | None = None,
          cache_dir: Path | None = None) -> LoadedEnv:
     """Open the store at `store_url` and load environment `ref`, or its group `layer` as an
     overlayfs lower layer (see `open_environment`); indexes through the node's copies in
-    `cache_dir` (core/index_cache.py)."""
+    `cache_dir` (core/node_copies.py)."""
     store = open_store(store_url)
     try:
         return open_environment(store, ref, layer, cache_dir)

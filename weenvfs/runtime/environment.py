@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from weenvfs.errors import RefNotFound, WeenvError
+from weenvfs.errors import WeenvError
 from weenvfs.fuse.config import default_cache_dir
 
 from . import node_resolve, recording, rootfs, safe_paths
@@ -86,20 +86,12 @@ def resolve_source(ref: str, store: str | Path, cache: str | Path | None,
             return source
     # Imported here: a caller the node service resolves for (`weenv run`) never needs the
     # store or the format modules (about 25 ms of its start-up).
-    from weenvfs.core.index_cache import load_manifest
+    from weenvfs.core.node_copies import resolve_env
     from weenvfs.store import open_store
     from weenvfs.store.repository import Repository
 
     with open_store(str(store)) as opened:
-        repo = Repository(opened)
-        try:
-            digest, manifest = repo.resolve_env(
-                ref, lambda d: load_manifest(repo, d, cache_dir))
-        except RefNotFound:
-            # Checked only now (a store round trip less for every run): a store that is
-            # missing or unreadable says so rather than "no such environment".
-            opened.check()
-            raise
+        digest, manifest = resolve_env(Repository(opened), ref, cache_dir)
         url = opened.url
         record = recording.decide(opened, digest, manifest, record_hint)
     config = manifest.config

@@ -12,10 +12,13 @@ on the file (node_files.py): the next mount of an index only hashes and decompre
 A manifest is immutable too, and each start of an environment read it from the store up to
 three times (the resolution, the mount daemon, the hint replay: a round trip each, two of them
 on a cold start's critical path, one on every warm `weenv run`). `load_manifest` keeps it as
-`<cache>/manifests/<digest>`, verified against its digest at every use.
+`<cache>/manifests/<digest>`, verified against its digest at every use. `resolve_env` is how
+every start resolves a reference with it (the tag always from the store), and checks the store
+only when the reference does not resolve, so that a missing or unreadable store says so: a
+round trip up front cost every start one more.
 
-Must not: fetch anything but indexes and manifests (never tags: they move), or keep what it
-did not verify.
+Must not: fetch anything but tags, indexes and manifests, or keep what it did not verify
+(never a tag: tags move).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from weenvfs.errors import RefNotFound
 from weenvfs.format.digest import digest_hex
 from weenvfs.format.index import GroupIndex
 from weenvfs.format.manifest import Manifest, decode_manifest
@@ -62,6 +66,17 @@ def load_index(repo: Repository, digest: str, cache_dir: Path | None = None) -> 
     except OSError as error:  # a full or read-only cache costs speed, never the mount
         log.info("cannot keep index %s in %s: %s", digest[:12], path.parent, error)
     return index
+
+
+def resolve_env(repo: Repository, ref: str, cache_dir: Path | None) -> tuple[str, Manifest]:
+    """(digest, manifest) of environment `ref` (`NAME[:TAG]` or a manifest digest), the
+    manifest through the node's copy in `cache_dir`. RefNotFound only once `store.check()`
+    found the store itself sound (else its error, in one line)."""
+    try:
+        return repo.resolve_env(ref, lambda digest: load_manifest(repo, digest, cache_dir))
+    except RefNotFound:
+        repo.store.check()
+        raise
 
 
 def load_manifest(repo: Repository, digest: str, cache_dir: Path | None = None) -> Manifest:
