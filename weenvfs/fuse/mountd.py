@@ -142,11 +142,7 @@ def launch(args: list[str], ready_fd: int, log_fd: int, start: bool = True,
     `kind` REPLAY marks a mount's hint replay, which the server caps (MAX_REPLAYS)."""
     if not enabled():
         return False
-    request = json.dumps({
-        "argv": list(args), "env": dict(os.environ), "umask": _umask(),
-        "fingerprint": fingerprint(), "namespaces": _namespaces(), "kind": kind,
-    }).encode() + b"\n"
-    return _request(request, [ready_fd, log_fd], start)
+    return _request(_request_line(args, kind), [ready_fd, log_fd], start)
 
 
 def launch_attached(args: list[str], fds: list[int]) -> bool:
@@ -156,11 +152,15 @@ def launch_attached(args: list[str], fds: list[int]) -> bool:
     the status pipe is `pid N`, its last `exit N` (runtime/node_run.py reads them)."""
     if not enabled():
         return False
-    request = json.dumps({
-        "argv": list(args), "env": dict(os.environ), "umask": _umask(), "cwd": os.getcwd(),
-        "fingerprint": fingerprint(), "namespaces": _namespaces(), "kind": ATTACHED,
+    return _request(_request_line(args, ATTACHED, cwd=os.getcwd()), fds, start=True)
+
+
+def _request_line(args: list[str], kind: str, **extra: str) -> bytes:
+    """A request: what to run, with this process's environment, umask and code, namespaces."""
+    return json.dumps({
+        "argv": list(args), "env": dict(os.environ), "umask": _umask(),
+        "fingerprint": fingerprint(), "namespaces": _namespaces(), "kind": kind, **extra,
     }).encode() + b"\n"
-    return _request(request, fds, start=True)
 
 
 def _request(request: bytes, fds: list[int], start: bool) -> bool:
@@ -547,15 +547,18 @@ def _prebuild_clients(request: dict[str, Any]) -> None:
     its replay and the resolution before it open the same store one after the other)."""
     from weenvfs.store import prebuild_client
 
-    argv = [str(a) for a in request["argv"]]
-    for flag, value in zip(argv, argv[1:], strict=False):
-        if flag == "--store":
-            env = {str(k): str(v) for k, v in request["env"].items()}
-            try:
-                if prebuild_client(value, env):
-                    log.info("made the client of %s ahead for the next requests", value)
-            except Exception as error:  # an optimisation: never the server's failure
-                log.warning("cannot make a client of %s ahead: %s", value, error)
+    argv, env = _argv_env(request)
+    # The first `--store` only: it is weenv's own (the options come first); a `weenv run`'s
+    # sandbox command after it may name anything.
+    value = next((v for flag, v in zip(argv, argv[1:], strict=False) if flag == "--store"),
+                 None)
+    if value is None:
+        return
+    try:
+        if prebuild_client(value, env):
+            log.info("made the client of %s ahead for the next requests", value)
+    except Exception as error:  # an optimisation: never the server's failure
+        log.warning("cannot make a client of %s ahead: %s", value, error)
 
 
 def _alive(children: dict[int, str]) -> int:
@@ -591,8 +594,7 @@ def _answer(conn: socket.socket, text: str) -> None:
 def _fork_daemon(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
                  run: Callable[[list[str]], int]) -> int:
     """Fork the daemon of `request`, nobody's child (see `_detached`); its pid, or 0."""
-    argv = [str(a) for a in request["argv"]]
-    env = {str(k): str(v) for k, v in request["env"].items()}
+    argv, env = _argv_env(request)
     umask = int(request["umask"])
     return _detached(held, lambda: _become_daemon(argv, env, umask, run, ready_fd=fds[0],
                                                   log_fd=fds[1]))
@@ -601,10 +603,15 @@ def _fork_daemon(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
 def _fork_attached(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
                    run: Callable[[list[str]], int]) -> int:
     """Fork the command of an ATTACHED request, nobody's child; its pid, or 0."""
-    argv = [str(a) for a in request["argv"]]
-    env = {str(k): str(v) for k, v in request["env"].items()}
+    argv, env = _argv_env(request)
     umask, cwd = int(request["umask"]), str(request["cwd"])
     return _detached(held, lambda: _become_attached(argv, env, umask, cwd, run, fds))
+
+
+def _argv_env(request: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """A request's arguments and environment, as strings whatever the JSON held."""
+    return ([str(a) for a in request["argv"]],
+            {str(k): str(v) for k, v in request["env"].items()})
 
 
 def _fork_task(argv: list[str], held: tuple[Any, ...], run: Callable[[list[str]], int]) -> None:
