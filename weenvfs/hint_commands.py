@@ -202,12 +202,6 @@ def _pack_outcome(store: str, ref: str, tag: str, cache: Path, expect: str | Non
     from weenvfs.tools.progress import Progress
 
     bar = Progress(mode="quiet" if quiet else "auto")
-
-    def progress(total: int, done: int) -> None:
-        if total:
-            bar.begin("packing the hint", total, unit="chunks")
-        bar.update(done)
-
     with open_store(store) as s:
         repo = Repository(s)
         digest, manifest = repo.resolve_env(ref)
@@ -215,7 +209,8 @@ def _pack_outcome(store: str, ref: str, tag: str, cache: Path, expect: str | Non
         node_cache = ChunkCache(cache) if cache.is_dir() else None
         with bar:
             done = pack_tag(repo, digest, indexes, tag, node_cache, expect=expect,
-                            progress=progress)
+                            started=lambda n: bar.begin("packing the hint", n, unit="chunks"),
+                            progress=bar.update)
     return {"hint": done.hint, "pack": done.pack, "chunks": done.chunks, "bytes": done.bytes,
             "from_cache": done.from_cache, "skipped": done.reason}
 

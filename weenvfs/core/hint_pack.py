@@ -124,12 +124,12 @@ def _frame(repo: Repository, loc: ChunkLoc, cache: ChunkCache | None) -> tuple[b
 
 def pack_tag(repo: Repository, manifest_digest: str, indexes: Sequence[GroupIndex], tag: str,
              cache: ChunkCache | None, *, expect: str | None = None,
-             limit: int = MAX_PACK_BYTES,
-             progress: Callable[[int, int], None] | None = None) -> Packed:
+             limit: int = MAX_PACK_BYTES, started: Callable[[int], None] | None = None,
+             progress: Callable[[int], None] | None = None) -> Packed:
     """Pack the hint `tag` points at for this manifest and point `tag` at the packed hint.
     With `expect`, only if the tag points at that hint digest (before and after packing).
-    A hint that has a pack already is left alone. `progress(total, 0)` once the hint is
-    known, then `progress(0, 1)` per record."""
+    A hint that has a pack already is left alone. `started(records)` once packing starts,
+    then `progress` as for `pack_hint`."""
     current = _tagged(repo, manifest_digest, tag)
     if current is None:
         return Packed(None, None, 0, 0, 0, f"no hint is tagged {tag}")
@@ -142,10 +142,9 @@ def pack_tag(repo: Repository, manifest_digest: str, indexes: Sequence[GroupInde
     if hint.pack is not None:
         return Packed(current, hint.pack.blob, sum(1 for n in hint.pack.lengths if n),
                       hint.pack.size, 0, "the hint has a pack already")
-    if progress is not None:
-        progress(len(hint.records), 0)
-    step = None if progress is None else (lambda n: progress(0, n))
-    packed, from_cache = pack_hint(repo, hint, indexes, cache, limit=limit, progress=step)
+    if started is not None:
+        started(len(hint.records))
+    packed, from_cache = pack_hint(repo, hint, indexes, cache, limit=limit, progress=progress)
     assert packed.pack is not None
     if _tagged(repo, manifest_digest, tag) != current:
         return Packed(None, packed.pack.blob, 0, 0, from_cache,
