@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -88,18 +90,39 @@ def test_what_run_executes_imports_no_store_or_codec() -> None:
     ) == []
 
 
-def test_a_handed_over_run_imports_none_of_the_runtime() -> None:
-    """`weenv run` handed to the node service (cli.HAND_OVER, runtime/node_run.py): its
-    process needs the socket code only, not the sandbox machinery the service runs."""
-    code = ("import importlib, weenvfs.cli as cli\n"
-            "for name in cli.HAND_OVER.values():\n"
-            "    importlib.import_module(name)\n")
-    heavy = ("weenvfs.runtime.commands", "weenvfs.runtime.environment",
-             "weenvfs.runtime.sandbox", "weenvfs.runtime.launcher")
-    done = subprocess.run([sys.executable, "-c", code + "import sys\nprint(sorted(sys.modules))"],
-                          capture_output=True, text=True, check=True, timeout=60)
-    assert not [name for name in heavy if f"'{name}'" in done.stdout]
-    assert _heavy_after(code) == []
+# The whole of what a handed-over `weenv run` may import of the project (entry.py): the
+# node service carries the command out; this process only asks it and waits.
+STAND_IN = {"weenvfs", "weenvfs.entry", "weenvfs.command_word", "weenvfs.fuse",
+            "weenvfs.fuse.node_socket", "weenvfs.runtime", "weenvfs.runtime.node_run"}
+# Modules the stand-in must not load: the CLI's parser, logging, JSON and typing.
+NOT_IN_STAND_IN = ("argparse", "logging", "json", "typing", "weenvfs.cli")
+
+
+def test_a_handed_over_run_imports_only_its_stand_in() -> None:
+    """`weenv run` handed to the node service (entry.HAND_OVER, runtime/node_run.py): its
+    process imports the socket code only, none of the CLI or the runtime."""
+    code = ("import importlib, sys\n"
+            "before = set(sys.modules)\n"
+            "from weenvfs import entry\n"
+            "for name in entry.HAND_OVER.values():\n"
+            "    importlib.import_module(name)\n"
+            "print(' '.join(sorted(set(sys.modules) - before)))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=60)
+    loaded = set(done.stdout.split())
+    assert {name for name in loaded if name.startswith("weenvfs")} == STAND_IN
+    assert not [name for name in NOT_IN_STAND_IN if name in loaded]
+
+
+def test_the_program_goes_to_the_cli_when_no_service_takes_the_run(tmp_path: Path) -> None:
+    """With the node service switched off, `weenv run` is parsed and run by cli.main in the
+    same process: a bad option is reported as by any command."""
+    env = {**os.environ, "WEENV_NODE_RUN": "off"}
+    done = subprocess.run([sys.executable, "-m", "weenvfs", "run", "--no-such-option", "e:1",
+                           "true"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=60)
+    assert done.returncode == 2
+    assert "unrecognized arguments: --no-such-option" in done.stderr
 
 
 def test_top_level_help_still_lists_every_command() -> None:

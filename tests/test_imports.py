@@ -106,6 +106,8 @@ TOP_FILES = {
     "__main__.py": "cli",
     "cli.py": "cli",
     "cli_args.py": "cli",
+    "entry.py": "cli",
+    "command_word.py": "cli",
     "errors.py": "errors",
     "units.py": "units",
     "hint_commands.py": "top",

@@ -68,7 +68,7 @@ def test_every_listed_package_exists(package: str) -> None:
 def test_package_dir_maps_format_and_tools() -> None:
     assert SETUPTOOLS["package-dir"]["weenvfs.format"] == "format"
     assert SETUPTOOLS["package-dir"]["weenvfs.tools"] == "tools"
-    assert PYPROJECT["project"]["scripts"]["weenv"] == "weenvfs.cli:main"
+    assert PYPROJECT["project"]["scripts"]["weenv"] == "weenvfs.entry:main"
 
 
 # --- the built wheel ----------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from weenvfs.cli import main
+from weenvfs.entry import main
 
 if __name__ == "__main__":
     sys.exit(main())

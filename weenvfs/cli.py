@@ -20,6 +20,7 @@ import traceback
 from collections.abc import Callable, Sequence
 
 from weenvfs import __version__
+from weenvfs.command_word import EXIT_INTERRUPTED, command_at
 from weenvfs.errors import Terminated, UsageError, WeenvError
 from weenvfs.format.errors import FormatError
 
@@ -64,7 +65,6 @@ COMMANDS: dict[str, str | None] = {
 COMMAND_MODULES: tuple[str, ...] = tuple(dict.fromkeys(m for m in COMMANDS.values() if m))
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE from sysexits.h
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 
 _FORMATTER = argparse.RawDescriptionHelpFormatter
@@ -183,27 +183,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def _command_of(argv: Sequence[str]) -> str | None:
     """The subcommand named in `argv` (the first word that is not a global option); `version`
     for `--version`, which needs no command module either."""
-    at = _command_at(argv)
+    at = command_at(list(argv))
     return None if at is None else "version" if argv[at] == "--version" else argv[at]
 
-
-def _command_at(argv: Sequence[str]) -> int | None:
-    """Where in `argv` the subcommand (or `--version`) is, if anywhere."""
-    words = iter(enumerate(argv))
-    for at, word in words:
-        if word == "--version":
-            return at
-        if word == "--log-file":
-            next(words, None)
-        elif word == "--" or not word.startswith("-"):
-            return None if word == "--" else at
-    return None
-
-
-# Commands that another process may carry out for this one: the module's `hand_over(argv,
-# at)` returns the exit status, or None to run the command here. A module of its own, not the
-# command's (`weenv run` would import the runtime's command module for nothing, ~17 ms).
-HAND_OVER = {"run": "weenvfs.runtime.node_run"}
 
 # What the node service (`weenv mountd`) runs in processes it forks, besides mount daemons:
 # `weenv sandbox resolve` (runtime/node_resolve.py) and a mount's hint replay, `weenv cache
@@ -299,28 +281,14 @@ def _dispatch(args: argparse.Namespace) -> int:
     return int(args.func(args))
 
 
-def _handed_over(argv: Sequence[str] | None) -> int | None:
-    """The exit status of a command another process carried out for this one (HAND_OVER),
-    or None (see main)."""
-    words = sys.argv[1:]
-    at = _command_at(words) if argv is None else None
-    module = None if at is None else HAND_OVER.get(words[at])
-    return None if module is None else importlib.import_module(module).hand_over(words, at)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run `weenv` with `argv` (default: sys.argv[1:]) and return the exit code. Run as the
-    program (no `argv`), a command whose module has a `hand_over` may be carried out by
-    another process (`weenv run` by the node service, runtime/node_run.py, whose process
-    calls this with the arguments and runs it)."""
-    raw = argv
+    """Run `weenv` with `argv` (default: sys.argv[1:]) in this process and return the exit
+    code. The program's entry point is entry.py, which may hand a command over to another
+    process first (`weenv run` to the node service, whose process then calls this)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv  # until the arguments are parsed
     logs = _LogSetup()
     try:
-        handed = _handed_over(raw)
-        if handed is not None:
-            return handed
         args = _parse(build_parser(_command_of(argv)), argv)
         debug = args.debug
         _setup_logging(logs, args.verbose, args.log_file)

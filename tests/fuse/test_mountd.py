@@ -24,7 +24,7 @@ from support import trees
 from support.mount_server import mount_server, server_pid
 
 from weenvfs.errors import WeenvError
-from weenvfs.fuse import daemon, mountd
+from weenvfs.fuse import daemon, mountd, node_socket
 from weenvfs.fuse.commands import mount_args
 from weenvfs.fuse.spawn import spawn as spawn_daemon
 
@@ -130,7 +130,7 @@ def test_a_stale_server_declines_and_exits(tmp_path: Path, server: Path, launche
     server exits rather than fork old code again."""
     pid = server_pid(server)
     assert pid is not None
-    monkeypatch.setattr(mountd, "fingerprint", lambda: "weenvfs was upgraded")
+    monkeypatch.setattr(node_socket, "fingerprint", lambda: "weenvfs was upgraded")
     src = trees.hostile_tree(tmp_path / "src")
     ref = publish(tmp_path / "store", [src])
     mp = spawned(ref, tmp_path / "store")
@@ -143,7 +143,7 @@ def test_a_stale_server_declines_and_exits(tmp_path: Path, server: Path, launche
 def test_another_namespace_is_declined(tmp_path: Path, server: Path, launches: list[bool],
                                        spawned: Callable[..., Path],
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(mountd, "_namespaces", lambda: {"mnt": "mnt:[1]", "net": "net:[2]"})
+    monkeypatch.setattr(node_socket, "namespaces", lambda: {"mnt": "mnt:[1]", "net": "net:[2]"})
     src = tmp_path / "src"
     src.mkdir()
     (src / "f").write_text("x")
@@ -215,7 +215,7 @@ def test_bad_requests_are_refused_and_the_server_goes_on(server: Path) -> None:
     assert ask(b"not json\n", []).startswith(b"error:")
     request = (b'{"argv": [], "env": {}, "umask": 18, "fingerprint": "%s", "namespaces": %s}\n'
                % (mountd.fingerprint().encode(),
-                  str(mountd._namespaces()).replace("'", '"').encode()))
+                  str(node_socket.namespaces()).replace("'", '"').encode()))
     assert ask(request, []).startswith(b"refused: a request of kind daemon passes exactly 2")
     read_end, write_end = os.pipe()
     try:

@@ -37,6 +37,8 @@ from typing import IO, Any
 
 from weenvfs.errors import UsageError, WeenvError
 
+from . import node_socket
+
 READY = "ok"
 PID = "pid"  # the daemon's first line: `pid N`
 SPAWN_TIMEOUT = 60.0  # seconds for the daemon to mount and answer
@@ -51,10 +53,7 @@ _CANCEL = threading.local()
 
 def run_dir() -> Path:
     """Where pid files live: /run/weenv/mounts for root, a per-user folder otherwise."""
-    if os.geteuid() == 0:
-        return Path("/run/weenv/mounts")
-    base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/weenv-{os.geteuid()}"
-    return Path(base) / "weenv" / "mounts"
+    return Path(node_socket.run_base()) / "mounts"
 
 
 def mount_path(mountpoint: str | Path) -> Path:

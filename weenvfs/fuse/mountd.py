@@ -18,7 +18,8 @@ Owns:
   `weenv run` hands itself over) is forked the same way but runs with the client's stdin,
   stdout, stderr and working folder, writes `pid N` and then `exit N` on the status pipe the
   client passed, and takes the closing of the client's alive pipe as SIGTERM;
-- `launch`: the client side used by `spawn.spawn`: True if the server forked the daemon,
+- `launch`: the client side used by `spawn.spawn` (its socket half, which needs none of this
+  module's imports, is node_socket.py): True if the server forked the daemon,
   False when no server answers (after `start_server` tried to start one, when `may_start`:
   root or the user's own socket, from the node's own namespaces), or it declines (its code
   is older than the installed package, or it runs in another mount or network namespace
@@ -54,31 +55,36 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from weenvfs.errors import WeenvError
 
-from . import daemon
+from . import daemon, node_socket
+from .node_socket import (
+    ATTACHED,
+    CONNECT_TIMEOUT,
+    DAEMON,
+    MAX_REQUEST,
+    REPLAY,
+    addressable,
+    ask,
+    enabled,
+    fingerprint,
+    request_line,
+)
+from .node_socket import namespaces as node_namespaces
 
 log = logging.getLogger(__name__)
 
-SOCKET_ENV = "WEENV_MOUNTD_SOCKET"
-SWITCH_ENV = "WEENV_MOUNTD"  # "off": never use a server
-CONNECT_TIMEOUT = 5.0  # seconds for a server to accept and answer one request
-DAEMON, REPLAY = "daemon", "replay"  # what a request starts (`launch`'s kind)
-# A command attached to the client's stdio (`launch_attached`, runtime/node_run.py): its
-# stdin, stdout and stderr, the write end of its status pipe and the read end of a pipe whose
-# write end only the client holds (EOF: the client is gone).
-ATTACHED = "attached"
+SOCKET_ENV, SWITCH_ENV = node_socket.SOCKET_ENV, node_socket.SWITCH_ENV  # known from here
 ATTACHED_FDS = 5
 MAX_FDS = 8  # room for descriptors in a request (more are discarded by the kernel: refused)
 # Hint replays (`weenv cache warm` for a mount, fuse/replay_process.py) the server runs at
 # once: one per two CPUs. A replay apart from its mount daemon uses a core of its own; when
 # many environments start together there is none to spare, and each daemon replays its own.
 MAX_REPLAYS = max(1, (os.cpu_count() or 1) // 2)
-MAX_REQUEST = 1 << 20
 AUTO_IDLE = 600.0  # seconds an auto-started server lingers with no request and no daemon
 HOUSEKEEPING_EVERY = 60.0  # seconds between two runs of HOUSEKEEPING while the server runs
 # What the server runs (in a forked child) every HOUSEKEEPING_EVERY seconds: evict the warm
@@ -89,46 +95,15 @@ HOUSEKEEPING = ("mounts", "evict", "--expired", "--quiet")
 PRELOAD = ("weenvfs.fuse.commands", "weenvfs.fuse.mount", "weenvfs.fuse.kernel_mount",
            "weenvfs.core.node_hints", "weenvfs.store.s3", "weenvfs.store.http",
            "weenvfs.store.local", "setproctitle")
-PACKAGE = Path(__file__).resolve().parent.parent  # the weenvfs folder
-SUN_PATH_MAX = 107  # bytes of a unix socket path, NUL excluded
 
 
 def socket_path() -> Path:
     """Where the server listens: $WEENV_MOUNTD_SOCKET, else next to the mounts' pid files."""
-    override = os.environ.get(SOCKET_ENV)
-    return Path(override) if override else daemon.run_dir().parent / "mountd.sock"
+    return Path(node_socket.socket_path())
 
 
 def _sibling(sock: Path, suffix: str) -> Path:
     return sock.with_name(sock.name + suffix)
-
-
-def fingerprint() -> str:
-    """What the server's code must match: interpreter, package folder and its newest file."""
-    newest = max((p.stat().st_mtime_ns for p in PACKAGE.rglob("*.py")), default=0)
-    return f"{sys.executable}|{PACKAGE}|{newest}"
-
-
-@contextlib.contextmanager
-def addressable(path: Path) -> Iterator[str]:
-    """An address for `path` that fits a unix socket (108 bytes): the path itself, or, when
-    it is longer, the same file through /proc/self/fd of its folder opened with O_PATH."""
-    if len(os.fsencode(str(path))) <= SUN_PATH_MAX:
-        yield str(path)
-        return
-    folder = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        yield f"/proc/self/fd/{folder}/{path.name}"
-    finally:
-        os.close(folder)
-
-
-def _namespaces() -> dict[str, str]:
-    out = {}
-    for kind in ("mnt", "net"):
-        with contextlib.suppress(OSError):
-            out[kind] = os.readlink(f"/proc/self/ns/{kind}")
-    return out
 
 
 # -- client ---------------------------------------------------------------------------------
@@ -142,7 +117,7 @@ def launch(args: list[str], ready_fd: int, log_fd: int, start: bool = True,
     `kind` REPLAY marks a mount's hint replay, which the server caps (MAX_REPLAYS)."""
     if not enabled():
         return False
-    return _request(_request_line(args, kind), [ready_fd, log_fd], start)
+    return _request(request_line(args, kind), [ready_fd, log_fd], start)
 
 
 def launch_attached(args: list[str], fds: list[int]) -> bool:
@@ -152,21 +127,13 @@ def launch_attached(args: list[str], fds: list[int]) -> bool:
     the status pipe is `pid N`, its last `exit N` (runtime/node_run.py reads them)."""
     if not enabled():
         return False
-    return _request(_request_line(args, ATTACHED, cwd=os.getcwd()), fds, start=True)
-
-
-def _request_line(args: list[str], kind: str, **extra: str) -> bytes:
-    """A request: what to run, with this process's environment, umask and code, namespaces."""
-    return json.dumps({
-        "argv": list(args), "env": dict(os.environ), "umask": _umask(),
-        "fingerprint": fingerprint(), "namespaces": _namespaces(), "kind": kind, **extra,
-    }).encode() + b"\n"
+    return _request(request_line(args, ATTACHED, cwd=os.getcwd()), fds, start=True)
 
 
 def _request(request: bytes, fds: list[int], start: bool) -> bool:
-    answer = _ask(request, fds)
+    answer = ask(request, fds)
     if answer is None and start and may_start() and start_server():
-        answer = _ask(request, fds)
+        answer = ask(request, fds)
     if answer is None:
         return False
     if answer != b"ok":
@@ -181,33 +148,6 @@ def log_args() -> list[str]:
     files = [h.baseFilename for h in logging.getLogger().handlers
              if isinstance(h, logging.FileHandler)]
     return ["--log-file", files[0]] if files else []
-
-
-def enabled() -> bool:
-    """Whether mounts go through a server (WEENV_MOUNTD is not `off`)."""
-    return os.environ.get(SWITCH_ENV, "").lower() not in ("off", "0", "no")
-
-
-def _ask(request: bytes, fds: list[int]) -> bytes | None:
-    """The server's answer to `request`; None when no server listens. Once the request is
-    out, the server may have forked the daemon: a lost answer then counts as `ok` (starting
-    a second daemon could race it for the mount point; the readiness pipe tells either way)."""
-    path = socket_path()
-    if not path.exists():
-        return None
-    sent = False
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn, \
-                addressable(path) as address:
-            conn.settimeout(CONNECT_TIMEOUT)
-            conn.connect(address)
-            conn.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                      array.array("i", fds))])
-            sent = True
-            return _read_line(conn)
-    except OSError as error:
-        log.debug("mount server at %s did not answer: %s", path, error)
-        return b"ok" if sent else None
 
 
 def may_start() -> bool:
@@ -248,25 +188,6 @@ def start_server(idle: float = AUTO_IDLE) -> bool:
             return False
     log.info("started the node's mount server %d on %s", pid, path)
     return True
-
-
-def _umask() -> int:
-    """This process's umask, read without changing it (other threads may create files)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    return 0o022
-
-
-def _read_line(conn: socket.socket) -> bytes:
-    data = b""
-    while b"\n" not in data and len(data) < MAX_REQUEST:
-        part = conn.recv(65536)
-        if not part:
-            break
-        data += part
-    return data.split(b"\n", 1)[0].strip()
 
 
 def stop(timeout: float = daemon.EXIT_TIMEOUT) -> int | None:
@@ -420,7 +341,7 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
           run: Callable[[list[str]], int], exporter: Exporter | None = None) -> None:
     """Accept requests until idle (see `serve`) or stale; housekeeping between them (and the
     metrics exporter started again if it died)."""
-    code_print, namespaces = fingerprint(), _namespaces()
+    code_print, namespaces = fingerprint(), node_namespaces()
     # What every forked child closes besides the connection (see `_detached`).
     held: tuple[Any, ...] = (listener, lock)
     if exporter is not None and exporter.socket is not None:

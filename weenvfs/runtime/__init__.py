@@ -20,7 +20,10 @@ Importing this package is cheap: the names below load their module on first use.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+
+TYPE_CHECKING = False  # typing itself is not cheap (2 ms of every `weenv run`'s stand-in)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["AsyncEnvironment", "Environment", "ExecResult", "Limits", "Sandbox",
            "SandboxBroken"]

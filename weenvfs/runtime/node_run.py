@@ -26,13 +26,12 @@ arguments beyond finding the command's name (cli.py does that).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
 from collections.abc import Sequence
 
-from weenvfs.fuse import mountd
+from weenvfs.fuse import node_socket
 
 SWITCH_ENV = "WEENV_NODE_RUN"  # "off": every `weenv run` runs in its own process
 EXIT_LOST = 125  # as `docker run` when the daemon fails: the command's own status is unknown
@@ -51,7 +50,7 @@ def wanted(argv: Sequence[str]) -> bool:
     (help must not start a service; when the word belongs to the sandbox's command, that run
     merely goes the slower way), and a working folder that still exists (the service's
     process could not enter a deleted one)."""
-    if (os.environ.get(SWITCH_ENV, "").lower() in ("off", "0", "no") or not mountd.enabled()
+    if (os.environ.get(SWITCH_ENV, "").lower() in ("off", "0", "no") or not node_socket.enabled()
             or os.geteuid() != 0 or any(word in ("-h", "--help") for word in argv)):
         return False
     try:
@@ -70,7 +69,7 @@ def delegate(argv: Sequence[str], at: int) -> int | None:
     alive_read, alive_write = os.pipe()
     try:
         try:
-            taken = mountd.launch_attached(argv, [0, 1, 2, status_write, alive_read])
+            taken = _attach(argv, [0, 1, 2, status_write, alive_read])
         finally:
             os.close(status_write)
             os.close(alive_read)
@@ -80,6 +79,26 @@ def delegate(argv: Sequence[str], at: int) -> int | None:
     finally:
         os.close(status_read)
         os.close(alive_write)  # the command's watch ends here: it has exited, or must
+
+
+def _attach(argv: list[str], fds: list[int]) -> bool:
+    """Whether the node service took `weenv ARGV` with `fds` (see mountd.ATTACHED). Only
+    when no service answers does this process import the service's own module, which starts
+    one and asks again (a cold node's first run)."""
+    request = node_socket.request_line(argv, node_socket.ATTACHED, cwd=os.getcwd())
+    answer = node_socket.ask(request, fds)
+    if answer is not None:
+        return answer == b"ok"
+    from weenvfs.fuse import mountd
+
+    return mountd.launch_attached(argv, fds)
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:  # noqa: SIM105 - contextlib is not among the cheap imports (node_socket.py)
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 def _wait(status_read: int) -> int:
@@ -92,8 +111,7 @@ def _wait(status_read: int) -> int:
     def relay(signum: int, _frame: object) -> None:
         received.append(signum)
         if pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
+            _kill(pid, signum)
 
     old = {s: signal.signal(s, relay) for s in FORWARDED}
     try:
@@ -108,8 +126,7 @@ def _wait(status_read: int) -> int:
                 if line.startswith(b"pid ") and not pid:
                     pid = int(line[4:])
                     for signum in received:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signum)
+                        _kill(pid, signum)
                 elif line.startswith(b"exit "):
                     return int(line[5:])
             data = lines[-1]

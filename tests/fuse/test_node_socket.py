@@ -1,0 +1,77 @@
+"""The client's half of the node service's socket (fuse/node_socket.py): a request line is
+the JSON the server reads, whatever the arguments and environment hold; the code fingerprint
+sees every source file; a socket path too long for an address still answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from weenvfs.fuse import node_socket
+
+HOSTILE = ["plain", 'quote " and \\ backslash', "new\nline\ttab\x00nul", "é ü 中文 🙂",
+           "\udcff\udc80 not UTF-8 (surrogate escapes)", "", "\x7f\x1b[31m"]
+
+
+def test_a_request_line_is_one_line_of_the_json_the_server_reads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for i, value in enumerate(HOSTILE):
+        monkeypatch.setenv(f"WEENV_TEST_{i}", value.replace("\x00", ""))
+    line = node_socket.request_line(["run", *HOSTILE], node_socket.ATTACHED, cwd=HOSTILE[4])
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    request = json.loads(line)
+    assert request["argv"] == ["run", *HOSTILE]
+    assert request["env"] == dict(os.environ)
+    assert request["kind"] == "attached" and request["cwd"] == HOSTILE[4]
+    assert request["umask"] == node_socket.umask()
+    assert request["fingerprint"] == node_socket.fingerprint()
+    assert request["namespaces"] == node_socket.namespaces()
+
+
+def test_the_fingerprint_sees_every_source_file_below_the_package(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    (tmp_path / "__pycache__").mkdir()
+    files = [tmp_path / "a.py", tmp_path / "sub" / "deeper" / "b.py"]
+    for path in files:
+        path.write_text("x = 1\n")
+        os.utime(path, ns=(10**18, 10**18))
+    monkeypatch.setattr(node_socket, "PACKAGE", str(tmp_path))
+    before = node_socket.fingerprint()
+    stale = tmp_path / "__pycache__" / "c.py"  # never code the server runs
+    stale.write_text("")
+    os.utime(stale, ns=(2 * 10**18, 2 * 10**18))
+    assert node_socket.fingerprint() == before
+    os.utime(files[1], ns=(10**18 + 1, 10**18 + 1))
+    assert node_socket.fingerprint() != before
+
+
+def test_a_socket_path_longer_than_an_address_still_answers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / ("d" * 60) / ("e" * 60)
+    folder.mkdir(parents=True)
+    path = folder / "mountd.sock"
+    assert len(os.fsencode(str(path))) > node_socket.SUN_PATH_MAX
+    monkeypatch.setenv(node_socket.SOCKET_ENV, str(path))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        with node_socket.addressable(path) as address:
+            server.bind(address)
+        server.listen(1)
+
+        def answer() -> None:
+            conn, _ = server.accept()
+            with conn:
+                assert conn.recv(100) == b"hello\n"
+                conn.sendall(b"ok\n")
+
+        thread = threading.Thread(target=answer)
+        thread.start()
+        assert node_socket.ask(b"hello\n", []) == b"ok"
+        thread.join(10)
+    monkeypatch.setenv(node_socket.SOCKET_ENV, str(folder / "none.sock"))
+    assert node_socket.ask(b"hello\n", []) is None  # no server: the caller may start one

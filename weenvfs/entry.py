@@ -1,0 +1,42 @@
+"""The `weenv` program's entry point (the console script and `python -m weenvfs`).
+
+A command that another process may carry out for this one (`HAND_OVER`: `weenv run`, which
+the node service runs, runtime/node_run.py) is handed over before anything else is imported:
+not the argument parser, logging or the error handling of cli.py, about 25 ms of a warm
+`weenv run` that only waits for the service (docs/benchmarks.md). Every other command, and a
+hand-over the service did not take, goes to `cli.main` in this process.
+
+Must not: import anything at module level beyond the interpreter's cheapest modules (a test
+checks what a handed-over run imports), or parse arguments beyond finding the command's name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from weenvfs.command_word import EXIT_INTERRUPTED, command_at
+
+# Commands that another process may carry out for this one: the module's `hand_over(argv,
+# at)` returns the exit status, or None to run the command here. A module of its own, not the
+# command's (`weenv run` would import the runtime's command module for nothing, ~17 ms).
+HAND_OVER = {"run": "weenvfs.runtime.node_run"}
+
+
+def main() -> int:
+    """Run `weenv` with sys.argv: handed over (HAND_OVER) when the command allows it and the
+    node service takes it, else in this process (cli.main)."""
+    words = sys.argv[1:]
+    at = command_at(words)
+    module = None if at is None else HAND_OVER.get(words[at])
+    if module is not None:
+        try:
+            status = importlib.import_module(module).hand_over(words, at)
+        except KeyboardInterrupt:  # before the command started: nothing to clean up
+            print("weenv: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        if status is not None:
+            return status
+    from weenvfs.cli import main as run_here
+
+    return run_here()
