@@ -19,9 +19,10 @@ from rt_support import EnvRef, run_weenv
 from support.runtime_fixtures import GROUP
 from test_stacked_lowers import task_env
 
+from weenvfs.core.node_copies import known_hinted, resolve_env
 from weenvfs.errors import RefNotFound
 from weenvfs.fuse.commands import read_stats
-from weenvfs.runtime import mounts
+from weenvfs.runtime import mounts, recording
 from weenvfs.runtime.environment import Environment
 from weenvfs.runtime.lower_modes import DEFAULT_LOWER
 from weenvfs.runtime.lowers import plan_lowers
@@ -205,3 +206,22 @@ def test_compose_with_a_hint_command_publishes_the_hint(
     with open_store(str(minbase_store)) as store:
         hint = Repository(store).get_tag("hints", digest, "latest")
     assert hint in lines[0] or digest[:12] in lines[0]
+
+
+def test_a_node_that_saw_a_hint_does_not_ask_the_store_again(env_ref: EnvRef) -> None:
+    """Whether to record costs a store request only until the node saw a hint: then the
+    manifest's node copy says so (core/node_copies.py HINTED). Shown by removing the tag
+    behind the node's back: a default start still records nothing, a forced one does."""
+    with open_store(str(env_ref.store)) as store:
+        repo = Repository(store)
+        digest, manifest = resolve_env(repo, env_ref.digest, env_ref.cache)
+        assert recording.decide(store, digest, manifest, None, env_ref.cache)  # no hint yet
+        # Only whether the tag exists matters here, not what it names.
+        repo.set_tag("hints", digest, recording.HINT_TAG, repo.put_object("hints", b"x"))
+        assert not known_hinted(env_ref.cache, digest)
+        assert not recording.decide(store, digest, manifest, None, env_ref.cache)
+        assert known_hinted(env_ref.cache, digest)
+        repo.delete_tag("hints", digest, recording.HINT_TAG)
+        assert not recording.decide(store, digest, manifest, None, env_ref.cache)
+        assert recording.decide(store, digest, manifest, True, env_ref.cache)
+        assert recording.decide(store, digest, manifest, None, None)  # no node: the store

@@ -17,8 +17,14 @@ every start resolves a reference with it (the tag always from the store), and ch
 only when the reference does not resolve, so that a missing or unreadable store says so: a
 round trip up front cost every start one more.
 
+Whether an environment has a hint decides whether its run records one (runtime/recording.py):
+a store round trip on every start, warm ones too. Hints are published, merged and replaced,
+never taken back by a run, so once a start saw one, `remember_hinted` marks the manifest's
+node copy (HINTED) and `known_hinted` answers later starts without the store. (A hint removed
+by hand is then not recorded again on this node by default; `--record-hint` still does.)
+
 Must not: fetch anything but tags, indexes and manifests, or keep what it did not verify
-(never a tag: tags move).
+(never a tag: tags move; HINTED is not a tag's target, only that one existed).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ MANIFEST_DIR = "manifests"
 # The verdict of `check_tree` on a node copy. Renamed whenever what `check_tree` refuses
 # changes, so that copies checked by an older validator are checked again.
 TREE_VERDICT = "user.weenv.tree-checked-1"
+HINTED = "user.weenv.had-hint"  # on a manifest's node copy: its environment had a hint once
 
 
 def load_index(repo: Repository, digest: str, cache_dir: Path | None = None) -> GroupIndex:
@@ -96,6 +103,16 @@ def load_manifest(repo: Repository, digest: str, cache_dir: Path | None = None) 
     except OSError as error:  # a full or read-only cache costs a round trip, nothing else
         log.info("cannot keep manifest %s in %s: %s", digest[:12], path.parent, error)
     return manifest
+
+
+def known_hinted(cache_dir: Path, digest: str) -> bool:
+    """Whether a start on this node saw a hint of environment `digest` (see the module)."""
+    return has_verdict(cache_dir / MANIFEST_DIR / digest, HINTED)
+
+
+def remember_hinted(cache_dir: Path, digest: str) -> None:
+    """Mark environment `digest` as having a hint, on its manifest's node copy (if any)."""
+    set_verdict(cache_dir / MANIFEST_DIR / digest, HINTED)
 
 
 def _node_copy(path: Path, digest: str, what: str = "index") -> bytes | None:

@@ -93,7 +93,7 @@ def resolve_source(ref: str, store: str | Path, cache: str | Path | None,
     with open_store(str(store)) as opened:
         digest, manifest = resolve_env(Repository(opened), ref, cache_dir)
         url = opened.url
-        record = recording.decide(opened, digest, manifest, record_hint)
+        record = recording.decide(opened, digest, manifest, record_hint, cache_dir)
     config = manifest.config
     return EnvSource(ref, digest, url, cache_dir, tuple(config.env), config.cwd, config.user,
                      (*config.entrypoint, *config.cmd), tuple(g.index for g in manifest.groups),

@@ -42,20 +42,28 @@ SWITCH_ENV = "WEENV_RECORD_HINTS"  # "off": no recording unless asked for (node-
 _READ_ONLY_SAID: set[str] = set()  # store URLs already reported read-only by this process
 
 
-def decide(store: Store, digest: str, manifest: Any, wish: bool | None) -> bool:
+def decide(store: Store, digest: str, manifest: Any, wish: bool | None,
+           cache_dir: Path | None = None) -> bool:
     """Whether a sandbox of environment `digest` (its `Manifest`) records its hint (see the
-    module doc)."""
+    module doc). With the node's `cache_dir`, an environment known there to have a hint
+    costs no store request (core/node_copies.py `known_hinted`)."""
     if wish is False:
         return False
     if wish is None and os.environ.get(SWITCH_ENV, "").lower() in ("off", "0", "no"):
         return False
     # Imported here: lowers.py imports this module, and `weenv run` parses its arguments
     # without the store and the core (tests/test_cli_dispatch.py).
+    from weenvfs.core.node_copies import known_hinted, remember_hinted
     from weenvfs.core.node_hints import has_hint
     from weenvfs.store.repository import Repository
 
-    if wish is None and has_hint(Repository(store), digest, manifest, HINT_TAG):
-        return False
+    if wish is None:
+        if cache_dir is not None and known_hinted(cache_dir, digest):
+            return False
+        if has_hint(Repository(store), digest, manifest, HINT_TAG):
+            if cache_dir is not None:
+                remember_hinted(cache_dir, digest)
+            return False
     try:
         store.check(write=True)
     except StoreError as error:
