@@ -32,6 +32,9 @@ STORED_LIMITS: dict[str, int | None] = {
 }
 TAG_KINDS = ("groups", "envs", "hints")
 DEFAULT_TAG = "latest"
+# The hint tag of an environment's seed hint (SPEC.md 9.4): recorded by `weenv convert` from
+# the image's own command, replayed while the environment has no hint `latest` of its own.
+SEED_TAG = "seed"
 
 _NAME_PART = r"[a-z0-9]+(?:[._-][a-z0-9]+)*"
 _NAME = re.compile(rf"{_NAME_PART}(?:/{_NAME_PART})*")

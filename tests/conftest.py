@@ -52,6 +52,9 @@ os.environ["WEENV_SNAPSHOTTER_METRICS"] = "off"
 # Recording mounts pack what they publish in a background process, which moves the hint tag
 # while a test checks it; tests of packing turn it on (tests/core/test_hint_pack.py).
 os.environ["WEENV_HINT_PACK"] = "off"
+# `weenv convert` and `compose` record a seed hint from the image's command by default (a
+# sandbox run of up to 10 s each); tests of the seed turn it on (tests/runtime/test_seed_hint.py).
+os.environ["WEENV_SEED_HINT"] = "off"
 _SESSION_SOCKET = os.environ["WEENV_MOUNTD_SOCKET"]
 
 

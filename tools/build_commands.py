@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from typing import Any
 
 from weenvfs.cli import add_command
@@ -30,7 +29,7 @@ from weenvfs.units import format_size, size_arg
 from .builder import BuildOptions, BuildResult, build_group, open_source
 from .chunker import DEFAULT_MAX_BLOB_SIZE, ChunkOptions
 from .command_repo import open_repo
-from .hint_command import add_hint_command_argument, check_hint_command, record_hint
+from .hint_command import add_hint_command_argument, check_hint_command, record_after_publish
 from .layout import load_layout_order
 from .progress import Progress
 from .publish import compose_env
@@ -297,7 +296,5 @@ def _cmd_compose(args: argparse.Namespace) -> int:
         print_json({"env": f"{name}:{tag}", "manifest": digest})
     else:
         print(digest)
-    if args.hint_command is not None:
-        sys.stdout.flush()  # the digest first: the sandbox's output follows on stderr
-        record_hint(args.store, digest, args.hint_command, args.hint_cache)
+    record_after_publish(args, digest, quiet=False)
     return 0

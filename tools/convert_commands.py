@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from pathlib import Path
 
 from weenvfs.cli import add_command
@@ -25,7 +24,7 @@ from weenvfs.units import format_size
 from .build_commands import add_chunk_arguments, add_layout_and_output_arguments, chunk_options
 from .command_repo import open_repo
 from .convert import ConvertOptions, ConvertResult, GroupSpec, convert_image
-from .hint_command import add_hint_command_argument, check_hint_command, record_hint
+from .hint_command import add_hint_command_argument, check_hint_command, record_after_publish
 from .image_source import SourceOptions
 from .image_transports import open_image_source
 from .layout import load_layout_order
@@ -159,9 +158,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         print_json(result.as_dict())
     else:
         print(summary(result))
-    if args.hint_command is not None:
-        sys.stdout.flush()
-        record_hint(args.store, result.manifest_digest, args.hint_command, args.hint_cache)
+    record_after_publish(args, result.manifest_digest, args.quiet)
     return 0
 
 

@@ -22,6 +22,7 @@ from weenvfs.format.digest import digest_hex
 from weenvfs.format.hints import Hint, HintFile, HintRecord, decode_hint, encode_hint
 from weenvfs.format.index import Span
 from weenvfs.format.manifest import GroupRef, Manifest, encode_manifest
+from weenvfs.format.refs import SEED_TAG
 from weenvfs.store.repository import Repository
 
 R = HintRecord
@@ -215,6 +216,19 @@ def test_the_manifests_own_hint_is_the_fallback(repo, build_group, small_group) 
     found = find_hint(repo, digest, manifest, [small_group.index])
     assert found is not None and found.source == "the manifest"
     assert found.hint.records == (R(0, 2, 0),)
+
+
+def test_the_seed_is_replayed_only_while_there_is_no_latest(repo, build_group, small_group):
+    """SPEC.md 9.4: `latest`, else the manifest's own hint, else the seed; and only for the
+    default tag (another tag names what it names)."""
+    digest, manifest, indexes = _env(repo, build_group, small_group)
+    seed_digest, seed = publish_run(repo, digest, manifest, indexes, [R(0, 0, 0)], SEED_TAG)
+    found = find_hint(repo, digest, manifest, indexes)
+    assert found is not None and found.digest == seed_digest and found.hint == seed
+    assert find_hint(repo, digest, manifest, indexes, "train") is None
+    own_digest, own = publish_run(repo, digest, manifest, indexes, [R(0, 1, 0)])
+    assert find_hint(repo, digest, manifest, indexes).digest == own_digest
+    assert own.records == (R(0, 1, 0),)  # `latest` is not merged into the seed, nor it
 
 
 @pytest.mark.parametrize("spec", ["latest", "v1.2", NO_HINT, "ab" * 32, "blake3:" + "ab" * 32])

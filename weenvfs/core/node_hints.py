@@ -41,7 +41,7 @@ from weenvfs.format.errors import FormatError
 from weenvfs.format.hints import Hint, HintFile, HintRecord, encode_hint
 from weenvfs.format.index import GroupIndex, Span
 from weenvfs.format.manifest import Manifest, encode_manifest
-from weenvfs.format.refs import DEFAULT_TAG, check_tag
+from weenvfs.format.refs import DEFAULT_TAG, SEED_TAG, check_tag
 from weenvfs.store.repository import Repository
 
 from .loaded_env import LoadedEnv
@@ -195,7 +195,8 @@ def find_hint(
     spec: str = DEFAULT_TAG,
 ) -> FoundHint | None:
     """The hint `spec` names for this environment: `none`; a hint digest; or a tag (default
-    `latest`), falling back to the manifest's own `hints` field when that tag does not exist.
+    `latest`), falling back to the manifest's own `hints` field when that tag does not exist,
+    and for `latest` then to the seed (SEED_TAG).
     Returns None when there is no usable hint (a bad one is logged and ignored); raises only
     for a malformed `spec`."""
     if spec == NO_HINT:
@@ -218,6 +219,8 @@ def find_hint(
         # SPEC.md 9.3: bound to the same manifest without its `hints` field.
         bound = digest_hex(encode_manifest(dataclasses.replace(manifest, hints=None)))
         return _load(repo, manifest.hints, "the manifest", bound, indexes)
+    if spec == DEFAULT_TAG:
+        return find_hint(repo, manifest_digest, manifest, indexes, SEED_TAG)
     log.info("no hint %s for %s", spec, short(manifest_digest))
     return None
 
@@ -313,14 +316,16 @@ def has_hint(repo: Repository, manifest_digest: str, manifest: Manifest,
 
 def may_have_hint(env: LoadedEnv, spec: str) -> bool:
     """Whether `spec` (`--hint`: a tag, a hint digest, none) may name a hint of `env`: a
-    digest does; a tag if it exists or the manifest names a hint (one store request; a
-    store error: maybe, the replay will say)."""
+    digest does; a tag if it exists or the manifest names a hint, `latest` also if the seed
+    exists (a store request or two; a store error: maybe, the replay will say)."""
     if spec == NO_HINT:
         return False
     if HINT_DIGEST.fullmatch(spec):
         return True
     try:
-        return has_hint(Repository(env.store), env.digest, env.manifest, spec)
+        repo = Repository(env.store)
+        return has_hint(repo, env.digest, env.manifest, spec) or (
+            spec == DEFAULT_TAG and has_hint(repo, env.digest, env.manifest, SEED_TAG))
     except (StoreError, FormatError):
         return True
 

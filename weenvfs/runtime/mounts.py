@@ -31,7 +31,8 @@ idle, from the node's mount server every minute (fuse/mountd.py HOUSEKEEPING: `w
 evict --expired`) and from `weenv sandbox gc`. Only when no mount server answers does a
 release start a detached `weenv sandbox gc --mounts-only --after SECS` timer instead. A
 recording mount (`record`, runtime/recording.py) is never kept warm: its daemon publishes the
-recorded hint when it is unmounted, and `release` returns what it published.
+recorded hint when it is unmounted, and `release` returns what it published. It replays the
+environment's seed hint if there is one (RECORD_REPLAY).
 
 Must not: serve the mount (fuse/), or create sandboxes (sandbox.py).
 """
@@ -64,6 +65,10 @@ ENVS_ROOT = Path("/run/weenv/envs")
 KEY_LEN = 64
 RESULT_FILE = "hint.json"
 RECORD_TAG = "latest"  # the hint tag a recording mount publishes (recording.HINT_TAG)
+# What a recording mount replays: the seed `weenv convert` recorded from the image's command
+# (core/node_hints.py SEED_TAG; this package does not import the core at start-up). What the
+# replay reads through the mount is recorded too, so the hint it publishes holds the seed's.
+RECORD_REPLAY = "seed"
 
 ROOT_ENV = "WEENV_ENVS_ROOT"  # another folder than ENVS_ROOT (tests, several node roots)
 KEEP_WARM_ENV, WARM_MAX_ENV, WARM_MEMORY_ENV = (
@@ -260,9 +265,10 @@ def _mount(
         "-record" if record_result is not None else "")
     log_file = cache_dir / "logs" / f"{what}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    # A recording mount has no hint to replay (that is why it records).
+    # A recording mount has no hint of its own to replay (that is why it records): at most
+    # the seed.
     recording = {} if record_result is None else {
-        "hint": "none", "record_tag": RECORD_TAG, "record_result": record_result}
+        "hint": RECORD_REPLAY, "record_tag": RECORD_TAG, "record_result": record_result}
     args = mount_args(env, mp, store_url, cache_dir, log_file=log_file, allow_other=True,
                       layer=layer, page_roots=page_roots, **recording)
     started = time.monotonic()
