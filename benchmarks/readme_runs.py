@@ -7,6 +7,9 @@ with its own socket, as a node keeps it running) forking the mount daemons. Cont
 
 - `weenv run`, cold, first run: no hint in the store; the run records one and publishes it
   (the default) and the recording is removed again afterwards;
+- `weenv run`, cold, first run, seed hint: the same, the environment's only hint the seed
+  `weenv convert` records from a Python image's own command (`python3` with no input: the
+  interpreter's start-up; tools/hint_command.py), recorded once at setup;
 - `weenv run`, cold, hint: the hint recorded once at setup (`weenv hints record`) is the
   environment's `latest`, as it is after a first run anywhere;
 - `weenv run`, warm: the same command again at once (the node service keeps the mount warm);
@@ -32,12 +35,14 @@ from _mounting import BENCH_DIR, Published, drop_caches, mount_server, weenv
 from weenv_peer import evict_shared_mounts, mirror, start_seaweed
 
 from weenvfs.errors import RefNotFound
+from weenvfs.format.refs import SEED_TAG
 from weenvfs.fuse.commands import read_stats
 from weenvfs.runtime.mounts import list_mounts
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
 HINT_TAG = "bench-readme"
+SEED_KEPT = "bench-seed"  # where the seed is kept between runs (tag `seed` only while timed)
 API_SCRIPT = """
 import sys
 from weenvfs.runtime import Environment
@@ -73,6 +78,7 @@ class ReadmeRuns:
         with open_store(self.url) as store:
             self.env_digest, _ = Repository(store).resolve_env(self.ref)
         self.hint = self._recorded_hint()
+        self.seed = self._recorded_seed()
 
     def _recorded_hint(self) -> str:
         """The hint of the workload (recorded once, kept under HINT_TAG; again if the kept
@@ -95,6 +101,30 @@ class ReadmeRuns:
         evict_shared_mounts()
         with open_store(self.url) as store:
             return Repository(store).get_tag("hints", self.env_digest, HINT_TAG)
+
+    def _recorded_seed(self) -> str:
+        """The seed hint, as `weenv convert` records it from an image whose command is
+        `python3` (run with no input; recorded once, kept under SEED_KEPT, packed). Recorded
+        here with `weenv hints record` (the same reads: convert runs it in a sandbox)."""
+        with open_store(self.url) as store, contextlib.suppress(RefNotFound):
+            return Repository(store).get_tag("hints", self.env_digest, SEED_KEPT)
+        print(f"recording the seed hint of {self.ref} (once)", flush=True)
+        subprocess.run([*weenv_command(), "hints", "record", "--replace", "--store", self.url,
+                        "--cache", str(self.cache), "--tag", SEED_KEPT, self.ref,
+                        "/usr/bin/python3"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       check=True)
+        evict_shared_mounts()
+        with open_store(self.url) as store:
+            return Repository(store).get_tag("hints", self.env_digest, SEED_KEPT)
+
+    def _set_seed(self, enabled: bool) -> None:
+        with open_store(self.url) as store:
+            repo = Repository(store)
+            if enabled:
+                repo.set_tag("hints", self.env_digest, SEED_TAG, self.seed)
+            else:
+                with contextlib.suppress(RefNotFound):
+                    repo.delete_tag("hints", self.env_digest, SEED_TAG)
 
     def _set_hint(self, enabled: bool) -> None:
         with open_store(self.url) as store:
@@ -128,6 +158,7 @@ class ReadmeRuns:
     def run_first(self) -> dict[str, float]:
         """`weenv run`, cold, with no hint in the store (the run records one)."""
         self._set_hint(False)
+        self._set_seed(False)
         self._cold()
         seconds = self._time(self._run_argv())
         name = "weenv run (README), cold, first run"
@@ -135,6 +166,19 @@ class ReadmeRuns:
         wait_for_packing()  # the hint it published is packed in the background: not timed
         self._set_hint(False)  # what this run published: the next first run finds none
         return {name: seconds, **({f"bytes: {name}": fetched} if fetched else {})}
+
+    def run_first_seeded(self) -> dict[str, float]:
+        """`weenv run`, cold, first run of an environment whose only hint is the seed."""
+        self._set_hint(False)
+        self._set_seed(True)
+        try:
+            self._cold()
+            seconds = self._time(self._run_argv())
+            wait_for_packing()
+        finally:
+            self._set_hint(False)  # what this run published
+            self._set_seed(False)
+        return {"weenv run (README), cold, first run, seed hint": seconds}
 
     def run_hint(self) -> dict[str, float]:
         """`weenv run`, cold, with the recorded hint; then the same again, warm."""
@@ -177,5 +221,5 @@ def readme_steps(runs: ReadmeRuns, record: Callable[[dict[str, float]], None]
                  ) -> list[Callable[[], None]]:
     """The steps coldstart_ref.py rotates through: each hands its samples to `record` (times
     by contender; `bytes: CONTENDER` the bytes its mounts fetched)."""
-    return [lambda: record(runs.run_first()), lambda: record(runs.run_hint()),
-            lambda: record(runs.api_first())]
+    return [lambda: record(runs.run_first()), lambda: record(runs.run_first_seeded()),
+            lambda: record(runs.run_hint()), lambda: record(runs.api_first())]
