@@ -20,8 +20,9 @@ Once the service took it, the command is never run twice: a service child that e
 a status dies, as this process then does, of the SIGTERM or SIGHUP relayed to it before its
 clean-up was set up; otherwise that is an error (EXIT_LOST).
 
-Must not: import the runtime's heavy modules (the point is not to), or interpret the
-arguments beyond finding the command's name (cli.py does that).
+Must not: import anything but fuse/node_socket.py at start-up (the point is not to: a test
+lists what a handed-over run imports), or interpret the arguments beyond finding the
+command's name (cli.py does that).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 def hand_over(argv: Sequence[str], at: int) -> int | None:
     """`weenv run` carried out by the node service: its exit status, or None to run the
-    command in this process (cli.main calls this before it parses anything: cli.HAND_OVER)."""
+    command in this process (entry.main calls this before anything else is imported:
+    entry.HAND_OVER)."""
     return delegate(argv, at) if wanted(argv) else None
 
 
