@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 # input starts and ends in a second or two; a server would run until stopped.
 SEED_TIMEOUT = 10.0
 STOP_TIMEOUT = 60.0  # seconds `weenv run` has to clean up after SIGTERM (then SIGKILL)
+# The image's command is nobody's choice here, so its sandbox is bounded besides having no
+# network (the default): its writes stay in a small tmpfs, its memory and processes capped.
+SEED_LIMITS = ("--tmpfs-upper", "--disk", "256M", "--memory", "2G", "--pids", "1024")
 # "off": no hint is recorded by default on this node, the seed neither (runtime/recording.py
 # SWITCH_ENV; tools sit below the runtime and do not import it).
 RECORD_SWITCH = "WEENV_RECORD_HINTS"
@@ -128,7 +131,9 @@ def record_seed(store: str, digest: str, cache: Path | None,
     log.info("recording the seed hint from %r (at most %g s)", command, timeout)
     # Not packed by the recording mount: the tag it publishes is renamed below, then packed.
     env = {**os.environ, "WEENV_HINT_PACK": "off"}
-    proc = subprocess.Popen(_run_argv(url, digest, cache), stdin=subprocess.DEVNULL,
+    argv = _run_argv(url, digest, cache)
+    argv[argv.index("run") + 1:argv.index("run") + 1] = SEED_LIMITS
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     try:
         _, err = proc.communicate(timeout=timeout)

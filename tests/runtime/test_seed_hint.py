@@ -62,6 +62,15 @@ def test_a_command_that_never_ends_is_stopped_and_still_recorded(
     assert _hint(env, hint).records
 
 
+def test_the_images_command_runs_bounded(make_env: Callable[..., EnvRef]) -> None:
+    """Its writes stay in a small tmpfs (here: 1 GiB asked for, refused past 256 MiB: exit
+    status 3, where 4 would say it was written), and it still leaves a seed."""
+    env = make_env(RuntimeConfig(cmd=(
+        "/bin/sh", "-c", "if head -c 1073741824 /dev/zero > /big; then exit 4; fi; exit 3")))
+    hint, line = record_seed(str(env.store), env.digest, env.cache)
+    assert hint is not None and "exit status 3" in line, line
+
+
 def test_no_command_or_a_hint_of_its_own_means_no_seed(make_env: Callable[..., EnvRef]) -> None:
     bare = make_env(RuntimeConfig())
     assert record_seed(str(bare.store), bare.digest, bare.cache) == (
