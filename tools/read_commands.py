@@ -195,7 +195,9 @@ def _register_verify(subparsers: Subparsers) -> None:
         description=(
             "Check that the manifest, every index and every blob exist and hash to their\n"
             "digests, that every index record is valid, and (unless --quick) that every chunk\n"
-            "decompresses to its digest and every file with a file digest matches it. Prints\n"
+            "decompresses to its digest and every file with a file digest matches it. Checks\n"
+            "the environment's hints too (its manifest's and every hint tag's: bound to it,\n"
+            "naming its chunks, and each hint's pack blob holding those chunks). Prints\n"
             "every problem, one per line, then a summary. Exit 0 only if nothing is wrong."
         ),
         examples=[

@@ -10,8 +10,11 @@ Unless `quick`: every blob is hashed whole against its digest (streamed in 8 MiB
 10 GB blob costs bounded memory; junk no chunk record names shows only here), every chunk
 frame is fetched, decompressed and checked against its digest (zero chunks against the
 digest of zeros), and each file with a whole-file digest is hashed; the report lists what
-`quick` skips. The manifest's hint, if any: present, hashes, decodes, is bound to the
-manifest (SPEC 9.3) and names existing chunks.
+`quick` skips. The manifest's hint, if any, and every hint a tag names for the manifest
+(`latest`, the seed, others: what mounts replay): present, hashes, decodes, is bound to the
+manifest (SPEC 9.2, 9.3) and names existing chunks; a hint's pack (SPEC 9.1): its blob
+present and as long as its frames, and unless `quick` every frame decompressing to the chunk
+its record names (a replay would drop a bad frame and fetch the chunk from its blob).
 
 Every problem is collected (one line each) rather than stopping at the first; only an
 unreachable store aborts the run. A chunk shared by several groups is fetched once. Must not:
@@ -30,12 +33,12 @@ import blake3
 
 from weenvfs.core.kernel_image import stack_image
 from weenvfs.errors import ObjectMissing, ObjectTooLarge, StoreError, StoreUnavailable
-from weenvfs.format.chunk import decompress_object
+from weenvfs.format.chunk import decode_chunk, decompress_object
 from weenvfs.format.constants import MAX_IMAGE_SIZE
 from weenvfs.format.digest import digest_bytes, digest_hex, short
 from weenvfs.format.erofs_group import group_image
 from weenvfs.format.errors import FormatError
-from weenvfs.format.hints import decode_hint
+from weenvfs.format.hints import Hint, decode_hint
 from weenvfs.format.index import ROOT_INODE, GroupIndex, Inode
 from weenvfs.format.manifest import Manifest, decode_manifest, encode_manifest
 from weenvfs.format.refs import object_key, stored_limit
@@ -50,7 +53,8 @@ log = logging.getLogger(__name__)
 _HASH_PIECE = 8 << 20  # bytes of a blob read (and held) at a time while hashing it
 _BLOB_READS = 2  # whole reads of a blob before a digest mismatch is called corruption
 # What `quick` leaves out, as said in the report (a quick "ok" must not read as a full one).
-QUICK_SKIPS = ("blobs not hashed", "chunks not fetched", "file digests not checked")
+QUICK_SKIPS = ("blobs not hashed", "chunks not fetched", "file digests not checked",
+               "hint pack frames not checked")
 
 
 @dataclass(frozen=True)
@@ -205,6 +209,7 @@ class Verifier:
         self.reader = ChunkReader(repo.store)
         self._blob_sizes: dict[str, int | None] = {}
         self._done_frames: set[tuple[str, int, int, bytes]] = set()
+        self._done_packs: set[str] = set()  # pack blobs checked (two tags may share a hint)
         self._zero_digests: dict[int, bytes] = {}
         self._done_indexes: dict[str, GroupIndex | None] = {}
         self.report = Report("")
@@ -237,6 +242,8 @@ class Verifier:
             # SPEC 9.3: the manifest's own hint is bound to it with `hints` set to null.
             bound = digest_hex(encode_manifest(dataclasses.replace(manifest, hints=None)))
             self._hint(manifest.hints, bound, indexes)
+        for hint in sorted({hint for _, _, hint in self.repo.list_tags("hints", digest)}):
+            self._hint(hint, digest, indexes)  # what mounts replay: `latest`, the seed, ...
         return self.report
 
     def verify_group(self, ref: str) -> Report:
@@ -503,6 +510,46 @@ class Verifier:
                 bad += 1
         if bad:
             self._problem(key, f"{bad} of {len(hint.records)} hint records name no chunk")
+        elif hint.pack is not None:
+            self._pack(key, hint, indexes)
+
+    def _pack(self, key: str, hint: Hint, indexes: list[GroupIndex | None]) -> None:
+        """The hint's pack blob: there, long enough, and (unless quick) every frame in it
+        the chunk its record names."""
+        assert hint.pack is not None
+        pack = hint.pack
+        blob_key = object_key("blobs", pack.blob)
+        if pack.blob in self._done_packs:
+            return
+        self._done_packs.add(pack.blob)
+        try:
+            size = self.store.size(blob_key)
+        except ObjectMissing:
+            self._problem(key, f"its pack blob {short(pack.blob)} is missing")
+            return
+        if size < sum(pack.lengths):
+            self._problem(key, f"its pack blob {short(pack.blob)} holds {size} bytes, "
+                          f"its frames {sum(pack.lengths)}")
+            return
+        if self.quick:
+            return
+        data = self.store.get_range(blob_key, 0, sum(pack.lengths))
+        bad = []
+        for i, (rec, length, offset) in enumerate(
+                zip(hint.records, pack.lengths, pack.offsets(), strict=True)):
+            index = indexes[rec.group]
+            if not length or index is None:
+                continue
+            chunk = index.chunk(rec.chunk)
+            try:
+                decode_chunk(data[offset:offset + length], chunk.digest, chunk.ulen)
+            except FormatError:
+                bad.append(i)
+                continue
+            self.report.checked["pack frames"] += 1
+        if bad:
+            self._problem(key, f"{len(bad)} frame(s) of its pack blob {short(pack.blob)} are "
+                          f"not the chunks their records name (first: record {bad[0]})")
 
 
 def verify(

@@ -301,3 +301,44 @@ def test_a_hint_bound_to_another_manifest_is_a_problem(
     assert lines[0] == (
         f"hints/{short(other)}: hint is bound to manifest {short(env)}, not {short(unhinted)}"
     )
+
+
+def _packed(repo: Repository, env: str, tag: str) -> Hint:
+    """A hint of every chunk of the environment's first group, packed and tagged `tag`."""
+    from weenvfs.core.hint_pack import pack_hint
+    from weenvfs.core.node_hints import publish_hint
+
+    indexes = [repo.get_index(g.index) for g in repo.get_manifest(env).groups]
+    records = tuple(HintRecord(0, n, n) for n in range(indexes[0].header.chunk_count))
+    packed, _ = pack_hint(repo, Hint(env, records), indexes, None)
+    publish_hint(repo, packed, tag)
+    assert packed.pack is not None
+    return packed
+
+
+def test_tagged_hints_and_their_packs_are_checked(
+    repo: Repository, store: LocalStore, env: str, capsys: Any
+) -> None:
+    """What mounts replay (tags `latest`, `seed`, ...), not only the manifest's own hint."""
+    packed = _packed(repo, env, "seed")
+    report = verify(repo, "py-env")
+    assert report.ok and report.checked["pack frames"] == sum(1 for n in packed.pack.lengths if n)
+    assert packed.pack is not None
+    flip_byte(object_path(store, "blobs", packed.pack.blob), 1)
+    code, lines = _verify(store, capsys, "py-env")
+    assert code == 1 and "frame(s) of its pack blob" in lines[0] and "record 0" in lines[0]
+    code, lines = _verify(store, capsys, "py-env", "--quick")  # frames not read
+    assert code == 0 and "hint pack frames not checked" in lines[-1]
+    object_path(store, "blobs", packed.pack.blob).unlink()
+    for quick in ((), ("--quick",)):
+        code, lines = _verify(store, capsys, "py-env", *quick)
+        assert code == 1 and f"its pack blob {short(packed.pack.blob)} is missing" in lines[0]
+
+
+def test_a_tagged_hint_naming_no_chunk_is_a_problem(
+    repo: Repository, store: LocalStore, env: str, capsys: Any
+) -> None:
+    bad = repo.put_object("hints", encode_hint(Hint(env, (HintRecord(9, 0, 1),))))
+    repo.set_tag("hints", env, "latest", bad)
+    code, lines = _verify(store, capsys, "py-env")
+    assert code == 1 and lines[0] == f"hints/{short(bad)}: 1 of 1 hint records name no chunk"

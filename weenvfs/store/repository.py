@@ -134,9 +134,10 @@ class Repository:
         """Remove a tag (objects stay until `gc`)."""
         self.store.delete(tag_key(kind, name, tag))
 
-    def list_tags(self, kind: str) -> Iterator[tuple[str, str, str]]:
-        """(name, tag, digest) of every tag of `kind`."""
-        for key in self.store.list(f"tags/{kind}/"):
+    def list_tags(self, kind: str, name: str | None = None) -> Iterator[tuple[str, str, str]]:
+        """(name, tag, digest) of every tag of `kind` (with `name`: of that name only)."""
+        prefix = f"tags/{kind}/" if name is None else tag_key(kind, name, "x")[:-1]
+        for key in self.store.list(prefix):
             _, name, tag = parse_tag_key(key)
             try:
                 yield name, tag, decode_tag(self.store.get(key, TAG_SIZE))
