@@ -5,6 +5,7 @@ from support.runtime import (  # noqa: F401  (re-exported for the runtime tests)
     CONTROLLER,
     EnvRef,
     NodeSnapshot,
+    compose_and_record,
     controller,
     force_cleanup,
     leaks,

@@ -9,13 +9,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from rt_support import EnvRef, run_weenv
+from rt_support import EnvRef, compose_and_record, run_weenv
 from support.runtime_fixtures import GROUP
 from test_stacked_lowers import task_env
 
@@ -189,20 +188,10 @@ def test_no_record_hint_flag(env_ref: EnvRef) -> None:
 def test_compose_with_a_hint_command_publishes_the_hint(
     minbase_store: Path, tmp_path: Path, test_digests: set[str]
 ) -> None:
-    cache = tmp_path / "cache"
-    name = f"hinted-{tmp_path.name}:t"
-    done = subprocess.run(
-        [sys.executable, "-m", "weenvfs", "compose", name, "--group", GROUP,
-         "--store", str(minbase_store), "--hint-command", READ, "--hint-cache", str(cache)],
-        capture_output=True, timeout=300, check=False)
-    digest = done.stdout.decode().strip()
-    if len(digest) == 64:
-        with open_store(str(minbase_store)) as store:
-            test_digests.update({digest, recording_key(digest, store.url, cache)})
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.decode().splitlines() == [digest]  # stdout stays the digest
-    lines = [ln for ln in done.stderr.decode().splitlines() if "prefetch hint" in ln]
-    assert len(lines) == 1, done.stderr
+    digest, stderr = compose_and_record(minbase_store, f"hinted-{tmp_path.name}:t", GROUP,
+                                        tmp_path / "cache", test_digests, "--hint-command", READ)
+    lines = [ln for ln in stderr.splitlines() if "prefetch hint" in ln]
+    assert len(lines) == 1, stderr
     with open_store(str(minbase_store)) as store:
         hint = Repository(store).get_tag("hints", digest, "latest")
     assert hint in lines[0] or digest[:12] in lines[0]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from rt_support import EnvRef
+from rt_support import EnvRef, compose_and_record
 from support.runtime_fixtures import GROUP
 
 from weenvfs.errors import RefNotFound
@@ -21,7 +21,7 @@ from weenvfs.format.refs import SEED_TAG
 from weenvfs.fuse.commands import read_stats
 from weenvfs.runtime import mounts
 from weenvfs.runtime.environment import Environment
-from weenvfs.runtime.recording import SWITCH_ENV, recording_key
+from weenvfs.runtime.recording import SWITCH_ENV
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools.hint_command import SEED_SWITCH, record_seed
@@ -109,19 +109,9 @@ def test_compose_records_the_seed_by_default(
         monkeypatch: pytest.MonkeyPatch) -> None:
     for switch in (SEED_SWITCH, SWITCH_ENV):  # both on, as on a node by default
         monkeypatch.delenv(switch, raising=False)
-    cache = tmp_path / "cache"
-    name = f"seeded-{tmp_path.name}:t"
-    done = subprocess.run(
-        [sys.executable, "-m", "weenvfs", "compose", name, "--group", GROUP, "--cmd", '["/bin/sh"]',
-         "--store", str(minbase_store), "--hint-cache", str(cache)],
-        capture_output=True, timeout=300, check=False)
-    digest = done.stdout.decode().strip()
-    if len(digest) == 64:
-        with open_store(str(minbase_store)) as store:
-            test_digests.update({digest, recording_key(digest, store.url, cache)})
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.decode().splitlines() == [digest]  # stdout stays the digest
-    assert b"seed hint" in done.stderr and b"recorded from the image's command" in done.stderr
+    digest, stderr = compose_and_record(minbase_store, f"seeded-{tmp_path.name}:t", GROUP,
+                                        tmp_path / "cache", test_digests, "--cmd", '["/bin/sh"]')
+    assert "seed hint" in stderr and "recorded from the image's command" in stderr
     with open_store(str(minbase_store)) as store:
         Repository(store).get_tag("hints", digest, SEED_TAG)  # exists
     skipped = subprocess.run(

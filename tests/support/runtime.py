@@ -231,6 +231,28 @@ class EnvRef:
         return mounts.mountpoint(self.keys[0])
 
 
+def compose_and_record(store: Path, name: str, group: str, cache: Path,
+                       test_digests: set[str], *extra: str) -> tuple[str, str]:
+    """`weenv compose NAME --group GROUP --store STORE --hint-cache CACHE EXTRA...`, which
+    records a hint after publishing (the seed, or --hint-command's); (its digest, its
+    stderr) once it succeeded and printed nothing but the digest. The environment and its
+    recording mount go into `test_digests` (the node must be clean of them after)."""
+    from weenvfs.runtime.recording import recording_key
+    from weenvfs.store import open_store
+
+    done = subprocess.run(
+        [sys.executable, "-m", "weenvfs", "compose", name, "--group", group, "--store",
+         str(store), "--hint-cache", str(cache), *extra],
+        capture_output=True, timeout=300, check=False)
+    digest = done.stdout.decode().strip()
+    if len(digest) == 64:
+        with open_store(str(store)) as opened:
+            test_digests.update({digest, recording_key(digest, opened.url, cache)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().splitlines() == [digest]  # stdout stays the digest
+    return digest, done.stderr.decode()
+
+
 def runtime_unavailable() -> str | None:
     """Why sandboxes cannot run on this machine, or None."""
     if os.geteuid() != 0:
