@@ -35,6 +35,10 @@ def main() -> int:
         except KeyboardInterrupt:  # before the command started: nothing to clean up
             print("weenv: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
+        except OSError as error:  # no pipe or descriptor to hand over (EMFILE, ...)
+            print(f"weenv: error: cannot hand the command to the node service: {error}",
+                  file=sys.stderr)
+            return 1
         if status is not None:
             return status
     from weenvfs.cli import main as run_here
