@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from weenvfs.errors import RefNotFound, UsageError, WeenvError
+from weenvfs.format.errors import FormatError
 from weenvfs.format.refs import DEFAULT_TAG, SEED_TAG
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
@@ -118,7 +119,14 @@ def record_seed(store: str, digest: str, cache: Path | None,
     """Record the seed hint of environment `digest` (see the module): (its hint digest or
     None, one line saying what happened). The seed's own failures are that line, never an
     exception: the environment is published already."""
-    url = _url(store)
+    try:
+        return _record_seed(_url(store), digest, cache, timeout)
+    except (WeenvError, FormatError, OSError) as error:
+        return None, f"no seed hint: {' '.join(str(error).split())}"
+
+
+def _record_seed(url: str, digest: str, cache: Path | None,
+                 timeout: float) -> tuple[str | None, str]:
     with open_store(url) as opened:
         repo = Repository(opened)
         _, manifest = repo.resolve_env(digest)

@@ -123,3 +123,9 @@ def test_compose_records_the_seed_by_default(
 
 def test_mounts_and_the_recording_mount_agree_on_the_seed_tag() -> None:
     assert mounts.RECORD_REPLAY == SEED_TAG
+
+
+def test_a_store_that_fails_is_one_line_not_an_error(tmp_path: Path) -> None:
+    """The environment is published already: a seed that cannot be recorded says why."""
+    hint, line = record_seed(str(tmp_path / "no-store"), "ab" * 32, None)
+    assert hint is None and line.startswith("no seed hint: ") and "\n" not in line
