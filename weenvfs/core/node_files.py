@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -44,9 +45,11 @@ def set_verdict(path: Path, name: str) -> None:
 
 
 def write_atomically(path: Path, data: bytes | memoryview) -> None:
-    """Write `path` through a temporary file and a rename: a reader sees all of it or none."""
+    """Write `path` through a temporary file and a rename: a reader sees all of it or none.
+    The temporary file is this thread's own: the threads of one process (16 sandboxes opened
+    at once, the parallel loads of a mount) may write the same node copy together."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
