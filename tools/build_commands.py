@@ -292,9 +292,10 @@ def _cmd_compose(args: argparse.Namespace) -> int:
     provenance: dict[str, Any] = {"composed_by": "weenv compose", "groups": list(args.groups)}
     with open_repo(args.store, check=False) as repo:  # compose_env says what is missing
         digest = compose_env(repo, name, tag, args.groups, config, provenance)
-    if args.json:
-        print_json({"env": f"{name}:{tag}", "manifest": digest})
+    if args.json:  # the JSON says what the hint recorded after publishing did
+        seed = record_after_publish(args, digest, quiet=False)
+        print_json({"env": f"{name}:{tag}", "manifest": digest, "seed_hint": seed})
     else:
         print(digest)
-    record_after_publish(args, digest, quiet=False)
+        record_after_publish(args, digest, quiet=False)
     return 0

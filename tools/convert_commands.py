@@ -154,11 +154,12 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                 layout = load_layout_order(repo, args.hint, args.hint_tag)
                 options = dataclasses.replace(options, layout=layout)
             result = convert_image(source, repo, name, tag, options, progress, image)
-    if args.json:
-        print_json(result.as_dict())
+    if args.json:  # the JSON says what the hint recorded after publishing did
+        seed = record_after_publish(args, result.manifest_digest, args.quiet)
+        print_json({**result.as_dict(), "seed_hint": seed})
     else:
         print(summary(result))
-    record_after_publish(args, result.manifest_digest, args.quiet)
+        record_after_publish(args, result.manifest_digest, args.quiet)
     return 0
 
 

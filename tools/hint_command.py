@@ -72,20 +72,25 @@ def check_hint_command(args: argparse.Namespace) -> None:
         raise UsageError("--hint-command: empty command")
 
 
-def record_after_publish(args: argparse.Namespace, digest: str, quiet: bool) -> None:
+def record_after_publish(args: argparse.Namespace, digest: str,
+                         quiet: bool) -> dict[str, str | None] | None:
     """What `weenv convert` and `weenv compose` record once environment `digest` is
-    published (and their result printed): --hint-command's hint, else the seed (its line on
-    stderr unless `quiet`)."""
-    sys.stdout.flush()  # the result first: what the sandbox says follows on stderr
+    published: --hint-command's hint, else the seed (its lines on stderr unless `quiet`).
+    The seed's outcome, `{"hint": digest or None, "said": line}`, for a --json result; None
+    when no seed was tried."""
+    sys.stdout.flush()  # a result printed before: what the sandbox says follows on stderr
     if args.hint_command is not None:
         record_hint(args.store, digest, args.hint_command, args.hint_cache)
-    elif wants_seed(args):
-        if not quiet:
-            print(f"recording the seed hint: the image's command, at most {SEED_TIMEOUT:g} s "
-                  "(--no-seed-hint skips this)", file=sys.stderr, flush=True)
-        _, line = record_seed(args.store, digest, args.hint_cache)
-        if not quiet:
-            print(line, file=sys.stderr)
+        return None
+    if not wants_seed(args):
+        return None
+    if not quiet:
+        print(f"recording the seed hint: the image's command, at most {SEED_TIMEOUT:g} s "
+              "(--no-seed-hint skips this)", file=sys.stderr, flush=True)
+    hint, line = record_seed(args.store, digest, args.hint_cache)
+    if not quiet:
+        print(line, file=sys.stderr)
+    return {"hint": hint, "said": line}
 
 
 def wants_seed(args: argparse.Namespace) -> bool:

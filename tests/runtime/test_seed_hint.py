@@ -6,6 +6,7 @@ holds the seed's reads. Real sandboxes, mounts and a local store (the runtime fi
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from weenvfs.format.refs import SEED_TAG
 from weenvfs.fuse.commands import read_stats
 from weenvfs.runtime import mounts
 from weenvfs.runtime.environment import Environment
-from weenvfs.runtime.recording import SWITCH_ENV
+from weenvfs.runtime.recording import SWITCH_ENV, recording_key
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools.hint_command import SEED_SWITCH, record_seed
@@ -109,8 +110,10 @@ def test_compose_records_the_seed_by_default(
         monkeypatch: pytest.MonkeyPatch) -> None:
     for switch in (SEED_SWITCH, SWITCH_ENV):  # both on, as on a node by default
         monkeypatch.delenv(switch, raising=False)
+    # A label of its own: the same groups and config make the same manifest, seed included.
     digest, stderr = compose_and_record(minbase_store, f"seeded-{tmp_path.name}:t", GROUP,
-                                        tmp_path / "cache", test_digests, "--cmd", '["/bin/sh"]')
+                                        tmp_path / "cache", test_digests, "--cmd", '["/bin/sh"]',
+                                        "--label", f"test={tmp_path.name}")
     assert "seed hint" in stderr and "recorded from the image's command" in stderr
     with open_store(str(minbase_store)) as store:
         Repository(store).get_tag("hints", digest, SEED_TAG)  # exists
@@ -119,6 +122,30 @@ def test_compose_records_the_seed_by_default(
          GROUP, "--cmd", '["/bin/sh"]', "--store", str(minbase_store), "--no-seed-hint"],
         capture_output=True, timeout=300, check=True)
     assert b"seed" not in skipped.stderr
+    assert json.loads(subprocess.run(  # --json: no seed tried is null
+        [sys.executable, "-m", "weenvfs", "compose", f"unseeded-{tmp_path.name}:j", "--group",
+         GROUP, "--cmd", '["/bin/sh"]', "--store", str(minbase_store), "--no-seed-hint",
+         "--json"], capture_output=True, timeout=300, check=True).stdout)["seed_hint"] is None
+
+
+def test_the_json_result_says_what_the_seed_did(
+        minbase_store: Path, tmp_path: Path, test_digests: set[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for switch in (SEED_SWITCH, SWITCH_ENV):
+        monkeypatch.delenv(switch, raising=False)
+    cache = tmp_path / "cache"
+    done = subprocess.run(
+        [sys.executable, "-m", "weenvfs", "compose", f"seeded-{tmp_path.name}:j", "--group",
+         GROUP, "--cmd", '["/bin/sh"]', "--label", f"test={tmp_path.name}", "--store",
+         str(minbase_store), "--hint-cache", str(cache), "--json"],
+        capture_output=True, timeout=300, check=False)
+    result = json.loads(done.stdout)  # stdout is the JSON alone
+    with open_store(str(minbase_store)) as store:
+        test_digests.update({result["manifest"],
+                             recording_key(result["manifest"], store.url, cache)})
+        seed = Repository(store).get_tag("hints", result["manifest"], SEED_TAG)
+    assert done.returncode == 0, done.stderr
+    assert result["seed_hint"]["hint"] == seed and seed[:12] in result["seed_hint"]["said"]
 
 
 def test_mounts_and_the_recording_mount_agree_on_the_seed_tag() -> None:
