@@ -533,16 +533,23 @@ class Verifier:
             return
         if self.quick:
             return
-        data = self.store.get_range(blob_key, 0, sum(pack.lengths))
         bad = []
+        # Frames follow each other from offset 0: read them a piece of at most _HASH_PIECE
+        # bytes at a time (a frame larger than that alone), so a pack costs bounded memory.
+        piece, piece_at = b"", 0
         for i, (rec, length, offset) in enumerate(
                 zip(hint.records, pack.lengths, pack.offsets(), strict=True)):
             index = indexes[rec.group]
             if not length or index is None:
                 continue
+            if offset + length > piece_at + len(piece):
+                piece_at = offset
+                piece = self.store.get_range(
+                    blob_key, offset, max(length, min(_HASH_PIECE, sum(pack.lengths) - offset)))
             chunk = index.chunk(rec.chunk)
             try:
-                decode_chunk(data[offset:offset + length], chunk.digest, chunk.ulen)
+                decode_chunk(piece[offset - piece_at:offset - piece_at + length], chunk.digest,
+                             chunk.ulen)
             except FormatError:
                 bad.append(i)
                 continue
