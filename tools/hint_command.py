@@ -8,10 +8,11 @@ Owns:
   `weenv run` says so in one line on stderr. CMD's output goes to stderr, so that stdout stays
   the command's own result (a digest, or JSON).
 - the seed hint (`record_seed`, by default; `--no-seed-hint`): the image's own command
-  (entrypoint and cmd: an interpreter, a shell) runs the same way with no input for at most
-  SEED_TIMEOUT seconds, and what it read (its start-up) becomes the hint tagged `seed`
-  (SPEC.md 9.4), packed. An environment's first run, which has no hint `latest` yet, replays
-  the seed while it records its own (runtime/mounts.py), which then holds the seed's reads.
+  (entrypoint and cmd: an interpreter, a shell) runs the same way (`--record-tag seed`) with
+  no input for at most SEED_TIMEOUT seconds, and what it read (its start-up) becomes the hint
+  tagged `seed` (SPEC.md 9.4), packed. An environment's first run, which has no hint
+  `latest` yet, replays the seed while it records its own (runtime/mounts.py), which then
+  holds the seed's reads.
 
 Must not: import the runtime (tools sit below it: the sandbox is reached through the `weenv`
 command, never imported), or record anything itself.
@@ -109,8 +110,8 @@ def wants_seed(args: argparse.Namespace) -> bool:
     return True
 
 
-def _run_argv(url: str, digest: str, cache: Path | None) -> list[str]:
-    return [sys.executable, "-m", "weenvfs", "run", "--record-hint", "--store", url,
+def _run_argv(url: str, digest: str, cache: Path | None, *options: str) -> list[str]:
+    return [sys.executable, "-m", "weenvfs", "run", "--record-hint", *options, "--store", url,
             *(["--cache", str(cache.absolute())] if cache is not None else []), digest]
 
 
@@ -142,10 +143,9 @@ def _record_seed(url: str, digest: str, cache: Path | None,
                 return None, f"no seed hint recorded: the environment has a hint {tag} already"
     command = " ".join((*manifest.config.entrypoint, *manifest.config.cmd))
     log.info("recording the seed hint from %r (at most %g s)", command, timeout)
-    # Not packed by the recording mount: the tag it publishes is renamed below, then packed.
+    # Packed below, not in the background: the result names the packed hint.
     env = {**os.environ, "WEENV_HINT_PACK": "off"}
-    argv = _run_argv(url, digest, cache)
-    argv[argv.index("run") + 1:argv.index("run") + 1] = SEED_LIMITS
+    argv = _run_argv(url, digest, cache, "--record-tag", SEED_TAG, *SEED_LIMITS)
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     try:
@@ -160,14 +160,11 @@ def _record_seed(url: str, digest: str, cache: Path | None,
             _, err = proc.communicate()
         stopped = True
     with open_store(url) as opened:
-        repo = Repository(opened)
-        hint = _tagged(repo, digest, DEFAULT_TAG)
-        if hint is None:
-            last = (err or b"").decode(errors="replace").strip().splitlines()[-1:]
-            return None, ("no seed hint: the image's command published none"
-                          + (f" ({last[0]})" if last else ""))
-        repo.set_tag("hints", digest, SEED_TAG, hint)
-        repo.delete_tag("hints", digest, DEFAULT_TAG)  # the first real run records its own
+        hint = _tagged(Repository(opened), digest, SEED_TAG)
+    if hint is None:
+        last = (err or b"").decode(errors="replace").strip().splitlines()[-1:]
+        return None, ("no seed hint: the image's command published none"
+                      + (f" ({last[0]})" if last else ""))
     packed = subprocess.run(
         [sys.executable, "-m", "weenvfs", "hints", "pack", digest, "--store", url, "--tag",
          SEED_TAG, *(["--cache", str(cache.absolute())] if cache is not None else [])],

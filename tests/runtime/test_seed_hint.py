@@ -142,7 +142,7 @@ def test_the_json_result_says_what_the_seed_did(
     result = json.loads(done.stdout)  # stdout is the JSON alone
     with open_store(str(minbase_store)) as store:
         test_digests.update({result["manifest"],
-                             recording_key(result["manifest"], store.url, cache)})
+                             recording_key(result["manifest"], store.url, cache, SEED_TAG)})
         seed = Repository(store).get_tag("hints", result["manifest"], SEED_TAG)
     assert done.returncode == 0, done.stderr
     assert result["seed_hint"]["hint"] == seed and seed[:12] in result["seed_hint"]["said"]
@@ -156,3 +156,23 @@ def test_a_store_that_fails_is_one_line_not_an_error(tmp_path: Path) -> None:
     """The environment is published already: a seed that cannot be recorded says why."""
     hint, line = record_seed(str(tmp_path / "no-store"), "ab" * 32, None)
     assert hint is None and line.startswith("no seed hint: ") and "\n" not in line
+
+
+def test_a_recording_publishes_the_tag_it_is_given(env_ref: EnvRef) -> None:
+    """`weenv run --record-tag` (how the seed is recorded): carried to the recording mount,
+    which is one of its own, and through the node service's resolution; a bad tag is refused."""
+    from weenvfs.errors import UsageError
+    from weenvfs.runtime.environment import resolve_source
+    from weenvfs.runtime.node_resolve import source_from_json, source_to_json
+
+    source = resolve_source(env_ref.ref, env_ref.store, env_ref.cache, True, record_tag=SEED_TAG)
+    assert source.record_tag == SEED_TAG
+    assert source_from_json(source_to_json(source)) == source
+    url = source.store_url
+    assert recording_key(env_ref.digest, url, env_ref.cache) == recording_key(
+        env_ref.digest, url, env_ref.cache, "latest")
+    assert recording_key(env_ref.digest, url, env_ref.cache, SEED_TAG) != recording_key(
+        env_ref.digest, url, env_ref.cache)
+    assert resolve_source(env_ref.ref, env_ref.store, env_ref.cache, False).record_tag is None
+    with pytest.raises(UsageError, match="--record-tag"):
+        resolve_source(env_ref.ref, env_ref.store, env_ref.cache, True, record_tag="a/b")

@@ -247,7 +247,8 @@ def compose_and_record(store: Path, name: str, group: str, cache: Path,
     digest = done.stdout.decode().strip()
     if len(digest) == 64:
         with open_store(str(store)) as opened:
-            test_digests.update({digest, recording_key(digest, opened.url, cache)})
+            test_digests.update({digest, *(recording_key(digest, opened.url, cache, tag)
+                                           for tag in ("latest", "seed"))})
     assert done.returncode == 0, done.stderr
     assert done.stdout.decode().splitlines() == [digest]  # stdout stays the digest
     return digest, done.stderr.decode()

@@ -74,11 +74,12 @@ def make_env(minbase_store: Path, tmp_path: Path, test_digests: set[str]) -> Cal
             indexes = [g.index for g in repo.resolve_env(digest)[1].groups]
             keys = tuple(m.key for m in plan_lowers(digest, indexes, DEFAULT_LOWER, store.url,
                                                      tmp_path / "cache"))
-            # The mount a first run records the environment's hint through (recording.py).
-            recorder = recording_key(digest, store.url, tmp_path / "cache")
+            # The mounts a first run and a seed record the environment's hints through.
+            recorders = {recording_key(digest, store.url, tmp_path / "cache", tag)
+                         for tag in ("latest", "seed")}
         finally:
             store.close()
-        test_digests.update({digest, *keys, recorder})
+        test_digests.update({digest, *keys, *recorders})
         return EnvRef(f"{name}:{tag}", minbase_store, digest, tmp_path / "cache", keys)
 
     return make

@@ -106,6 +106,9 @@ def _add_sandbox_options(p: argparse.ArgumentParser, *, store_required: bool) ->
     p.add_argument("--record-hint", dest="record_hint", action="store_true",
                    help="record this run and merge it into the environment's hint even if it "
                    "has one (the store must be writable)")
+    p.add_argument("--record-tag", default="latest", metavar="TAG",
+                   help="the hint tag a recording publishes (default latest, what mounts "
+                   "replay; `weenv convert` records the image's command as `seed`)")
     p.add_argument("--security-opt", action="append", default=[], metavar="seccomp=PROFILE",
                    help="seccomp=unconfined: no syscall filter; seccomp=PATH.json: this "
                    "profile (Docker's or OCI's format) instead of the default, which refuses "
@@ -243,6 +246,8 @@ def _register_resolve(sub: Sub) -> None:
                    help="as `weenv run --no-record-hint`")
     p.add_argument("--record-hint", dest="record_hint", action="store_true",
                    help="as `weenv run --record-hint`")
+    p.add_argument("--record-tag", default="latest", metavar="TAG",
+                   help="as `weenv run --record-tag`")
     p.add_argument("--json", action="store_true",
                    help='print JSON (a failure too: {"error": ..., "exit_code": N})')
     # Passed by the node service when it runs this command for `weenv run` (unused).
@@ -259,7 +264,7 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
         os.close(args.ready_fd)
     try:
         source = resolve_source(args.ref, args.store, args.cache, args.record_hint,
-                                node_service=False)
+                                record_tag=args.record_tag, node_service=False)
     except (WeenvError, FormatError) as error:
         if not args.json:
             raise
@@ -377,7 +382,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     command = split_command(args, "ref", store=True)
     if args.owner_pid:
         log.info("run by the node service for process %d", args.owner_pid)
-    source = resolve_source(args.ref, args.store, args.cache, args.record_hint)
+    source = resolve_source(args.ref, args.store, args.cache, args.record_hint,
+                            record_tag=args.record_tag)
     if not command:
         command = list(source.command)
     if not command:
@@ -446,7 +452,8 @@ def _cmd_create(args: argparse.Namespace) -> int:
     from .environment import resolve_source
     from .sandbox import Sandbox
 
-    source = resolve_source(args.ref, args.store, args.cache, args.record_hint)
+    source = resolve_source(args.ref, args.store, args.cache, args.record_hint,
+                            record_tag=args.record_tag)
     with _signals_interrupt(), _provisioner_notice(args.elastic):
         box = Sandbox.create(source, _options(args, name=args.name), owner_pid=None)
     print(box.id)

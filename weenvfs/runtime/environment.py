@@ -73,15 +73,18 @@ class ExecResult:
 
 
 def resolve_source(ref: str, store: str | Path, cache: str | Path | None,
-                   record_hint: bool | None = None, *, node_service: bool = True) -> EnvSource:
+                   record_hint: bool | None = None, *, record_tag: str = recording.HINT_TAG,
+                   node_service: bool = True) -> EnvSource:
     """Resolve `ref` (NAME[:TAG] or a manifest digest) in `store` to what a sandbox needs.
     `record_hint`: None records the environment's hint when it has none yet and the store
-    is writable, True always (merged into the existing one), False never (recording.py).
+    is writable, True always (merged into the existing one), False never (recording.py);
+    a recording publishes hint tag `record_tag` (`weenv convert` records its seed so).
     A remote store is resolved by the node service when that is faster (node_resolve.py),
     unless `node_service` is False."""
     cache_dir = Path(cache).absolute() if cache is not None else default_cache_dir()
     if node_service and node_resolve.worth_asking(str(store)):
-        source = node_resolve.resolve_by_node_service(ref, str(store), cache_dir, record_hint)
+        source = node_resolve.resolve_by_node_service(ref, str(store), cache_dir, record_hint,
+                                                      record_tag)
         if source is not None:
             return source
     # Imported here: a caller the node service resolves for (`weenv run`) never needs the
@@ -94,10 +97,14 @@ def resolve_source(ref: str, store: str | Path, cache: str | Path | None,
         digest, manifest = resolve_env(Repository(opened), ref, cache_dir)
         url = opened.url
         record = recording.decide(opened, digest, manifest, record_hint, cache_dir)
+    if record:
+        from weenvfs.core.node_hints import check_hint_spec
+
+        check_hint_spec(record_tag, "--record-tag", allow_none=False)
     config = manifest.config
     return EnvSource(ref, digest, url, cache_dir, tuple(config.env), config.cwd, config.user,
                      (*config.entrypoint, *config.cmd), tuple(g.index for g in manifest.groups),
-                     record)
+                     record_tag if record else None)
 
 
 # Environments still open when the interpreter exits normally are closed then; after a crash

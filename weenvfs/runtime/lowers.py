@@ -53,20 +53,22 @@ class LowerMount:
 
     key: str
     layer: int | None  # the group it serves as an overlay layer; None: the merged environment
-    record: bool = False  # records what is read and publishes it as the hint (recording.py)
+    record: str | None = None  # records what is read, published as this hint tag (recording.py)
 
 
 def plan_lowers(
     digest: str, groups: Sequence[str], mode: str, store_url: str, cache_dir: Path,
-    *, record: bool = False,
+    *, record: str | None = None,
 ) -> list[LowerMount]:
     """The mounts for environment `digest` whose groups have index digests `groups` (lowest
     first), served from `store_url` through `cache_dir`; topmost first, as overlayfs'
-    `lowerdir` lists them. With `record`, the environment's recording mount alone."""
+    `lowerdir` lists them. With `record` (a hint tag), the environment's recording mount
+    alone."""
     if mode not in LOWER_MODES:
         raise UsageError(f"--lower must be one of {', '.join(LOWER_MODES)}, not {mode!r}")
     if record:
-        return [LowerMount(recording_key(digest, store_url, cache_dir), None, record=True)]
+        return [LowerMount(recording_key(digest, store_url, cache_dir, record), None,
+                           record=record)]
     if mode == "merged" or not groups:
         return [LowerMount(digest, None)]
     if len(groups) > MAX_LAYERS:

@@ -64,7 +64,6 @@ log = logging.getLogger(__name__)
 ENVS_ROOT = Path("/run/weenv/envs")
 KEY_LEN = 64
 RESULT_FILE = "hint.json"
-RECORD_TAG = "latest"  # the hint tag a recording mount publishes (recording.HINT_TAG)
 # What a recording mount replays: the seed `weenv convert` recorded from the image's command
 # (core/node_hints.py SEED_TAG; this package does not import the core at start-up). What the
 # replay reads through the mount is recorded too, so the hint it publishes holds the seed's.
@@ -220,14 +219,14 @@ def _alive_mount(mp: Path) -> bool:
 def acquire(
     key: str, holder: str, *, store_url: str, cache_dir: Path,
     is_live: Callable[[str], bool], env: str | None = None, layer: int | None = None,
-    record: bool = False, anchor: Path | None = None,
+    record: str | None = None, anchor: Path | None = None,
     page_roots: Mapping[int, Path] | None = None,
 ) -> Path:
     """Register `holder` as a user of mount `key`, mounting it if needed; return the mount
     point. `is_live(holder_id)` tells stale holders (crashed sandboxes) apart; a holder with
     an `anchor` folder is live while that folder exists. The mount is of environment `env`
-    (default: `key`, a manifest digest), or of its group `layer`; with `record` it records
-    what is read and publishes it as the hint when unmounted. `page_roots` (group -> the
+    (default: `key`, a manifest digest), or of its group `layer`; with `record` (a hint tag)
+    it records what is read and publishes it as that hint when unmounted. `page_roots` (group -> the
     mount point of that group's layer) lets a top layer's hint replay read the other
     layers' hinted files into the page cache."""
     with locked(key) as folder:
@@ -238,7 +237,7 @@ def acquire(
             mp.mkdir(exist_ok=True)
             try:
                 info = _mount(env or key, mp, store_url, cache_dir, layer,
-                              folder / RESULT_FILE if record else None, page_roots)
+                              folder / RESULT_FILE if record else None, page_roots, record)
             except BaseException:
                 if not _holders(folder):  # nobody else uses the folder: leave nothing
                     _teardown(folder)
@@ -258,6 +257,7 @@ def acquire(
 def _mount(
     env: str, mp: Path, store_url: str, cache_dir: Path, layer: int | None,
     record_result: Path | None = None, page_roots: Mapping[int, Path] | None = None,
+    record_tag: str | None = None,
 ) -> dict[str, Any]:
     cache_dir = cache_dir.absolute()
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -268,7 +268,7 @@ def _mount(
     # A recording mount has no hint of its own to replay (that is why it records): at most
     # the seed.
     recording = {} if record_result is None else {
-        "hint": RECORD_REPLAY, "record_tag": RECORD_TAG, "record_result": record_result}
+        "hint": RECORD_REPLAY, "record_tag": record_tag, "record_result": record_result}
     args = mount_args(env, mp, store_url, cache_dir, log_file=log_file, allow_other=True,
                       layer=layer, page_roots=page_roots, **recording)
     started = time.monotonic()

@@ -47,11 +47,12 @@ def worth_asking(store: str) -> bool:
 
 
 def resolve_by_node_service(ref: str, store: str, cache_dir: Path,
-                            record_hint: bool | None) -> EnvSource | None:
+                            record_hint: bool | None, record_tag: str) -> EnvSource | None:
     """The resolution of `ref` by a fork of the node service, or None (see the module)."""
     argv = ["sandbox", "resolve", ref, "--store", store, "--cache", str(cache_dir), "--json"]
     if record_hint is not None:
         argv.append("--record-hint" if record_hint else "--no-record-hint")
+    argv += ["--record-tag", record_tag]
     out_read, out_write = os.pipe()
     ready_read, ready_write = os.pipe()
     try:
@@ -121,7 +122,7 @@ def source_to_json(source: EnvSource) -> dict[str, Any]:
     return {"ref": source.ref, "digest": source.digest, "store_url": source.store_url,
             "cache_dir": str(source.cache_dir), "env": list(source.env), "cwd": source.cwd,
             "user": source.user, "command": list(source.command), "groups": list(source.groups),
-            "record_hint": source.record_hint}
+            "record_tag": source.record_tag}
 
 
 def source_from_json(document: dict[str, Any]) -> EnvSource:
@@ -136,4 +137,4 @@ def source_from_json(document: dict[str, Any]) -> EnvSource:
     return EnvSource(text["ref"], text["digest"], text["store_url"],
                      Path(str(document["cache_dir"])), strings("env"), text["cwd"],
                      text["user"], strings("command"), strings("groups"),
-                     bool(document["record_hint"]))
+                     None if document["record_tag"] is None else str(document["record_tag"]))

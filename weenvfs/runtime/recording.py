@@ -78,10 +78,12 @@ def decide(store: Store, digest: str, manifest: Any, wish: bool | None,
     return True
 
 
-def recording_key(digest: str, store_url: str, cache_dir: Path) -> str:
-    """The key (mounts.py) of the recording mount of environment `digest`."""
-    return hashlib.sha256(b"weenv hint recording\n%s\n%s\n%s" % (
-        digest.encode(), store_url.encode(), bytes(cache_dir.absolute()))).hexdigest()
+def recording_key(digest: str, store_url: str, cache_dir: Path, tag: str = HINT_TAG) -> str:
+    """The key (mounts.py) of the mount that records environment `digest`'s hint `tag` (a
+    run recording `latest` and `weenv convert` recording the seed do not share one)."""
+    extra = b"" if tag == HINT_TAG else b"\n" + tag.encode()
+    return hashlib.sha256(b"weenv hint recording\n%s\n%s\n%s%s" % (
+        digest.encode(), store_url.encode(), bytes(cache_dir.absolute()), extra)).hexdigest()
 
 
 def outcome_line(ref: str, outcome: dict[str, Any]) -> str | None:

@@ -110,7 +110,8 @@ class EnvSource:
     user: str = ""
     command: tuple[str, ...] = ()  # entrypoint + cmd
     groups: tuple[str, ...] = ()  # the groups' index digests, lowest first
-    record_hint: bool = False  # read through a recording mount, publish its hint (recording.py)
+    # The hint tag it records into through a recording mount (recording.py); None: none.
+    record_tag: str | None = None
 
 
 def require_root() -> None:
@@ -291,7 +292,7 @@ class Sandbox:
             self.state["elastic"] = elastic.attach(self.id, source.digest, options.limits)
             self.save()
         planned = plan_lowers(source.digest, source.groups, options.lower, source.store_url,
-                              source.cache_dir, record=source.record_hint)
+                              source.cache_dir, record=source.record_tag)
         self.state["mounts"] = [mount.key for mount in planned]  # before: a crash may follow
         self.save()
         lowers = acquire_lowers(planned, self.id, env=source.digest, store_url=source.store_url,
