@@ -30,6 +30,7 @@ from typing import Any
 from weenvfs.errors import WeenvError
 from weenvfs.fuse import mountd
 
+from .recording import HINT_TAG
 from .sandbox import EnvSource
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,8 @@ def worth_asking(store: str) -> bool:
 
 
 def resolve_by_node_service(ref: str, store: str, cache_dir: Path,
-                            record_hint: bool | None, record_tag: str) -> EnvSource | None:
+                            record_hint: bool | None,
+                            record_tag: str = HINT_TAG) -> EnvSource | None:
     """The resolution of `ref` by a fork of the node service, or None (see the module)."""
     argv = ["sandbox", "resolve", ref, "--store", store, "--cache", str(cache_dir), "--json"]
     if record_hint is not None:
@@ -137,4 +139,10 @@ def source_from_json(document: dict[str, Any]) -> EnvSource:
     return EnvSource(text["ref"], text["digest"], text["store_url"],
                      Path(str(document["cache_dir"])), strings("env"), text["cwd"],
                      text["user"], strings("command"), strings("groups"),
-                     None if document["record_tag"] is None else str(document["record_tag"]))
+                     _tag_or_none(document["record_tag"]))
+
+
+def _tag_or_none(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError("record_tag: not a string or null")
+    return value
