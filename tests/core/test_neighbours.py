@@ -4,6 +4,9 @@ real ChunkCache)."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
 import trio
 from support.trees import file
 
@@ -11,6 +14,7 @@ from weenvfs.core.cache import ChunkCache
 from weenvfs.core.chunk_plan import chunk_loc
 from weenvfs.core.fetcher import Fetcher
 from weenvfs.core.neighbours import Neighbours
+from weenvfs.errors import StoreUnavailable
 from weenvfs.store.faulty import FaultyStore
 
 CHUNK = 16 << 10  # conftest's chunk size: one file of this size is one chunk
@@ -59,7 +63,26 @@ def test_zero_chunks_and_other_blobs_have_no_neighbours(repo, build_group, small
     assert neighbours.around(_frames(other.index)[0]) == []
 
 
-def test_a_demand_miss_fetches_the_neighbourhood_in_the_background(
+def _serve_reads(fetcher, body):
+    """Run `body(fetcher)` with the fetcher's background work serving."""
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(fetcher.serve)
+            await body()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+async def _landed(fetcher, requests: int) -> None:
+    """Wait until `requests` neighbourhood requests have ended (arrived or failed)."""
+    with trio.fail_after(20):
+        while fetcher.stats.neighbour_requests < requests or fetcher._near_tasks:
+            await trio.sleep(0.005)
+
+
+def test_a_demand_miss_fetches_the_neighbourhood_undecoded_in_the_background(
         repo, build_group, tmp_path, pattern) -> None:
     specs = [file(f"f{i:02d}", pattern(400 + i, CHUNK)) for i in range(10)]
     group = build_group(repo, specs, "row")
@@ -70,24 +93,97 @@ def test_a_demand_miss_fetches_the_neighbourhood_in_the_background(
     fetcher.neighbours = Neighbours([group.index], 2 * CHUNK + 100).around
     target = frames[5]
 
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(fetcher.serve)
-            assert await fetcher.read([(target, 0, target.ulen)]) == pattern(405, CHUNK)
-            with trio.fail_after(20):
-                while not all(cache.contains(loc.digest) for loc in frames[3:8]):
-                    await trio.sleep(0.005)
-            # Reading a neighbour now waits for nothing, and fetches nothing more.
-            calls = store.calls["get_range"]
-            assert await fetcher.read([(frames[7], 0, frames[7].ulen)]) == pattern(407, CHUNK)
-            assert store.calls["get_range"] == calls
-            nursery.cancel_scope.cancel()
+    async def body() -> None:
+        assert await fetcher.read([(target, 0, target.ulen)]) == pattern(405, CHUNK)
+        await _landed(fetcher, 1)
+        # Nothing of the neighbourhood is decoded or cached until a reader asks ...
+        assert [cache.contains(loc.digest) for loc in frames].count(True) == 1
+        # ... and reading a neighbour then asks the store for nothing but the neighbourhood
+        # of that read in turn (frames 8-9, then 1-2).
+        calls = store.calls["get_range"]
+        assert await fetcher.read([(frames[7], 0, frames[7].ulen)]) == pattern(407, CHUNK)
+        assert await fetcher.read([(frames[3], 0, frames[3].ulen)]) == pattern(403, CHUNK)
+        await _landed(fetcher, 3)
+        assert store.calls["get_range"] - calls == 2 == fetcher.stats.neighbour_requests - 1
 
-    trio.run(main)
-    assert not any(cache.contains(loc.digest) for loc in frames[:3] + frames[8:])
+    _serve_reads(fetcher, body)
+    assert [cache.contains(loc.digest) for loc in frames] == [i in (3, 5, 7) for i in range(10)]
     snap = fetcher.stats.snapshot()
-    assert snap["read_waits"]["count"] == 1  # the first read only
-    assert snap["prefetch"]["chunks"] == 4 and snap["prefetch"]["hint_hits"] == 1
+    assert snap["neighbourhoods"]["hits"] == 2
+    # The first neighbourhood was one range, frames 3..7 (the target's own read through).
+    first = frames[7].offset + frames[7].clen - frames[3].offset
+    assert snap["neighbourhoods"]["bytes"] == first + (frames[9].offset + frames[9].clen
+                                                       - frames[8].offset) + (
+        frames[2].offset + frames[2].clen - frames[1].offset)
+
+
+def test_a_reader_waits_for_the_neighbourhood_already_fetching_its_chunk(
+        repo, build_group, tmp_path, pattern) -> None:
+    specs = [file(f"f{i:02d}", pattern(600 + i, CHUNK)) for i in range(8)]
+    group = build_group(repo, specs, "row")
+    frames = _frames(group.index)
+    wide = []
+
+    def slow_wide(key, offset, length):
+        if length > 2 * CHUNK:  # the neighbourhood, not a single chunk
+            wide.append(offset)
+            time.sleep(0.3)
+        return repo.store.get_range(key, offset, length)
+
+    store = FaultyStore(repo.store, get_range=slow_wide)
+    fetcher = Fetcher(store, ChunkCache(tmp_path / "cache"))
+    fetcher.neighbours = Neighbours([group.index], 2 * CHUNK + 100).around
+
+    async def body() -> None:
+        await fetcher.read([(frames[4], 0, frames[4].ulen)])
+        assert fetcher._stash.covers(frames[6].digest)  # on its way, slowly
+        assert await fetcher.read([(frames[6], 0, frames[6].ulen)]) == pattern(606, CHUNK)
+
+    _serve_reads(fetcher, body)
+    # One demand request (f04); f06 came from the neighbourhood, whose read asked in turn
+    # for the neighbourhood of f06 (f07).
+    assert len(wide) == 1 and store.calls["get_range"] == 1 + fetcher.stats.neighbour_requests
+    assert fetcher.stats.neighbour_hits == 1
+
+
+@pytest.mark.parametrize("fault", ["corrupt", "unavailable"])
+def test_a_bad_or_failed_neighbourhood_falls_back_to_the_store(
+        repo, build_group, tmp_path, pattern, fault) -> None:
+    specs = [file(f"f{i:02d}", pattern(700 + i, CHUNK)) for i in range(8)]
+    group = build_group(repo, specs, "row")
+    frames = _frames(group.index)
+
+    reading: set[int] = set()  # offsets of the chunks read: every other request is a
+    # neighbourhood
+
+    def bad_wide(key, offset, length):
+        data = repo.store.get_range(key, offset, length)
+        if offset not in reading:
+            if fault == "unavailable":
+                raise StoreUnavailable("injected", temporary=True)
+            return bytes(b ^ 0xFF for b in data)  # every frame in it damaged
+        return data
+
+    cache = ChunkCache(tmp_path / "cache")
+    store = FaultyStore(repo.store, get_range=bad_wide)
+    fetcher = Fetcher(store, cache)
+    fetcher.neighbours = Neighbours([group.index], 2 * CHUNK + 100).around
+
+    async def body() -> None:
+        reading.add(frames[4].offset)
+        await fetcher.read([(frames[4], 0, frames[4].ulen)])
+        await _landed(fetcher, 1)
+        for i in (2, 3, 5, 6):
+            await _landed(fetcher, 0)  # no neighbourhood on its way: `reading` is exact
+            reading.add(frames[i].offset)
+            assert await fetcher.read([(frames[i], 0, frames[i].ulen)]) == pattern(700 + i,
+                                                                                   CHUNK)
+
+    _serve_reads(fetcher, body)
+    assert fetcher.stats.neighbour_hits == 0
+    assert fetcher.stats.errors.get("corrupt", 0) == 0  # the store's own copies were good
+    for i in (2, 3, 4, 5, 6):
+        assert cache.contains(frames[i].digest)
 
 
 def test_without_neighbours_a_miss_fetches_only_itself(repo, build_group, tmp_path,

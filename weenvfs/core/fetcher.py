@@ -42,6 +42,7 @@ from weenvfs.core.chunk_plan import (
     plan_requests,
 )
 from weenvfs.core.fetch_slots import DemandLimiter, NoLock
+from weenvfs.core.frame_stash import STASH_TTL, FrameStash
 from weenvfs.core.range_fetch import (
     INLINE_CODEC_BYTES,
     PREFETCH_RETRY,
@@ -60,6 +61,19 @@ from weenvfs.store.retry import RetryPolicy
 log = logging.getLogger(__name__)
 
 MAX_BACKGROUND_PREFETCH = 64  # read-ahead batches queued or running at once
+# Neighbourhood requests in flight at once (core/frame_stash.py), and how they are cut: holes
+# of cached or in-flight chunks up to NEAR_GAP are read through, no request beyond NEAR_BYTES.
+NEAR_CONCURRENCY = 4
+NEAR_GAP = 1 << 20
+NEAR_BYTES = 16 << 20
+# A neighbourhood that fails is not retried: the readers that wanted it fetch for themselves.
+NEAR_RETRY = RetryPolicy(max_attempts=1)
+# How far around a miss to reach: as far as the store sends in NEAR_SECONDS at the rate it
+# sent the last neighbourhoods (loopback: the neighbours.py bound; a slow link: less, so that
+# neighbourhoods do not take the bandwidth demand reads need), never under NEAR_MIN_REACH.
+NEAR_SECONDS = 0.05
+NEAR_MIN_REACH = 256 << 10
+NEAR_FIRST_REACH = 2 << 20  # before any neighbourhood has been timed
 # Verified cached chunks `read_cached` keeps open between reads: a kernel reading a file
 # page by page asks for the same chunk many times, and an open, fstat and close per request
 # was a third of the daemon's time on a cached read. Held files are not pinned (the cache's
@@ -104,8 +118,10 @@ class Fetcher:
         self._prefetch_workers = prefetch_concurrency
         self._ranges = RangeFetcher(
             store, cache, self.stats, request_timeout=request_timeout,
-            retry={Priority.DEMAND: retry or RetryPolicy(), Priority.PREFETCH: prefetch_retry},
+            retry={Priority.DEMAND: retry or RetryPolicy(), Priority.PREFETCH: prefetch_retry,
+                   Priority.NEIGHBOURS: NEAR_RETRY},
             demand=self._demand, prefetch=trio.CapacityLimiter(prefetch_concurrency),
+            near=trio.CapacityLimiter(NEAR_CONCURRENCY),
             cache_error=self._cache_error, after_insert=self._schedule_maintenance,
         )
         self._flights: dict[bytes, _Flight] = {}
@@ -114,8 +130,12 @@ class Fetcher:
         self._nursery: trio.Nursery | None = None
         self._background = 0
         # Chunks stored next to one a reader waited for (core/neighbours.py); fetched in the
-        # background at once, as a cold reader with no hint is likely to want them next.
-        self.neighbours: Callable[[ChunkLoc], Sequence[ChunkLoc]] | None = None
+        # background at once, as a cold reader with no hint is likely to want them next, and
+        # kept undecoded until one is read (core/frame_stash.py).
+        self.neighbours: Callable[[ChunkLoc, int], Sequence[ChunkLoc]] | None = None
+        self._stash = FrameStash()
+        self._near_tasks = 0
+        self.near_reach = NEAR_FIRST_REACH
         self._maintaining = False
         self._closed = False
         self._held: OrderedDict[bytes, ChunkHandle] = OrderedDict()
@@ -244,7 +264,9 @@ class Fetcher:
             self._nursery = nursery
             task_status.started()
             try:
-                await trio.sleep_forever()
+                while True:  # drop neighbourhoods nobody read (their memory) now and then
+                    await trio.sleep(STASH_TTL / 2)
+                    self._stash.sweep()
             finally:
                 self._nursery = None
 
@@ -256,13 +278,54 @@ class Fetcher:
             self._held.popitem()[1].close()
 
     def _fetch_neighbours(self, missed: Sequence[ChunkLoc]) -> None:
-        """Start fetching the neighbourhoods of the chunks a demand read is about to wait for
-        (not those already in flight: theirs were asked for when they missed)."""
+        """Start fetching, undecoded, the neighbourhoods of the chunks a demand read is about
+        to wait for (not chunks cached, in flight or already stashed or on their way)."""
         assert self.neighbours is not None
-        near = {n.digest: n for loc in missed for n in self.neighbours(loc)
-                if n.digest not in self._flights}
-        if near:
-            self.schedule_prefetch(list(near.values()))
+        if self._nursery is None:
+            return  # no background: the read itself is all a caller without serve() gets
+        near = {n.digest: n for loc in missed for n in self.neighbours(loc, self.near_reach)
+                if n.digest not in self._flights and not self._stash.covers(n.digest)}
+        todo = [n for n in near.values() if not self.cache.contains(n.digest)]
+        for run in plan_requests(todo, NEAR_GAP, NEAR_BYTES):
+            if self._near_tasks >= MAX_BACKGROUND_PREFETCH:
+                self.stats.prefetch_dropped += 1
+                return
+            self._near_tasks += 1
+            self._nursery.start_soon(self._stash_run, run, self._stash.begin(run))
+
+    async def _stash_run(self, run: list[ChunkLoc], event: trio.Event) -> None:
+        data = None
+        started = trio.current_time()
+        try:
+            data = await self._ranges.fetch_neighbourhood(run)
+            if data is not None:
+                self._time_neighbourhood(len(data), trio.current_time() - started)
+        finally:  # also when cancelled: nobody may wait on `event` forever
+            self._near_tasks -= 1
+            if data is None:
+                self._stash.fail(run, event)
+            else:
+                self._stash.land(run, event, data, run[0].offset)
+
+    def _time_neighbourhood(self, nbytes: int, seconds: float) -> None:
+        """Set the reach from the rate of a neighbourhood that just arrived (half of the
+        window on each side of the miss; the average of the last few, to ride out one stall)."""
+        if nbytes < NEAR_MIN_REACH:
+            return  # too small to time a link by: latency, not bandwidth
+        reach = int(nbytes / max(seconds, 1e-4) * NEAR_SECONDS / 2)
+        self.near_reach = max(NEAR_MIN_REACH, (3 * self.near_reach + reach) // 4)
+
+    async def _from_stash(self, loc: ChunkLoc, priority: Priority,
+                          out: dict[bytes, Outcome]) -> None:
+        """Serve `loc` from a neighbourhood fetched earlier (waiting for it if it is on its
+        way), verified as any fetched frame; from the store if it is not there or is bad."""
+        frame = await self._stash.take(loc)
+        if frame is not None:
+            if await self._ranges.decode_frame(loc, frame, priority, out):
+                self.stats.neighbour_hits += 1
+                return
+            self.stats.retries += 1  # a bad body: the store's own copy decides
+        await self._ranges.fetch_run([loc], priority, out)
 
     # -- loading: cache, in-process flights, cross-process locks --------------------------------
 
@@ -404,8 +467,12 @@ class Fetcher:
                     out[loc.digest] = handle
                 else:
                     todo.append(loc)
-            runs = plan_requests(todo, self.coalesce_gap, self.max_request_bytes)
+            stashed = [loc for loc in todo if self._stash.covers(loc.digest)]
+            runs = plan_requests([loc for loc in todo if not self._stash.covers(loc.digest)],
+                                 self.coalesce_gap, self.max_request_bytes)
             async with trio.open_nursery() as nursery:
+                for loc in stashed:
+                    nursery.start_soon(self._from_stash, loc, priority, out)
                 for run in runs:
                     nursery.start_soon(self._ranges.fetch_run, run, priority, out)
         finally:

@@ -7,9 +7,11 @@ package, the other libraries of a folder of shared objects. Programs read those 
 in an order the blob does not follow (measured on the reference workload, issue 13: of 178
 chunks read cold, 96 came from before the previous one in the blob), so sequential read-ahead
 does not catch them and each became a wait for the store. Fetching the neighbourhood of every
-chunk a reader waits for (`NEIGHBOURHOOD` bytes of the blob on each side) turned 178 waits into
-56, for 62 MB fetched instead of 27 (of a 1.2 GB image); benchmarks/coldstart_ref.py measures
-it, docs/benchmarks.md has the numbers.
+chunk a reader waits for (up to `NEIGHBOURHOOD` bytes of the blob on each side) turned 197
+waits into 72 at 512 KiB and 21 at 4 MiB (offline, the reads of the reference workload;
+fetched: 61 and 146 MB of a 1.2 GB image, instead of 33). The fetcher keeps them undecoded
+(core/frame_stash.py) and narrows the reach when the store is slow to send them;
+benchmarks/coldstart_ref.py measures it, docs/benchmarks.md has the numbers.
 
 Owns: the per-blob table of chunk frames sorted by offset (built on first use, from every
 group's index, raw columns: a mount that never misses never pays for it), and `around(loc)`.
@@ -27,9 +29,10 @@ from weenvfs.format.index import GroupIndex
 
 from .chunk_plan import ChunkLoc, chunk_loc
 
-# Bytes of compressed blob on each side of a chunk a reader waited for (tuned on the reference
-# workload: 256 KiB left 2x the waits, 1 MiB fetched 35% more for 25% fewer).
-NEIGHBOURHOOD = 512 << 10
+# Most bytes of compressed blob on each side of a chunk a reader waited for (reference workload
+# on loopback SeaweedFS, first run: waits 1.27 s at 512 KiB decoded, 0.85-1.04 s at 4 MiB
+# undecoded, no better at 8 MiB).
+NEIGHBOURHOOD = 4 << 20
 
 
 class Neighbours:
@@ -41,10 +44,12 @@ class Neighbours:
         # blob digest -> (frame offsets ascending, (index, chunk number, frame end) of each)
         self._blobs: dict[str, tuple[list[int], list[tuple[int, int, int]]]] | None = None
 
-    def around(self, loc: ChunkLoc) -> list[ChunkLoc]:
-        """The other chunks of `loc`'s blob whose frames lie within `reach` bytes of its
-        frame (inside [offset - reach, offset + clen + reach)), in blob order."""
-        if loc.blob is None or self.reach <= 0:
+    def around(self, loc: ChunkLoc, reach: int | None = None) -> list[ChunkLoc]:
+        """The other chunks of `loc`'s blob whose frames lie within `reach` bytes (at most
+        this table's) of its frame (inside [offset - reach, offset + clen + reach)), in blob
+        order."""
+        reach = self.reach if reach is None else min(reach, self.reach)
+        if loc.blob is None or reach <= 0:
             return []
         if self._blobs is None:
             self._blobs = self._build()
@@ -52,8 +57,8 @@ class Neighbours:
         if table is None:
             return []
         offsets, owners = table
-        lo = bisect.bisect_left(offsets, loc.offset - self.reach)
-        limit = loc.offset + loc.clen + self.reach
+        lo = bisect.bisect_left(offsets, loc.offset - reach)
+        limit = loc.offset + loc.clen + reach
         hi = bisect.bisect_left(offsets, limit)
         out = []
         for k in range(lo, hi):

@@ -51,6 +51,7 @@ PREFETCH_RETRY = RetryPolicy(max_attempts=2, base_delay=0.2, max_delay=1.0, max_
 class Priority(IntEnum):
     DEMAND = 0
     PREFETCH = 1
+    NEIGHBOURS = 2  # a miss's neighbourhood, fetched undecoded (core/frame_stash.py)
 
 
 Outcome = ChunkHandle | bytes | ChunkUnavailable
@@ -69,6 +70,7 @@ class RangeFetcher:
         retry: dict[Priority, RetryPolicy],
         demand: DemandLimiter,
         prefetch: trio.CapacityLimiter,
+        near: trio.CapacityLimiter,
         cache_error: Callable[[str, OSError], None],
         after_insert: Callable[[], Awaitable[None]],
     ) -> None:
@@ -79,6 +81,7 @@ class RangeFetcher:
         self._retry = retry
         self._demand = demand
         self._prefetch = prefetch
+        self._near = near
         self._cache_error = cache_error
         self._after_insert = after_insert  # the fetcher's cache maintenance
 
@@ -108,6 +111,28 @@ class RangeFetcher:
             for _loc, err2 in await self._decode_and_store([loc], frame, loc.offset, priority, out):
                 self.stats.record_error("corrupt")
                 out[loc.digest] = ChunkCorrupt(loc.digest.hex(), f"{err2} (fetched twice)")
+
+    async def fetch_neighbourhood(self, run: list[ChunkLoc]) -> bytes | None:
+        """The blob bytes holding `run`'s frames, undecoded and unverified (the caller keeps
+        them until a reader asks, then `decode_frame` verifies), or None when the store did
+        not give them (a reader then fetches its chunk itself). Its own slots, not demand's:
+        it runs beside the demand read whose miss asked for it, not after."""
+        start = run[0].offset
+        end = max(c.offset + c.clen for c in run)
+        try:
+            return await self._get_range(run[0].blob, start, end - start, Priority.NEIGHBOURS)
+        except _RangeFailed as e:
+            log.debug("neighbourhood %s+%d failed: %s", run[0].blob, start, e.reason)
+            return None
+
+    async def decode_frame(
+        self, loc: ChunkLoc, frame: bytes | memoryview, priority: Priority,
+        out: dict[bytes, Outcome],
+    ) -> bool:
+        """Decode, verify and cache `loc` from a frame fetched earlier (`fetch_neighbourhood`);
+        False if it fails verification (nothing is put in `out`: fetch it from the store)."""
+        as_fetched = loc._replace(offset=0, clen=len(frame))
+        return not await self._decode_and_store([as_fetched], frame, 0, priority, out)
 
     async def _get_range(
         self, blob: str | None, offset: int, length: int, priority: Priority
@@ -142,7 +167,10 @@ class RangeFetcher:
         if priority == Priority.PREFETCH:
             await self._demand.wait_idle()
             self.stats.prefetch_requests += 1
-        limiter = self._demand if priority == Priority.DEMAND else self._prefetch
+        elif priority == Priority.NEIGHBOURS:
+            self.stats.neighbour_requests += 1
+        limiter = {Priority.DEMAND: self._demand, Priority.PREFETCH: self._prefetch,
+                   Priority.NEIGHBOURS: self._near}[priority]
         handoff = Handoff(limiter)
         await handoff.acquire()
         self.stats.requests += 1
@@ -158,6 +186,8 @@ class RangeFetcher:
                     limiter=handoff,
                 )
                 self.stats.record_request(len(data), trio.current_time() - start)
+                if priority == Priority.NEIGHBOURS:
+                    self.stats.neighbour_bytes += len(data)
                 return data
         except StoreUnavailable as e:
             self.stats.record_error("store_unavailable")
@@ -178,7 +208,7 @@ class RangeFetcher:
     async def _decode_and_store(
         self,
         run: list[ChunkLoc],
-        data: bytes,
+        data: bytes | memoryview,
         start: int,
         priority: Priority,
         out: dict[bytes, Outcome],
@@ -206,7 +236,7 @@ class RangeFetcher:
         return bad
 
     def _decode_sync(
-        self, run: list[ChunkLoc], data: bytes, start: int
+        self, run: list[ChunkLoc], data: bytes | memoryview, start: int
     ) -> list[tuple[ChunkLoc, FormatError | tuple[bytes, OSError | None]]]:
         view = memoryview(data)
         results: list[tuple[ChunkLoc, FormatError | tuple[bytes, OSError | None]]] = []

@@ -130,6 +130,11 @@ class Stats:
         # Another process prefetches for this consumer (fuse/replay_process.py): its reports
         # name the chunks it brought after this process may already have read them.
         self.prefetch_elsewhere = False
+        # Neighbourhoods of misses, fetched undecoded (core/frame_stash.py): requests, their
+        # compressed bytes (also in bytes_fetched), and chunks readers then took from them.
+        self.neighbour_requests = 0
+        self.neighbour_bytes = 0
+        self.neighbour_hits = 0
         self._prefetched: OrderedDict[bytes, None] = OrderedDict()
         # Chunks demand used before their prefetch was recorded: the prefetch's decoder thread
         # writes the cache before the trio task records the chunk, and a demand read may hit
@@ -219,5 +224,10 @@ class Stats:
                 "hint_hits": self.prefetch_hint_hits,
                 "waste": self.unused_prefetched(),
                 "dropped": self.prefetch_dropped,
+            },
+            "neighbourhoods": {
+                "requests": self.neighbour_requests,
+                "bytes": self.neighbour_bytes,
+                "hits": self.neighbour_hits,
             },
         }

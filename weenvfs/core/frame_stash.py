@@ -1,0 +1,140 @@
+"""Compressed frames fetched around a demand miss, kept undecoded until a reader asks.
+
+A cold reader with no hint reads files in bursts near each other in a blob (core/neighbours.py),
+so the fetcher reads the neighbourhood of every chunk a reader waits for. Measured on the
+reference workload (issue 13), the wider that neighbourhood the fewer the waits (512 KiB on
+each side: 72; 4 MiB: 21), but most of it is never read (73% at 512 KiB), and decoding,
+verifying and caching every neighbour took the CPU the reader and the store needed: waits
+grew from ~5 ms (one ranged GET on an idle node) to ~17 ms. A range of a blob costs little
+more to fetch wide than narrow (loopback SeaweedFS: 300 KiB 4.4 ms, 4 MiB 8.7 ms); what costs
+is the work after it. So a neighbourhood's response is kept here as it arrived, and a frame is
+decoded, verified and cached only when a reader (or read-ahead) asks for its chunk; nothing
+unverified ever leaves (the fetcher verifies what `take` returns, as any fetched frame).
+
+Owns: the responses (bounded in bytes, least recently arrived dropped first, each dropped
+`STASH_TTL` seconds after it arrived), which chunk frames they hold, and the requests still in
+flight (so a reader waits for the one already fetching its chunk instead of asking again).
+Must not: fetch, decode or verify (fetcher.py and range_fetch.py do).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import trio
+
+from .chunk_plan import ChunkLoc
+
+# Compressed bytes of responses kept at once, per fetcher (one per mount daemon): a cold
+# start of the reference image fetched ~150 MB of neighbourhoods at a 4 MiB reach.
+STASH_BYTES = 192 << 20
+# A neighbourhood is read soon after its miss or not at all: the burst of a cold start is over
+# within seconds, and a daemon that stays mounted should not hold the memory.
+STASH_TTL = 30.0
+
+
+@dataclass(eq=False)
+class _Response:
+    """One neighbourhood response: blob bytes [start, start + len(data))."""
+
+    data: bytes
+    start: int
+    arrived: float
+    frames: set[bytes] = field(default_factory=set)  # digests not taken yet
+
+
+class FrameStash:
+    """Frames of neighbourhood responses, by chunk digest, and the requests in flight."""
+
+    def __init__(self, limit: int = STASH_BYTES, ttl: float = STASH_TTL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit = limit
+        self.ttl = ttl
+        self._clock = clock
+        self._responses: OrderedDict[int, _Response] = OrderedDict()  # by arrival
+        self._frames: dict[bytes, tuple[_Response, ChunkLoc]] = {}
+        self._pending: dict[bytes, trio.Event] = {}
+        self.bytes = 0  # compressed bytes held
+        self.unused_bytes = 0  # compressed bytes of frames dropped without being taken
+
+    def covers(self, digest: bytes) -> bool:
+        """Whether `digest`'s frame is held or on its way."""
+        return digest in self._frames or digest in self._pending
+
+    def begin(self, run: Sequence[ChunkLoc]) -> trio.Event:
+        """Mark the chunks of `run` as on their way; `land` or `fail` must follow."""
+        event = trio.Event()
+        for loc in run:
+            self._pending.setdefault(loc.digest, event)
+        return event
+
+    def land(self, run: Sequence[ChunkLoc], event: trio.Event, data: bytes, start: int) -> None:
+        """The response for `run` (blob bytes from `start`) arrived: hold its frames."""
+        self._sweep()
+        response = _Response(data, start, self._clock())
+        for loc in run:
+            if self._pending.get(loc.digest) is event:
+                del self._pending[loc.digest]
+            inside = loc.offset >= start and loc.offset + loc.clen <= start + len(data)
+            if inside and loc.digest not in self._frames:
+                self._frames[loc.digest] = (response, loc)
+                response.frames.add(loc.digest)
+        event.set()
+        if response.frames:
+            self._responses[id(response)] = response
+            self.bytes += len(data)
+            while self.bytes > self.limit and self._responses:
+                self._drop(next(iter(self._responses.values())))
+
+    def fail(self, run: Sequence[ChunkLoc], event: trio.Event) -> None:
+        """The request for `run` failed: readers waiting on it fetch for themselves."""
+        for loc in run:
+            if self._pending.get(loc.digest) is event:
+                del self._pending[loc.digest]
+        event.set()
+
+    async def take(self, loc: ChunkLoc) -> memoryview | None:
+        """`loc`'s frame, unverified (waiting for its request if one is in flight), removed
+        from the stash; None when it is not here (then fetch it from the store)."""
+        event = self._pending.get(loc.digest)
+        if event is not None:
+            await event.wait()
+        held = self._frames.pop(loc.digest, None)
+        if held is None:
+            return None
+        # `frame` may be the same chunk stored at another place (a chunk two groups share):
+        # decoding verifies it against the digest either way.
+        response, frame = held
+        response.frames.discard(loc.digest)
+        at = frame.offset - response.start
+        view = memoryview(response.data)[at:at + frame.clen]
+        if not response.frames:
+            self._forget(response)
+        return view
+
+    def sweep(self) -> None:
+        """Drop responses older than the TTL (the fetcher calls this now and then)."""
+        self._sweep()
+
+    def _sweep(self) -> None:
+        now = self._clock()
+        while self._responses:
+            oldest = next(iter(self._responses.values()))
+            if now - oldest.arrived < self.ttl:
+                break
+            self._drop(oldest)
+
+    def _drop(self, response: _Response) -> None:
+        for digest in response.frames:
+            held = self._frames.pop(digest, None)
+            if held is not None:
+                self.unused_bytes += held[1].clen
+        response.frames.clear()
+        self._forget(response)
+
+    def _forget(self, response: _Response) -> None:
+        if self._responses.pop(id(response), None) is not None:
+            self.bytes -= len(response.data)
