@@ -218,15 +218,21 @@ class SeaweedFS(LocalServer):
             time.sleep(0.1)
 
     def _create_and_write(self, client: Any) -> None:
-        """Create the bucket and write a first object: the master grows the bucket's volumes
-        then (seconds), so this is part of starting, not of the first test's time."""
+        """Create the bucket, write a first object and read it back: the master grows the
+        bucket's volumes then (seconds), so this is part of starting, not of the first test's
+        time."""
         try:
             client.create_bucket(Bucket=self.bucket)
         except Exception as e:
             code = getattr(e, "response", {}).get("Error", {}).get("Code", "")
             if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 raise
-        client.put_object(Bucket=self.bucket, Key=".tmp-ready", Body=b"")
+        client.put_object(Bucket=self.bucket, Key=".tmp-ready", Body=b"ready")
+        # Reads too: seen once on a server with a long history, its S3 gateway wrote while
+        # every read failed (500, "all filers failed" to look the entry up) for seconds more.
+        if client.get_object(Bucket=self.bucket, Key=".tmp-ready")["Body"].read() != b"ready":
+            raise RuntimeError("read back something else than was written")
+        client.head_object(Bucket=self.bucket, Key=".tmp-ready")
         client.delete_object(Bucket=self.bucket, Key=".tmp-ready")
 
     def client(self, reader: bool = False) -> Any:
