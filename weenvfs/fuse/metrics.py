@@ -85,6 +85,12 @@ COUNTERS: tuple[tuple[tuple[str, ...], str, str], ...] = (
      "Chunks a demand read used that prefetch had brought in"),
     (("prefetch", "dropped"), "weenv_prefetch_dropped",
      "Read-ahead batches dropped because too many were in flight"),
+    (("neighbourhoods", "requests"), "weenv_neighbourhood_requests",
+     "Store requests for the blob neighbourhood of a miss, fetched undecoded"),
+    (("neighbourhoods", "bytes"), "weenv_neighbourhood_bytes",
+     "Compressed bytes of those neighbourhoods (also in weenv_fetched_bytes)"),
+    (("neighbourhoods", "hits"), "weenv_neighbourhood_hits",
+     "Chunks a read took from a neighbourhood instead of asking the store"),
 )
 
 
