@@ -6,6 +6,7 @@ progress and waste."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -203,9 +204,12 @@ def test_fetch_all_retries_what_failed(env: LoadedEnv, tmp_path: Path, monkeypat
     assert all(cache.contains(loc.digest) for loc in all_locs(env.tree.groups))
 
 
-def test_no_neighbourhoods_while_a_hint_is_replayed(env: LoadedEnv, tmp_path: Path) -> None:
+@pytest.mark.parametrize("seed", [False, True])
+def test_no_neighbourhoods_while_a_hint_is_replayed(env: LoadedEnv, tmp_path: Path,
+                                                    seed: bool) -> None:
     """A hint names what will be read: a miss during its replay fetches only itself; once
-    the replay is done, misses fetch their neighbourhoods again (core/neighbours.py)."""
+    the replay is done, misses fetch their neighbourhoods again (core/neighbours.py). The
+    seed names the start-up only: a miss during its replay fetches its neighbourhood."""
     from weenvfs.core.neighbours import Neighbours
 
     gate = Gate(env.store, hold=lambda offset: True)
@@ -213,14 +217,14 @@ def test_no_neighbourhoods_while_a_hint_is_replayed(env: LoadedEnv, tmp_path: Pa
     around = Neighbours(env.tree.groups, 1 << 30).around
     asked: list[ChunkLoc] = []
 
-    def spy(loc: ChunkLoc) -> list[ChunkLoc]:
+    def spy(loc: ChunkLoc, reach: int | None = None) -> list[ChunkLoc]:
         asked.append(loc)
-        return around(loc)
+        return around(loc, reach)
 
     fetcher.neighbours = spy
     prefetcher = Prefetcher(env.tree.groups, fetcher)
     index = env.tree.groups[0]
-    hinted = found(env, [HintRecord(0, 0, 0)])
+    hinted = dataclasses.replace(found(env, [HintRecord(0, 0, 0)]), partial=seed)
     demand = chunk_loc(index, index.header.chunk_count - 1)
 
     async def main() -> None:
@@ -228,7 +232,7 @@ def test_no_neighbourhoods_while_a_hint_is_replayed(env: LoadedEnv, tmp_path: Pa
             await nursery.start(fetcher.serve)
             nursery.start_soon(prefetcher.run, lambda: hinted)
             await gate.arrivals(1)  # the replay's request is held: replaying now
-            assert fetcher.neighbours is None
+            assert (fetcher.neighbours is None) is not seed
             nursery.start_soon(fetcher.read, [(demand, 0, demand.ulen)])
             await gate.arrivals(2)
             gate.open()
@@ -238,4 +242,4 @@ def test_no_neighbourhoods_while_a_hint_is_replayed(env: LoadedEnv, tmp_path: Pa
             nursery.cancel_scope.cancel()
 
     run(main)
-    assert asked == [] and fetcher.neighbours is spy
+    assert asked == ([demand] if seed else []) and fetcher.neighbours is spy

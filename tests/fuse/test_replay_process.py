@@ -5,6 +5,7 @@ the mount replays itself; unmounting ends a replay even while its store hangs.""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -124,3 +125,32 @@ def test_the_node_service_runs_at_most_max_replays(env, mounter: Mounter) -> Non
         assert where == ["mount daemon"] + ["separate process"] * mountd.MAX_REPLAYS
         for mount in mounts:
             run_weenv("umount", str(mount.mountpoint))
+
+
+def test_misses_fetch_neighbourhoods_once_the_replay_says_it_replays_the_seed(
+        tmp_path: Path) -> None:
+    """The mount holds its neighbourhoods back while another process replays a hint
+    (core/prefetch.py says why), but not for the seed, which names the start-up only."""
+    from weenvfs.core.cache import ChunkCache
+    from weenvfs.core.fetcher import Fetcher
+    from weenvfs.fuse.replay_process import ReplayProcess
+
+    def around(loc, reach=None):
+        return []
+
+    fetcher = Fetcher(open_store(str(tmp_path / "store")), ChunkCache(tmp_path / "cache"))
+    fetcher.neighbours = around
+    read_fd, write_fd = os.pipe()
+    try:
+        replay = ReplayProcess(read_fd, fetcher)
+        assert fetcher.neighbours is None
+        line = {"hints": {"state": "replaying", "source": "tag latest", "partial": False},
+                "fetch": {}, "fetched": []}
+        replay._apply(json.dumps(line).encode())
+        assert fetcher.neighbours is None  # a whole hint: until it is done
+        line["hints"] = {"state": "replaying", "source": "tag seed", "partial": True}
+        replay._apply(json.dumps(line).encode())
+        assert fetcher.neighbours is around
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)

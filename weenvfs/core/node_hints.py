@@ -180,11 +180,13 @@ def check_hint_spec(spec: str, what: str = "--hint", allow_none: bool = True) ->
 
 @dataclass(frozen=True)
 class FoundHint:
-    """A usable hint and where it came from (a tag, a digest, or the manifest)."""
+    """A usable hint and where it came from (a tag, a digest, or the manifest); `partial`:
+    the seed (SPEC.md 9.4), what the image's own command read, not what a workload reads."""
 
     digest: str
     source: str
     hint: Hint
+    partial: bool = False
 
 
 def find_hint(
@@ -214,7 +216,10 @@ def find_hint(
         log.warning("cannot read hint tag %s of %s: %s", spec, short(manifest_digest), e)
         return None
     if digest is not None:
-        return _load(repo, digest, f"tag {spec}", manifest_digest, indexes)
+        found = _load(repo, digest, f"tag {spec}", manifest_digest, indexes)
+        if found is not None and spec == SEED_TAG:
+            found = dataclasses.replace(found, partial=True)
+        return found
     if manifest.hints is not None:
         # SPEC.md 9.3: bound to the same manifest without its `hints` field.
         bound = digest_hex(encode_manifest(dataclasses.replace(manifest, hints=None)))

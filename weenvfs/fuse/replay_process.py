@@ -77,13 +77,15 @@ class ReplayProcess:
         self.fetcher = fetcher
         self.progress_doc: dict[str, Any] = {"state": "starting", "hint": None, "source": None,
                                              "chunks": 0, "bytes": 0, "chunks_done": 0,
-                                             "chunks_missing": 0, "replay_s": None}
+                                             "chunks_missing": 0, "replay_s": None,
+                                             "partial": False}
         self._digests: set[bytes] = set()
         # Its page-cache warm-up reads chunks through this mount before its next report
         # names them: such a read is a hit (Stats.record_demand_use).
         fetcher.stats.prefetch_elsewhere = True
         self._neighbours = fetcher.neighbours
-        fetcher.neighbours = None  # until the replay is over (core/prefetch.py says why)
+        # Until the replay is over, or says it replays the seed (core/prefetch.py says why).
+        fetcher.neighbours = None
 
     async def run(self) -> None:
         """Read reports until the replay ends (or the mount does: cancelled)."""
@@ -125,7 +127,7 @@ class ReplayProcess:
             return
         self.progress_doc = hints
         self.fetcher.stats.add_other(fetch)
-        if line.get("done"):
+        if line.get("done") or hints.get("partial") is True:
             self.fetcher.neighbours = self._neighbours
 
     def progress(self) -> dict[str, Any]:
