@@ -204,3 +204,30 @@ def test_without_neighbours_a_miss_fetches_only_itself(repo, build_group, tmp_pa
     trio.run(main)
     assert [cache.contains(loc.digest) for loc in frames] == [False, False, True, False,
                                                               False, False]
+
+
+def test_neighbourhoods_dropped_unread_are_counted_as_waste(repo, build_group, tmp_path,
+                                                           pattern) -> None:
+    from weenvfs.core.frame_stash import FrameStash
+
+    specs = [file(f"f{i:02d}", pattern(800 + i, CHUNK)) for i in range(6)]
+    group = build_group(repo, specs, "row")
+    frames = _frames(group.index)
+    store = FaultyStore(repo.store)
+    fetcher = Fetcher(store, ChunkCache(tmp_path / "cache"))
+    fetcher._stash = FrameStash(limit=1)  # nothing fits: every response is dropped at once
+    fetcher.neighbours = Neighbours([group.index], 2 * CHUNK + 100).around
+
+    async def body() -> None:
+        await fetcher.read([(frames[2], 0, frames[2].ulen)])
+        await _landed(fetcher, 1)
+        calls = store.calls["get_range"]
+        # Not held: the neighbour is fetched on its own (plus its own neighbourhood).
+        assert await fetcher.read([(frames[3], 0, frames[3].ulen)]) == pattern(803, CHUNK)
+        assert store.calls["get_range"] > calls
+
+    _serve_reads(fetcher, body)
+    snap = fetcher.stats.snapshot()["neighbourhoods"]
+    assert snap["hits"] == 0
+    first = [frames[i] for i in (0, 1, 3, 4)]  # two on each side of f02
+    assert snap["unused_bytes"] >= sum(loc.clen for loc in first)

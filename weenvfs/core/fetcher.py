@@ -267,6 +267,7 @@ class Fetcher:
                 while True:  # drop neighbourhoods nobody read (their memory) now and then
                     await trio.sleep(STASH_TTL / 2)
                     self._stash.sweep()
+                    self.stats.neighbour_unused_bytes = self._stash.unused_bytes
             finally:
                 self._nursery = None
 
@@ -306,6 +307,7 @@ class Fetcher:
                 self._stash.fail(run, event)
             else:
                 self._stash.land(run, event, data, run[0].offset)
+                self.stats.neighbour_unused_bytes = self._stash.unused_bytes
 
     def _time_neighbourhood(self, nbytes: int, seconds: float) -> None:
         """Set the reach from the rate of a neighbourhood that just arrived (half of the

@@ -58,7 +58,7 @@ class FrameStash:
         self._frames: dict[bytes, tuple[_Response, ChunkLoc]] = {}
         self._pending: dict[bytes, trio.Event] = {}
         self.bytes = 0  # compressed bytes held
-        self.unused_bytes = 0  # compressed bytes of frames dropped without being taken
+        self.unused_bytes = 0  # compressed bytes of frames dropped without being taken (waste)
 
     def covers(self, digest: bytes) -> bool:
         """Whether `digest`'s frame is held or on its way."""

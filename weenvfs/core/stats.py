@@ -135,6 +135,7 @@ class Stats:
         self.neighbour_requests = 0
         self.neighbour_bytes = 0
         self.neighbour_hits = 0
+        self.neighbour_unused_bytes = 0  # of responses dropped (age, bound) with frames unread
         self._prefetched: OrderedDict[bytes, None] = OrderedDict()
         # Chunks demand used before their prefetch was recorded: the prefetch's decoder thread
         # writes the cache before the trio task records the chunk, and a demand read may hit
@@ -229,5 +230,6 @@ class Stats:
                 "requests": self.neighbour_requests,
                 "bytes": self.neighbour_bytes,
                 "hits": self.neighbour_hits,
+                "unused_bytes": self.neighbour_unused_bytes,
             },
         }

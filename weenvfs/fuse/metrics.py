@@ -91,6 +91,8 @@ COUNTERS: tuple[tuple[tuple[str, ...], str, str], ...] = (
      "Compressed bytes of those neighbourhoods (also in weenv_fetched_bytes)"),
     (("neighbourhoods", "hits"), "weenv_neighbourhood_hits",
      "Chunks a read took from a neighbourhood instead of asking the store"),
+    (("neighbourhoods", "unused_bytes"), "weenv_neighbourhood_unused_bytes",
+     "Compressed bytes of neighbourhood frames dropped unread (age or memory bound): waste"),
 )
 
 
