@@ -472,9 +472,11 @@ class Fetcher:
                     out[loc.digest] = handle
                 else:
                     todo.append(loc)
-            stashed = [loc for loc in todo if self._stash.covers(loc.digest)]
-            runs = plan_requests([loc for loc in todo if not self._stash.covers(loc.digest)],
-                                 self.coalesce_gap, self.max_request_bytes)
+            stashed: list[ChunkLoc] = []
+            asked: list[ChunkLoc] = []
+            for loc in todo:
+                (stashed if self._stash.covers(loc.digest) else asked).append(loc)
+            runs = plan_requests(asked, self.coalesce_gap, self.max_request_bytes)
             async with trio.open_nursery() as nursery:
                 for loc in stashed:
                     nursery.start_soon(self._from_stash, loc, priority, out)

@@ -57,7 +57,7 @@ class FrameStash:
         self.limit = limit
         self.ttl = ttl
         self._clock = clock
-        self._responses: OrderedDict[int, _Response] = OrderedDict()  # by arrival
+        self._responses: OrderedDict[_Response, None] = OrderedDict()  # by arrival
         self._frames: dict[bytes, tuple[_Response, ChunkLoc]] = {}
         self._pending: dict[bytes, trio.Event] = {}
         self.bytes = 0  # compressed bytes held
@@ -87,10 +87,10 @@ class FrameStash:
                 response.frames.add(loc.digest)
         event.set()
         if response.frames:
-            self._responses[id(response)] = response
+            self._responses[response] = None
             self.bytes += len(data)
             while self.bytes > self.limit and self._responses:
-                self._drop(next(iter(self._responses.values())))
+                self._drop(next(iter(self._responses)))
 
     def fail(self, run: Sequence[ChunkLoc], event: trio.Event) -> None:
         """The request for `run` failed: readers waiting on it fetch for themselves."""
@@ -125,7 +125,7 @@ class FrameStash:
     def _sweep(self) -> None:
         now = self._clock()
         while self._responses:
-            oldest = next(iter(self._responses.values()))
+            oldest = next(iter(self._responses))
             if now - oldest.arrived < self.ttl:
                 break
             self._drop(oldest)
@@ -139,5 +139,6 @@ class FrameStash:
         self._forget(response)
 
     def _forget(self, response: _Response) -> None:
-        if self._responses.pop(id(response), None) is not None:
+        if response in self._responses:
+            del self._responses[response]
             self.bytes -= len(response.data)
