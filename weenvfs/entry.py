@@ -1,10 +1,11 @@
 """The `weenv` program's entry point (the console script and `python -m weenvfs`).
 
-A command that another process may carry out for this one (`HAND_OVER`: `weenv run`, which
-the node service runs, runtime/node_run.py) is handed over before anything else is imported:
-not the argument parser, logging or the error handling of cli.py, about 25 ms of a warm
-`weenv run` that only waits for the service (docs/benchmarks.md). Every other command, and a
-hand-over the service did not take, goes to `cli.main` in this process.
+A command that another process may carry out for this one (`HAND_OVER`: `weenv run` and
+`weenv pull`, which the node service runs, runtime/node_run.py) is handed over before
+anything else is imported: not the argument parser, logging or the error handling of cli.py,
+about 25 ms of a warm `weenv run` that only waits for the service (docs/benchmarks.md), and
+for `weenv pull` also grpc's ~90 ms. Every other command, and a hand-over the service did not
+take, goes to `cli.main` in this process.
 
 Must not: import anything at module level beyond the interpreter's cheapest modules (a test
 checks what a handed-over run imports), or parse arguments beyond finding the command's name.
@@ -20,7 +21,7 @@ from weenvfs.command_word import EXIT_INTERRUPTED, command_at
 # Commands that another process may carry out for this one: the module's `hand_over(argv,
 # at)` returns the exit status, or None to run the command here. A module of its own, not the
 # command's (`weenv run` would import the runtime's command module for nothing, ~17 ms).
-HAND_OVER = {"run": "weenvfs.runtime.node_run"}
+HAND_OVER = {"run": "weenvfs.runtime.node_run", "pull": "weenvfs.runtime.node_run"}
 
 
 def main() -> int:

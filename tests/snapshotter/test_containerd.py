@@ -8,7 +8,9 @@ shared by the tests, which run in order and each remove what they pulled.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,6 +123,34 @@ def _wait_task_gone(node: Node, name: str) -> None:
         if name not in node.ctr("tasks", "ls").stdout:
             return
         subprocess.run(["sleep", "0.05"], check=True)
+
+
+def test_pull_is_carried_out_by_the_node_service(node: Node, tmp_path: Path) -> None:
+    """`weenv pull` is handed to the node service (entry.HAND_OVER, runtime/node_run.py),
+    whose process has grpc: it works from a process that cannot even import grpc, with that
+    process's output and exit status; switched off (WEENV_NODE_RUN=off), that process runs
+    it itself, and here cannot."""
+    no_grpc = tmp_path / "no-grpc"
+    no_grpc.mkdir()
+    (no_grpc / "grpc.py").write_text("raise ImportError('grpc cannot be imported here')\n")
+    ref = node.push("one", "handed")
+    argv = [sys.executable, "-m", "weenvfs", "pull", ref, "--insecure", "--containerd-socket",
+            str(node.socket), "--json"]
+    env = {**os.environ, "PYTHONPATH": str(no_grpc)}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["weenv_layers"] == [0]
+    node.ctr("images", "rm", "--sync", ref)
+    off = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False,
+                         env={**env, "WEENV_NODE_RUN": "off"})
+    assert off.returncode != 0
+    assert "grpc cannot be imported here" in off.stderr
+    assert node.snapshots() == []
+    bad = subprocess.run([*argv[:-1], "--no-such-option"], capture_output=True, text=True,
+                         env=env, timeout=300, check=False)
+    assert bad.returncode == 2
+    assert "unrecognized arguments: --no-such-option" in bad.stderr
 
 
 def test_a_store_the_snapshotter_does_not_serve_is_refused(node: Node, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""`weenv run` carried out by the node service, this process only its stand-in.
+"""`weenv run` (and `weenv pull`) carried out by the node service, this process only its
+stand-in.
 
 A warm `weenv run` spent most of its fixed cost before the sandbox even started: the
 interpreter's start and the imports of the runtime (about 60 ms), then a fork of the node
@@ -20,6 +21,12 @@ Once the service took it, the command is never run twice: a service child that e
 a status dies, as this process then does, of the SIGTERM or SIGHUP relayed to it before its
 clean-up was set up; otherwise that is an error (EXIT_LOST).
 
+`weenv pull` goes the same way (entry.HAND_OVER) for the same reason: in its own process it
+spent ~130 ms importing grpc and the registry client before its first request and ~60 ms
+shutting grpc down after its last, of a cold pull's ~0.55 s; where containerd is installed
+the service has those modules loaded (cli.service_modules) and its child ends with
+`os._exit`. Only `weenv run` names an owner (`--owner-pid`): a pull leaves no sandbox.
+
 Must not: import anything but fuse/node_socket.py at start-up (the point is not to: a test
 lists what a handed-over run imports), or interpret the arguments beyond finding the
 command's name (cli.py does that).
@@ -40,15 +47,16 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def hand_over(argv: Sequence[str], at: int) -> int | None:
-    """`weenv run` carried out by the node service: its exit status, or None to run the
-    command in this process (entry.main calls this before anything else is imported:
-    entry.HAND_OVER)."""
+    """`weenv run` or `weenv pull` carried out by the node service: its exit status, or None
+    to run the command in this process (entry.main calls this before anything else is
+    imported: entry.HAND_OVER)."""
     return delegate(argv, at) if wanted(argv) else None
 
 
 def wanted(argv: Sequence[str]) -> bool:
-    """Whether to ask the node service for `weenv ARGV`: enabled, root (a sandbox needs it;
-    a user's error comes from the command run here, as before), no `-h`/`--help` anywhere
+    """Whether to ask the node service for `weenv ARGV`: enabled, root (a sandbox and
+    containerd's socket need it; a user's error comes from the command run here, as before),
+    no `-h`/`--help` anywhere
     (help must not start a service; when the word belongs to the sandbox's command, that run
     merely goes the slower way), and a working folder that still exists (the service's
     process could not enter a deleted one)."""
@@ -63,10 +71,12 @@ def wanted(argv: Sequence[str]) -> bool:
 
 
 def delegate(argv: Sequence[str], at: int) -> int | None:
-    """Have the node service run `weenv ARGV` (`run` at `argv[at]`) attached to this process;
-    its exit status, or None if the service did not take it (see the module). The sandbox's
-    owner is this process (`--owner-pid`): the one its user sees, signals and waits for."""
-    argv = [*argv[:at + 1], "--owner-pid", str(os.getpid()), *argv[at + 1:]]
+    """Have the node service run `weenv ARGV` (the command at `argv[at]`) attached to this
+    process; its exit status, or None if the service did not take it (see the module). A
+    sandbox's owner is this process (`--owner-pid`): the one its user sees, signals and
+    waits for."""
+    owner = ["--owner-pid", str(os.getpid())] if argv[at] == "run" else []
+    argv = [*argv[:at + 1], *owner, *argv[at + 1:]]
     status_read, status_write = os.pipe()
     alive_read, alive_write = os.pipe()
     try:
