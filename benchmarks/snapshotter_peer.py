@@ -17,7 +17,11 @@ Owns:
 - `ColdSnapshotterRun.run()`: a cold peer, the page cache dropped, the weenv software read
   back (as for the other weenv contenders: a node keeps it warm, as it keeps containerd), then
   timed: `weenv pull REF --insecure --containerd-socket S --namespace weenv-bench` + `ctr run
-  --rm --snapshotter weenv REF ID ARGV...`. Bytes fetched: what the registry sent (manifest,
+  --rm --snapshotter weenv REF ID ARGV...`. Without a hint (the environment's `latest` hint
+  tag removed first: a first pull anywhere), or with the workload's hint (`recorded_hint`,
+  kept under HINT_TAG) as its `latest`, as after a first run or `weenv hints record`
+  anywhere: the top group's mount replays it (docs/containerd.md), the tag removed again
+  afterwards. Bytes fetched: what the registry sent (manifest,
   config, marker blobs), what the group mounts fetched from the store (their `weenv stats`:
   chunk data) and the metadata those mounts load whole (the manifest and the groups' indexes
   and published EROFS images, by their sizes in the store).
@@ -29,6 +33,7 @@ own folder).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -42,14 +47,20 @@ from _mounting import can_drop_caches, drop_caches, weenv_argv
 from containerd_peer import NAMESPACE, ContainerdPeer, containerd_unavailable
 from docker_peer import Registry, RegistryMeter, _stop
 
+from weenvfs.errors import RefNotFound
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
 CLI_TIMEOUT = 900.0
+HINT_TAG = "bench-snapshotter"  # where the workload's hint is kept in the store between runs
 # What `weenv pull` imports, read back after the cache drop (the mount daemons fork from the
 # mount server, which has its modules loaded already).
 PULL_MODULES = ("weenvfs.cli, weenvfs.snapshotter.commands, weenvfs.snapshotter.pull, "
                 "weenvfs.tools.image_transports, weenvfs.tools.registry_auth, grpc, requests")
+
+
+LABEL = "weenv snapshotter (containerd + weenv, lazy)"
+HINTED_LABEL = "weenv snapshotter, hint (containerd + weenv, lazy)"
 
 
 def snapshotter_unavailable() -> str | None:
@@ -137,6 +148,22 @@ class SnapshotterPeer(ContainerdPeer):
         self.weenv("push", env_ref, ref, "--store", str(self.store), "--insecure", "--json")
         return ref
 
+    def recorded_hint(self, env_ref: str, argv: Sequence[str]) -> str:
+        """The digest of the hint of `argv` in environment `env_ref` of the store: recorded
+        once with `weenv hints record` (a sandbox of the environment: the same reads), in
+        this peer's environment (its mount goes with the next `reset_cold`), and kept under
+        HINT_TAG."""
+        with open_store(str(self.store)) as opened:
+            repo = Repository(opened)
+            digest, _ = repo.resolve_env(env_ref)
+            with contextlib.suppress(RefNotFound):
+                return repo.get_tag("hints", digest, HINT_TAG)
+        print(f"recording the hint of {env_ref} for the weenv snapshotter (once)", flush=True)
+        self.weenv("hints", "record", "--replace", "--store", str(self.store), "--cache",
+                   str(self.folder / "cache"), "--tag", HINT_TAG, env_ref, *argv)
+        with open_store(str(self.store)) as opened:
+            return Repository(opened).get_tag("hints", digest, HINT_TAG)
+
     def pull_and_run(self, ref: str, argv: Sequence[str]) -> None:
         """`weenv pull REF` into our containerd, then `ctr run --rm --snapshotter weenv`."""
         self.weenv("pull", ref, "--insecure", "--containerd-socket", str(self.socket),
@@ -147,14 +174,16 @@ class SnapshotterPeer(ContainerdPeer):
         """What this peer's group mounts fetched from the store: chunk bytes (`weenv stats`)
         and the metadata they loaded whole (manifest, indexes, published EROFS images)."""
         rows = [r for r in json.loads(self.weenv("mounts", "--json")) if r["mounted"]]
-        chunks, paths, layers = 0, set(), {}
+        chunks, paths, layers, hints = 0, set(), {}, set()
         for row in rows:
             stats = json.loads(self.weenv("stats", "--json", row["mountpoint"]))
             chunks += int(stats["fetch"]["bytes_fetched"])
             paths.add(stats["mount"].get("path", "fuse"))
             layers.setdefault(row["env"], set()).add(row["layer"])
+            if stats.get("hints", {}).get("hint"):
+                hints.add(stats["hints"]["hint"])
         return {"chunk_bytes": chunks, "metadata_bytes": self._metadata_bytes(layers),
-                "mounts": len(rows), "paths": sorted(paths)}
+                "mounts": len(rows), "paths": sorted(paths), "hints_replayed": sorted(hints)}
 
     def _metadata_bytes(self, layers: dict[str, set[int]]) -> int:
         total = 0
@@ -173,14 +202,24 @@ class SnapshotterPeer(ContainerdPeer):
 
 class ColdSnapshotterRun:
     """`run()`: a cold `weenv pull` (each WeEnv layer its group's lazy mount) + `ctr run --rm
-    --snapshotter weenv` of `argv`."""
-
-    label = "weenv snapshotter (containerd + weenv, lazy)"
+    --snapshotter weenv` of `argv` of environment `env_ref` of the peer's store; with `hint`
+    that hint is the environment's `latest` while it runs, else it has none."""
 
     def __init__(self, peer: SnapshotterPeer, registry: Registry, ref: str,
-                 argv: Sequence[str]) -> None:
+                 argv: Sequence[str], env_ref: str, hint: str | None = None) -> None:
         self.peer, self.meter = peer, RegistryMeter(registry)
-        self.ref, self.argv = ref, list(argv)
+        self.ref, self.argv, self.env_ref, self.hint = ref, list(argv), env_ref, hint
+        self.label = HINTED_LABEL if hint else LABEL
+
+    def _set_latest(self, hint: str | None) -> None:
+        with open_store(str(self.peer.store)) as store:
+            repo = Repository(store)
+            digest, _ = repo.resolve_env(self.env_ref)
+            if hint is not None:
+                repo.set_tag("hints", digest, "latest", hint)
+            else:
+                with contextlib.suppress(RefNotFound):
+                    repo.delete_tag("hints", digest, "latest")
 
     def make_cold(self) -> None:
         """Nothing of an earlier run left, the page cache dropped, the weenv software read
@@ -193,11 +232,16 @@ class ColdSnapshotterRun:
     def run(self) -> tuple[float, dict[str, Any]]:
         """Time pull + run from a cold node; (seconds, {"bytes_fetched": registry bytes +
         store bytes, and their parts})."""
-        self.make_cold()
-        self.meter.begin()
-        seconds, _ = timed(lambda: self.peer.pull_and_run(self.ref, self.argv))
-        registry = self.meter.read(())["bytes"]
-        store = self.peer.fetched()
+        self._set_latest(self.hint)
+        try:
+            self.make_cold()
+            self.meter.begin()
+            seconds, _ = timed(lambda: self.peer.pull_and_run(self.ref, self.argv))
+            registry = self.meter.read(())["bytes"]
+            store = self.peer.fetched()
+        finally:
+            if self.hint is not None:
+                self._set_latest(None)
         total = registry + store["chunk_bytes"] + store["metadata_bytes"]
         return seconds, {"bytes_fetched": total, "registry_bytes": registry, **store}
 

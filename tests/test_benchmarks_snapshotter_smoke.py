@@ -1,8 +1,10 @@
 """Smoke test of WeEnv under containerd as a benchmark contender (benchmarks/snapshotter_peer.py):
 on the minbase sample, published into a store of the test's own and pushed with `weenv
 push`, containerd, `weenv snapshotter` and the mount server start, two cold `weenv pull` +
-`ctr run --snapshotter weenv` runs succeed and each fetches again (the node cache was emptied
-in between), and afterwards nothing of theirs is mounted or running.
+`ctr run --snapshotter weenv` runs succeed, without a hint and with the command's hint (recorded
+once: the second replays it, and the environment's `latest` tag is gone again afterwards),
+each fetches again (the node cache was emptied in between), and afterwards nothing of theirs
+is mounted or running.
 
 Owns: proving the contender works end to end. Must not: assert anything about timings; the
 numbers only have to exist. Needs what tests/snapshotter needs (root, containerd, runc,
@@ -39,6 +41,8 @@ sys.path.insert(0, sys.argv[1])
 from _mounting import published
 from docker_peer import Registry
 from snapshotter_peer import ColdSnapshotterRun, SnapshotterPeer
+from weenvfs.store import open_store
+from weenvfs.store.repository import Repository
 from weenvfs.tools.sample import sample_tree
 
 work = Path(sys.argv[2])
@@ -51,10 +55,14 @@ out = {"stored_bytes": pub.stored_bytes, "runs": []}
 try:
     peer.start()
     ref = peer.push(registry, pub.ref, "minbase-weenv")
-    run = ColdSnapshotterRun(peer, registry, ref, argv)
-    for _ in range(2):
+    out["hint"] = hint = peer.recorded_hint(pub.ref, argv)
+    for run in (ColdSnapshotterRun(peer, registry, ref, argv, pub.ref),
+                ColdSnapshotterRun(peer, registry, ref, argv, pub.ref, hint)):
         seconds, detail = run.run()
-        out["runs"].append({"seconds": seconds, **detail})
+        out["runs"].append({"seconds": seconds, "label": run.label, **detail})
+    with open_store(str(pub.store)) as store:
+        digest, _ = Repository(store).resolve_env(pub.ref)
+        out["hint_tags"] = [key.rsplit("/", 1)[1] for key in store.list(f"tags/hints/{digest}/")]
 finally:
     peer.stop()
     registry.stop()
@@ -78,6 +86,9 @@ def test_snapshotter_peer_cold_pull_and_run(
     try:
         assert done.returncode == 0, done.stderr[-3000:]
         results = json.loads(done.stdout.splitlines()[-1])
+        assert [run["hints_replayed"] for run in results["runs"]] == [[], [results["hint"]]]
+        assert len({run["label"] for run in results["runs"]}) == 2
+        assert results["hint_tags"] == ["bench-snapshotter"]  # no `latest` left behind
         for run in results["runs"]:
             assert run["seconds"] > 0
             # One group, one lazy mount; each cold run fetched part of the image, not all.
