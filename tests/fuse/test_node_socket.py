@@ -42,12 +42,36 @@ def test_the_fingerprint_sees_every_source_file_below_the_package(
         path.write_text("x = 1\n")
         os.utime(path, ns=(10**18, 10**18))
     monkeypatch.setattr(node_socket, "PACKAGE", str(tmp_path))
+    monkeypatch.setattr(node_socket, "MAPPED", ())  # the package's own folder only
     before = node_socket.fingerprint()
     stale = tmp_path / "__pycache__" / "c.py"  # never code the server runs
     stale.write_text("")
     os.utime(stale, ns=(2 * 10**18, 2 * 10**18))
     assert node_socket.fingerprint() == before
     os.utime(files[1], ns=(10**18 + 1, 10**18 + 1))
+    assert node_socket.fingerprint() != before
+
+
+def test_the_fingerprint_sees_the_subpackages_an_editable_install_maps_elsewhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """weenvfs.format and weenvfs.tools are the repository's format/ and tools/ in an
+    editable install: an edit there changes the fingerprint too (a stale service would
+    otherwise fork mount daemons with the old format code)."""
+    folders = node_socket._code_folders()
+    import weenvfs.format
+    import weenvfs.tools
+
+    for module in (weenvfs.format, weenvfs.tools):
+        folder = os.path.realpath(os.path.dirname(module.__file__ or ""))
+        assert any(folder == f or folder.startswith(f + os.sep) for f in folders), folder
+    elsewhere = tmp_path / "format"
+    elsewhere.mkdir()
+    (elsewhere / "spec.py").write_text("x = 1\n")
+    os.utime(elsewhere / "spec.py", ns=(10**18, 10**18))
+    monkeypatch.setattr(node_socket, "_code_folders",
+                        lambda: [node_socket.PACKAGE, str(elsewhere)])
+    before = node_socket.fingerprint()
+    os.utime(elsewhere / "spec.py", ns=(4 * 10**18, 4 * 10**18))
     assert node_socket.fingerprint() != before
 
 

@@ -34,6 +34,10 @@ ATTACHED = "attached"
 MAX_REQUEST = 1 << 20
 SUN_PATH_MAX = 107  # bytes of a unix socket path, NUL excluded
 PACKAGE = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # the weenvfs folder
+# Subpackages whose folder may lie outside PACKAGE: pyproject.toml maps weenvfs.format and
+# weenvfs.tools to the repository's format/ and tools/, which an editable install (the
+# README's) imports from there. A wheel puts them below PACKAGE.
+MAPPED = ("weenvfs.format", "weenvfs.tools")
 
 
 def run_base() -> str:
@@ -56,8 +60,28 @@ def enabled() -> bool:
 
 
 def fingerprint() -> str:
-    """What the server's code must match: interpreter, package folder and its newest file."""
-    return f"{sys.executable}|{PACKAGE}|{_newest(PACKAGE)}"
+    """What the server's code must match: interpreter, package folder and the newest source
+    file of the package, wherever its subpackages live (`MAPPED`): a service started before
+    an edit of format/ or tools/ (a `git pull`) must not serve the new client."""
+    newest = max(_newest(folder) for folder in _code_folders())
+    return f"{sys.executable}|{PACKAGE}|{newest}"
+
+
+def _code_folders() -> list[str]:
+    """PACKAGE and the folders of the MAPPED subpackages that lie outside it, found as the
+    import system would find them (its finders' `find_spec`, which imports nothing)."""
+    folders = [PACKAGE]
+    for name in MAPPED:
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = None if find is None else find(name, [PACKAGE])
+            if spec is not None:
+                for folder in spec.submodule_search_locations or ():
+                    folder = os.path.realpath(folder)
+                    if not (folder + os.sep).startswith(PACKAGE + os.sep):
+                        folders.append(folder)
+                break
+    return folders
 
 
 def _newest(folder: str) -> int:
