@@ -17,14 +17,14 @@ Owns:
 - `ColdSnapshotterRun.run()`: a cold peer, the page cache dropped, the weenv software read
   back (as for the other weenv contenders: a node keeps it warm, as it keeps containerd), then
   timed: `weenv pull REF --insecure --containerd-socket S --namespace weenv-bench` + `ctr run
-  --rm --snapshotter weenv REF ID ARGV...`. Without a hint (the environment's `latest` hint
-  tag removed first: a first pull anywhere), or with the workload's hint (`recorded_hint`,
-  kept under HINT_TAG) as its `latest`, as after a first run or `weenv hints record`
-  anywhere: the top group's mount replays it (docs/containerd.md), the tag removed again
-  afterwards. Bytes fetched: what the registry sent (manifest,
-  config, marker blobs), what the group mounts fetched from the store (their `weenv stats`:
-  chunk data) and the metadata those mounts load whole (the manifest and the groups' indexes
-  and published EROFS images, by their sizes in the store).
+  --rm --snapshotter weenv REF ID ARGV...`. Without a hint (a first pull anywhere), or with
+  the workload's hint (`SnapshotterPeer.recorded_hint`, kept under HINT_TAG) as the
+  environment's `latest`, as after a first run or `weenv hints record` anywhere: the top
+  group's mount replays it (docs/containerd.md); the tag is removed again afterwards. Bytes
+  fetched: what the registry sent (manifest, config, marker blobs), what the group mounts
+  fetched from the store (their `weenv stats`: chunk data) and the metadata those mounts
+  load whole (the manifest and the groups' indexes and published EROFS images, by their
+  sizes in the store).
 
 Must not: start or stop the registry or the store (the caller owns them), or touch a daemon,
 mount or container it did not make (processes are stopped by pid, mounts are those of its

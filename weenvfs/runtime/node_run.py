@@ -22,7 +22,7 @@ a status dies, as this process then does, of the SIGTERM or SIGHUP relayed to it
 clean-up was set up; otherwise that is an error (EXIT_LOST).
 
 `weenv pull` goes the same way (entry.HAND_OVER) for the same reason: in its own process it
-spent ~130 ms importing grpc and the registry client before its first request and ~60 ms
+spent ~125 ms importing grpc and the registry client before its first request and ~70 ms
 shutting grpc down after its last, of a cold pull's ~0.55 s; where containerd is installed
 the service has those modules loaded (cli.service_modules) and its child ends with
 `os._exit`. Only `weenv run` names an owner (`--owner-pid`): a pull leaves no sandbox.
@@ -56,10 +56,9 @@ def hand_over(argv: Sequence[str], at: int) -> int | None:
 def wanted(argv: Sequence[str]) -> bool:
     """Whether to ask the node service for `weenv ARGV`: enabled, root (a sandbox and
     containerd's socket need it; a user's error comes from the command run here, as before),
-    no `-h`/`--help` anywhere
-    (help must not start a service; when the word belongs to the sandbox's command, that run
-    merely goes the slower way), and a working folder that still exists (the service's
-    process could not enter a deleted one)."""
+    no `-h`/`--help` anywhere (help must not start a service; when the word belongs to the
+    sandbox's command, that run merely goes the slower way), and a working folder that
+    still exists (the service's process could not enter a deleted one)."""
     if (os.environ.get(SWITCH_ENV, "").lower() in ("off", "0", "no") or not node_socket.enabled()
             or os.geteuid() != 0 or any(word in ("-h", "--help") for word in argv)):
         return False
