@@ -93,13 +93,13 @@ def test_what_run_executes_imports_no_store_or_codec() -> None:
 # The whole of what a handed-over `weenv run` may import of the project (entry.py): the
 # node service carries the command out; this process only asks it and waits.
 STAND_IN = {"weenvfs", "weenvfs.entry", "weenvfs.command_word", "weenvfs.fuse",
-            "weenvfs.fuse.node_socket", "weenvfs.runtime", "weenvfs.runtime.node_run"}
+            "weenvfs.fuse.node_socket", "weenvfs.hand_over"}
 # Modules the stand-in must not load: the CLI's parser, logging, JSON and typing.
 NOT_IN_STAND_IN = ("argparse", "logging", "json", "typing", "weenvfs.cli")
 
 
 def test_a_handed_over_run_imports_only_its_stand_in() -> None:
-    """`weenv run` handed to the node service (entry.HAND_OVER, runtime/node_run.py): its
+    """`weenv run` handed to the node service (entry.HAND_OVER, weenvfs/hand_over.py): its
     process imports the socket code only, none of the CLI or the runtime."""
     code = ("import importlib, sys\n"
             "before = set(sys.modules)\n"

@@ -99,6 +99,10 @@ RULES: dict[str, Rule] = {
     # top of the node side and the build side, like the CLI; no library of their own.
     "top": _rule(set(), {"format", "store", "core", "fuse", "runtime", "tools", "provision",
                          "errors", "units"}),
+    # The stand-in of a command the node service carries out (hand_over.py): the service's
+    # socket client, and its own module only when no service answers (to start one).
+    "stand-in": _rule(set(), {"fuse"},
+                      fuse={"weenvfs.fuse.node_socket", "weenvfs.fuse.mountd"}),
 }
 # The room of each file at the top of weenvfs/ (a new file there needs an entry).
 TOP_FILES = {
@@ -108,6 +112,7 @@ TOP_FILES = {
     "cli_args.py": "cli",
     "entry.py": "cli",
     "command_word.py": "cli",
+    "hand_over.py": "stand-in",
     "errors.py": "errors",
     "units.py": "units",
     "hint_commands.py": "top",

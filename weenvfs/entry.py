@@ -1,7 +1,7 @@
 """The `weenv` program's entry point (the console script and `python -m weenvfs`).
 
 A command that another process may carry out for this one (`HAND_OVER`: `weenv run` and
-`weenv pull`, which the node service runs, runtime/node_run.py) is handed over before
+`weenv pull`, which the node service runs, hand_over.py) is handed over before
 anything else is imported: not the argument parser, logging or the error handling of cli.py,
 about 25 ms of a warm `weenv run` that only waits for the service (docs/benchmarks.md), and
 for `weenv pull` also grpc's ~90 ms. Every other command, and a hand-over the service did not
@@ -21,7 +21,7 @@ from weenvfs.command_word import EXIT_INTERRUPTED, command_at
 # Commands that another process may carry out for this one: the module's `hand_over(argv,
 # at)` returns the exit status, or None to run the command here. A module of its own, not the
 # command's (`weenv run` would import the runtime's command module for nothing, ~17 ms).
-HAND_OVER = {"run": "weenvfs.runtime.node_run", "pull": "weenvfs.runtime.node_run"}
+HAND_OVER = {"run": "weenvfs.hand_over", "pull": "weenvfs.hand_over"}
 
 
 def main() -> int:

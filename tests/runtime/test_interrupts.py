@@ -253,7 +253,7 @@ def _remove_created(served: Served) -> None:
 
 def test_sigterm_while_resolving_ends_weenv_run_as_in_its_own_process(served: Served) -> None:
     """Before its clean-up is set up a run dies of SIGTERM; carried out by the node service
-    (runtime/node_run.py), the process the user signalled dies of it as well, rather than
+    (weenvfs/hand_over.py), the process the user signalled dies of it as well, rather than
     reporting a lost status."""
     served.stall("resolve")
     with _running(COMMANDS["run"](served)) as proc:

@@ -1,4 +1,4 @@
-"""`weenv run` carried out by the node service (runtime/node_run.py, fuse/mountd.py ATTACHED):
+"""`weenv run` carried out by the node service (weenvfs/hand_over.py, fuse/mountd.py ATTACHED):
 the command gets this process's stdin, stdout, stderr, working folder and exit status; a bad
 option is reported as before; a client killed with SIGKILL leaves nothing behind; with
 WEENV_NODE_RUN=off the client runs it itself. (SIGTERM and Ctrl-C relayed to the service's

@@ -126,7 +126,7 @@ def _wait_task_gone(node: Node, name: str) -> None:
 
 
 def test_pull_is_carried_out_by_the_node_service(node: Node, tmp_path: Path) -> None:
-    """`weenv pull` is handed to the node service (entry.HAND_OVER, runtime/node_run.py),
+    """`weenv pull` is handed to the node service (entry.HAND_OVER, weenvfs/hand_over.py),
     whose process has grpc: it works from a process that cannot even import grpc, with that
     process's output and exit status; switched off (WEENV_NODE_RUN=off), that process runs
     it itself, and here cannot."""

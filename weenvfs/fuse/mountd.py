@@ -14,7 +14,7 @@ Owns:
   (0: never). A detached server first leaves its starter's cgroups (`leave_caller_cgroups`),
   and every HOUSEKEEPING_EVERY seconds it forks `weenv mounts evict --expired` (the idle
   bounds of the node's shared mounts, runtime/mounts.py).
-- attached commands: a request of kind ATTACHED (`launch_attached`, runtime/node_run.py:
+- attached commands: a request of kind ATTACHED (`launch_attached`, weenvfs/hand_over.py:
   `weenv run` hands itself over) is forked the same way but runs with the client's stdin,
   stdout, stderr and working folder, writes `pid N` and then `exit N` on the status pipe the
   client passed, and takes the closing of the client's alive pipe as SIGTERM;
@@ -124,7 +124,7 @@ def launch_attached(args: list[str], fds: list[int]) -> bool:
     """Ask the server (started first if none answers and this process may) to run
     `python -m weenvfs ARGS` in a process of its own with this process's working folder and
     `fds` (ATTACHED_FDS of them, see ATTACHED); True if it did. The command's first line on
-    the status pipe is `pid N`, its last `exit N` (runtime/node_run.py reads them)."""
+    the status pipe is `pid N`, its last `exit N` (weenvfs/hand_over.py reads them)."""
     if not enabled():
         return False
     return _request(request_line(args, ATTACHED, cwd=os.getcwd()), fds, start=True)

@@ -2,7 +2,7 @@
 listens, what a request says, and asking it once.
 
 Split from mountd.py so that a process that only hands itself over (`weenv run`,
-runtime/node_run.py) starts as little Python as it can: this module imports only the
+weenvfs/hand_over.py) starts as little Python as it can: this module imports only the
 interpreter's cheapest modules (no logging, pathlib, json or re: about 35 ms of a warm `weenv
 run`, docs/benchmarks.md). Starting a server when none answers is mountd.py's (`start_server`);
 a caller that gets None from `ask` goes there.
@@ -27,7 +27,7 @@ SOCKET_ENV = "WEENV_MOUNTD_SOCKET"
 SWITCH_ENV = "WEENV_MOUNTD"  # "off": never use a server
 CONNECT_TIMEOUT = 5.0  # seconds for a server to accept and answer one request
 DAEMON, REPLAY = "daemon", "replay"  # what a request starts (`launch`'s kind)
-# A command attached to the client's stdio (`launch_attached`, runtime/node_run.py): its
+# A command attached to the client's stdio (`launch_attached`, weenvfs/hand_over.py): its
 # stdin, stdout and stderr, the write end of its status pipe and the read end of a pipe whose
 # write end only the client holds (EOF: the client is gone).
 ATTACHED = "attached"

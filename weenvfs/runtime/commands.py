@@ -1,7 +1,7 @@
 """The `weenv run` and `weenv sandbox create|exec|reset|rm|ls|gc` commands.
 
 Owns: their arguments, defaults and output. `run` makes a sandbox owned by itself (or by the
-`weenv run` it runs for, in a process of the node service: node_run.py), runs one command
+`weenv run` it runs for, in a process of the node service: weenvfs/hand_over.py), runs one command
 with this terminal's stdin/stdout/stderr, removes the sandbox (also on SIGTERM, SIGHUP or
 Ctrl-C) and exits with the command's status. `sandbox create` makes a detached sandbox
 that lives until `sandbox rm`; the other subcommands find it by id through its state folder,
@@ -152,7 +152,7 @@ def _register_run(subparsers: Sub) -> None:
     _add_sandbox_options(p, store_required=False)
     p.add_argument("--keep", action="store_true",
                    help="keep the writable layer on disk and print where")
-    # Passed by a `weenv run` that the node service runs for it (node_run.py): the sandbox's
+    # Passed by a `weenv run` that the node service runs for it (hand_over.py): the sandbox's
     # owner is that process, the one its user sees and signals.
     p.add_argument("--owner-pid", type=int, help=argparse.SUPPRESS)
     add_ref_and_command(p, "ref", "REF", "environment NAME[:TAG] or manifest digest")

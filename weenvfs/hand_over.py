@@ -1,5 +1,5 @@
-"""`weenv run` (and `weenv pull`) carried out by the node service, this process only its
-stand-in.
+"""A command the node service carries out for this process (entry.HAND_OVER: `weenv run` and
+`weenv pull`), this process only its stand-in.
 
 A warm `weenv run` spent most of its fixed cost before the sandbox even started: the
 interpreter's start and the imports of the runtime (about 60 ms), then a fork of the node
@@ -21,7 +21,7 @@ Once the service took it, the command is never run twice: a service child that e
 a status dies, as this process then does, of the SIGTERM or SIGHUP relayed to it before its
 clean-up was set up; otherwise that is an error (EXIT_LOST).
 
-`weenv pull` goes the same way (entry.HAND_OVER) for the same reason: in its own process it
+`weenv pull` goes the same way for the same reason: in its own process it
 spent ~125 ms importing grpc and the registry client before its first request and ~70 ms
 shutting grpc down after its last, of a cold pull's ~0.55 s; where containerd is installed
 the service has those modules loaded (cli.service_modules) and its child ends with
@@ -41,7 +41,7 @@ from collections.abc import Sequence
 
 from weenvfs.fuse import node_socket
 
-SWITCH_ENV = "WEENV_NODE_RUN"  # "off": every `weenv run` runs in its own process
+SWITCH_ENV = "WEENV_NODE_RUN"  # "off": every `weenv run` and `pull` runs in its own process
 EXIT_LOST = 125  # as `docker run` when the daemon fails: the command's own status is unknown
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
