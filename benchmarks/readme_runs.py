@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from _mounting import BENCH_DIR, Published, drop_caches, mount_server, weenv
-from weenv_peer import evict_shared_mounts, mirror, start_seaweed
+from weenv_peer import evict_shared_mounts, mirror, point_hint_tag, start_seaweed
 
 from weenvfs.errors import RefNotFound
 from weenvfs.format.refs import SEED_TAG
@@ -119,21 +119,12 @@ class ReadmeRuns:
 
     def _set_seed(self, enabled: bool) -> None:
         with open_store(self.url) as store:
-            repo = Repository(store)
-            if enabled:
-                repo.set_tag("hints", self.env_digest, SEED_TAG, self.seed)
-            else:
-                with contextlib.suppress(RefNotFound):
-                    repo.delete_tag("hints", self.env_digest, SEED_TAG)
+            point_hint_tag(Repository(store), self.env_digest, self.seed if enabled else None,
+                           SEED_TAG)
 
     def _set_hint(self, enabled: bool) -> None:
         with open_store(self.url) as store:
-            repo = Repository(store)
-            if enabled:
-                repo.set_tag("hints", self.env_digest, "latest", self.hint)
-            else:
-                with contextlib.suppress(RefNotFound):
-                    repo.delete_tag("hints", self.env_digest, "latest")
+            point_hint_tag(Repository(store), self.env_digest, self.hint if enabled else None)
 
     def _cold(self) -> None:
         evict_shared_mounts()

@@ -46,6 +46,7 @@ from _common import timed
 from _mounting import can_drop_caches, drop_caches, weenv_argv
 from containerd_peer import NAMESPACE, ContainerdPeer, containerd_unavailable
 from docker_peer import Registry, RegistryMeter, _stop
+from weenv_peer import point_hint_tag
 
 from weenvfs.errors import RefNotFound
 from weenvfs.store import open_store
@@ -214,12 +215,7 @@ class ColdSnapshotterRun:
     def _set_latest(self, hint: str | None) -> None:
         with open_store(str(self.peer.store)) as store:
             repo = Repository(store)
-            digest, _ = repo.resolve_env(self.env_ref)
-            if hint is not None:
-                repo.set_tag("hints", digest, "latest", hint)
-            else:
-                with contextlib.suppress(RefNotFound):
-                    repo.delete_tag("hints", digest, "latest")
+            point_hint_tag(repo, repo.resolve_env(self.env_ref)[0], hint)
 
     def make_cold(self) -> None:
         """Nothing of an earlier run left, the page cache dropped, the weenv software read

@@ -196,6 +196,17 @@ def _hint_digest(repo: Repository, image: str) -> str | None:
         return None
 
 
+def point_hint_tag(repo: Repository, env_digest: str, hint: str | None,
+                   tag: str = "latest") -> None:
+    """Point hint tag `tag` of environment `env_digest` at hint `hint`, or remove it (None:
+    a mount then finds no hint under that tag)."""
+    if hint is not None:
+        repo.set_tag("hints", env_digest, tag, hint)
+    else:
+        with contextlib.suppress(RefNotFound):
+            repo.delete_tag("hints", env_digest, tag)
+
+
 def set_hints(url: str, images: Iterable[str], enabled: bool) -> None:
     """Point the hint tag `latest` of each image's environment at its recording, or remove
     it (a mount then replays no hint)."""
@@ -203,12 +214,7 @@ def set_hints(url: str, images: Iterable[str], enabled: bool) -> None:
         repo = Repository(store)
         for image in images:
             digest, _ = repo.resolve_env(env_ref(image))
-            hint = _hint_digest(repo, image)
-            if enabled and hint is not None:
-                repo.set_tag("hints", digest, "latest", hint)
-            else:
-                with contextlib.suppress(RefNotFound):
-                    repo.delete_tag("hints", digest, "latest")
+            point_hint_tag(repo, digest, _hint_digest(repo, image) if enabled else None)
 
 
 def mirror(src_url: str, dst_url: str) -> int:
