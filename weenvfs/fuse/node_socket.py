@@ -68,20 +68,20 @@ def fingerprint() -> str:
 
 
 def _code_folders() -> list[str]:
-    """PACKAGE and the folders of the MAPPED subpackages that lie outside it, found as the
-    import system would find them (its finders' `find_spec`, which imports nothing)."""
-    folders = [PACKAGE]
-    for name in MAPPED:
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = None if find is None else find(name, [PACKAGE])
-            if spec is not None:
-                for folder in spec.submodule_search_locations or ():
-                    folder = os.path.realpath(folder)
-                    if not (folder + os.sep).startswith(PACKAGE + os.sep):
-                        folders.append(folder)
-                break
-    return folders
+    """PACKAGE and the folders of the MAPPED subpackages that lie outside it."""
+    found = (os.path.realpath(folder) for name in MAPPED for folder in _locations(name))
+    return [PACKAGE, *(f for f in found if not (f + os.sep).startswith(PACKAGE + os.sep))]
+
+
+def _locations(name: str) -> list[str]:
+    """The folders of subpackage `name` as the import system would find them (the first of
+    its finders whose `find_spec` knows it; that imports nothing)."""
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        spec = None if find is None else find(name, [PACKAGE])
+        if spec is not None:
+            return list(spec.submodule_search_locations or ())
+    return []
 
 
 def _newest(folder: str) -> int:
