@@ -463,20 +463,33 @@ def _unmount_kernel(mp: Path, pid: int | None, lazy: bool) -> None:
     _detach_private(kernel_dir(mp))
 
 
-def is_mounted(mountpoint: Path) -> bool:
+def is_mounted(mountpoint: Path, mounted: frozenset[bytes] | None = None) -> bool:
     """Whether something is mounted at `mountpoint` (from /proc/self/mounts, so a dead FUSE
-    mount, which cannot be stat'ed, counts too)."""
-    target = os.fsencode(str(mount_path(mountpoint)))
+    mount, which cannot be stat'ed, counts too; or from `mounted`, what `mount_points`
+    returned, when the caller asks about many)."""
+    if mounted is None:
+        mounted = mount_points()
+        if mounted is None:
+            return os.path.ismount(mountpoint)
+    return os.fsencode(str(mount_path(mountpoint))) in mounted
+
+
+def mount_points() -> frozenset[bytes] | None:
+    """Every mount point of this mount namespace, from one read of /proc/self/mounts (each
+    read makes the kernel print every mount: a node with 30 sandboxes has hundreds); None
+    if it cannot be read."""
     try:
         with open("/proc/self/mounts", "rb") as f:
             lines = f.read().splitlines()
     except OSError:
-        return os.path.ismount(mountpoint)
-    return any(_unescape(line.split(b" ")[1]) == target for line in lines if b" " in line)
+        return None
+    return frozenset(_unescape(line.split(b" ")[1]) for line in lines if b" " in line)
 
 
 def _unescape(field: bytes) -> bytes:
     """Undo the octal escapes (\\040 for a space) of /proc/self/mounts."""
+    if b"\\" not in field:
+        return field  # nearly every line: no regular expression for it
     return re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), field)
 
 

@@ -147,11 +147,13 @@ def release_lowers(
     keys: Sequence[str], holder: str, keep_warm: float | None = None
 ) -> list[dict[str, Any]]:
     """Drop `holder` from every mount of `keys` (see `mounts.release`: `keep_warm` None is
-    the node's policy); what the recording mounts this ended published (their result
-    documents)."""
+    the node's policy), then evict what is over the node's bounds once for all of them;
+    what the recording mounts this ended published (their result documents)."""
     outcomes = []
     for key in keys:
-        outcome = mounts.release(key, holder, keep_warm)
+        outcome = mounts.release(key, holder, keep_warm, evict=False)
         if outcome is not None:
             outcomes.append(outcome)
+    if keys:
+        mounts.evict_idle()
     return outcomes
