@@ -112,6 +112,45 @@ def test_a_client_made_ahead_is_taken_over_only_with_the_same_environment(
     assert S3Store(url)._client is not made
 
 
+def test_a_process_takes_its_own_client_again_for_a_while_and_never_in_a_fork(
+    seaweed: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A harness opening many environments makes one session and client per store URL and
+    environment, not one per store; a forked process makes its own (the client has its
+    parent's connections); after REUSE_SECONDS the configuration is read anew."""
+    from weenvfs.store import s3
+
+    monkeypatch.setattr(s3, "_prebuilt", {})
+    monkeypatch.setattr(s3, "_made_here", {})
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    url = seaweed.url("reused")
+    first = S3Store(url)
+    first.put("tags/env/a/latest", b"x")
+    first.close()  # closing the first store leaves the client usable by the next ones
+    second = S3Store(url)
+    assert second._client is first._client and second.get("tags/env/a/latest") == b"x"
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports whether it took its parent's client
+        os.write(write, b"shared" if S3Store(url)._client is second._client else b"own")
+        os._exit(0)
+    os.close(write)
+    assert os.read(read, 16) == b"own"
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert S3Store(url)._client is second._client  # the parent still has it
+    monkeypatch.setattr(s3, "REUSE_SECONDS", 0.0)
+    third = S3Store(url)
+    assert third._client is not second._client
+    monkeypatch.setattr(s3, "REUSE_SECONDS", 60.0)
+    assert S3Store(url)._client is third._client
+    assert S3Store(url, read_timeout=7.0)._client is not third._client  # other settings
+    assert S3Store(seaweed.url("other"))._client is not third._client
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "another secret")
+    assert S3Store(url)._client is not third._client  # another environment
+
+
 def test_credentials_from_a_profile(
     seaweed: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

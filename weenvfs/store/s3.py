@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -100,6 +101,23 @@ def warm_up() -> None:
 MAX_PREBUILT = 8
 # (url, environment) -> (client, its credentials, the (timeouts, pool size) it was made with)
 _prebuilt: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Any, Credentials, Any]] = {}
+# Clients a process made for itself, taken by its later stores of the same URL and
+# environment for REUSE_SECONDS: a harness opening 32 environments at once made 32 sessions
+# and clients (~30 ms of CPU each, on the critical path of every `Environment.open`).
+# Clients are thread-safe; after that long a store reads the AWS configuration anew, as
+# one did every time before (an authentication error re-reads it at once: `_renew_credentials`).
+# They have connections open, so a forked process must never take one (it would talk on
+# its parent's sockets): forgotten in the child at every fork.
+REUSE_SECONDS = 60.0
+_made_here: dict[tuple[str, tuple[tuple[str, str], ...]],
+                 tuple[Any, Credentials, Any, float]] = {}
+
+
+def _forget_clients_made_here() -> None:
+    _made_here.clear()
+
+
+os.register_at_fork(after_in_child=_forget_clients_made_here)
 
 
 def _environment_key(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -141,7 +159,8 @@ class S3Store(Store):
     `create_only_prefixes`: keys under these are written with `If-None-Match: *` where the
     server supports it (detected at the first put), so an existing immutable object is kept.
     `prebuilt`: take the client the node service made for this URL and environment, if any
-    (`prebuild`; only with the timeouts and pool size it was made with).
+    (`prebuild`), else one this process made for an earlier store in the last
+    REUSE_SECONDS (only with the timeouts and pool size it was made with).
     """
 
     def __init__(
@@ -170,11 +189,28 @@ class S3Store(Store):
         self._session_options = dict(session_options or {})
         self._lock = threading.Lock()
         self._bucket_seen = False
-        made = _prebuilt.get((url, _environment_key(os.environ))) if prebuilt else None
-        if made is not None and made[2] == self._client_settings and not session_options:
-            self._client, self._credentials = made[:2]
+        key = (url, _environment_key(os.environ))
+        self._reuse_key = key if prebuilt and not session_options else None
+        made = _prebuilt.get(key) if self._reuse_key else None
+        if made is None and self._reuse_key:
+            made = _made_here.get(key)
+            if made is not None and time.monotonic() - made[3] >= REUSE_SECONDS:
+                made = None
+        if made is not None and made[2] == self._client_settings:
+            self._client, self._credentials = made[0], made[1]
         else:
             self._client, self._credentials = self._new_client()
+            if self._reuse_key:
+                self._remember_client(self._reuse_key)
+
+    def _remember_client(self, key: tuple[str, tuple[tuple[str, str], ...]]) -> None:
+        """Let this process's later stores of the same URL and environment take this
+        store's client (`_made_here`)."""
+        _made_here.pop(key, None)
+        while len(_made_here) >= MAX_PREBUILT:
+            del _made_here[next(iter(_made_here))]
+        _made_here[key] = (self._client, self._credentials, self._client_settings,
+                           time.monotonic())
 
     @property
     def _client_settings(self) -> tuple[Any, ...]:
@@ -239,6 +275,9 @@ class S3Store(Store):
             if credentials == self._credentials:
                 return False
             self._client, self._credentials = self._client_from(session), credentials
+            shared = _made_here.get(self._reuse_key) if self._reuse_key else None
+            if shared is not None and shared[0] is failed_client:
+                self._remember_client(self._reuse_key)  # later stores take the new one
         log.info("store %s: credentials changed, using the new ones", self.url)
         return True
 
