@@ -404,7 +404,7 @@ def _daemon_memory(pid: int | None) -> int:
         return seen[1]
     size = _measure_memory(pid)
     if len(_memory_seen) > 256:  # daemons come and go: forget what is too old to be used
-        for old in [p for p, (at, _) in _memory_seen.items() if now - at >= MEMORY_TTL]:
+        for old in [p for p, (at, _) in list(_memory_seen.items()) if now - at >= MEMORY_TTL]:
             _memory_seen.pop(old, None)
     _memory_seen[pid] = (now, size)
     return size

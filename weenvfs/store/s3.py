@@ -111,10 +111,13 @@ _prebuilt: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Any, Credentials,
 REUSE_SECONDS = 60.0
 _made_here: dict[tuple[str, tuple[tuple[str, str], ...]],
                  tuple[Any, Credentials, Any, float]] = {}
+_made_here_lock = threading.Lock()  # a harness opens stores from many threads at once
 
 
 def _forget_clients_made_here() -> None:
+    global _made_here_lock  # another thread may have held it at the fork: a new one
     _made_here.clear()
+    _made_here_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_clients_made_here)
@@ -206,11 +209,12 @@ class S3Store(Store):
     def _remember_client(self, key: tuple[str, tuple[tuple[str, str], ...]]) -> None:
         """Let this process's later stores of the same URL and environment take this
         store's client (`_made_here`)."""
-        _made_here.pop(key, None)
-        while len(_made_here) >= MAX_PREBUILT:
-            del _made_here[next(iter(_made_here))]
-        _made_here[key] = (self._client, self._credentials, self._client_settings,
-                           time.monotonic())
+        with _made_here_lock:
+            _made_here.pop(key, None)
+            while len(_made_here) >= MAX_PREBUILT:
+                del _made_here[next(iter(_made_here))]
+            _made_here[key] = (self._client, self._credentials, self._client_settings,
+                               time.monotonic())
 
     @property
     def _client_settings(self) -> tuple[Any, ...]:
