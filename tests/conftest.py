@@ -7,6 +7,8 @@ Owns:
   (set by .ci/run), so a missing component can never make CI pass silently;
 - FUSE: the `requires_fuse` marker and fixture skip when /dev/fuse or fusermount3 is unusable,
   and fail instead when WEENVFS_TEST_FUSE=1;
+- SIGINT at its default in the commands the tests start, however the suite was started (a
+  background job of a shell without job control gets it ignored);
 - isolation from the node: $WEENV_MOUNTD_SOCKET points into a folder of this session, so a
   mount server running on the machine (`weenv mountd`) never serves the tests' mounts; the
   server the first mount of the session starts there (mounts start one when none answers) is
@@ -38,6 +40,14 @@ import pytest
 # pytest's own faulthandler plugin normally does this; keep it on if that plugin is disabled.
 if not faulthandler.is_enabled():
     faulthandler.enable()
+
+# A shell without job control starts a background command (`make test &`, `nohup ... &`) with
+# SIGINT ignored, every process it starts inherits that, and a Python started with SIGINT
+# ignored never raises KeyboardInterrupt: the Ctrl-C tests (tests/fuse/test_mount_interrupt.py,
+# tests/runtime/test_interrupts.py) would then wait for commands that cannot be interrupted.
+# A terminal's Ctrl-C reaches them with SIGINT at its default; so do the tests' commands.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 WATCHED_LOGGER = "weenvfs"
 

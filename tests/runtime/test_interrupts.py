@@ -40,7 +40,7 @@ import pytest
 from rt_support import EnvRef
 
 from weenvfs.fuse import daemon, mountd
-from weenvfs.runtime import sandbox
+from weenvfs.runtime import sandbox, sandbox_state
 from weenvfs.runtime.lower_modes import DEFAULT_LOWER
 from weenvfs.runtime.lowers import plan_lowers
 from weenvfs.store import open_store
@@ -245,7 +245,7 @@ def _processes(needle: bytes) -> list[int]:
 
 
 def _remove_created(served: Served) -> None:
-    for sandbox_id in sandbox.list_ids():
+    for sandbox_id in sandbox_state.list_ids():
         box = sandbox.Sandbox.load(sandbox_id)
         if box.state["env"]["digest"] == served.env.digest:
             box.destroy()
