@@ -99,6 +99,22 @@ def test_idle_mounts_over_the_memory_bound_are_evicted_least_recently_used_first
     assert {m.key for m in mounts.list_mounts() if m.idle} == {second.digest}
 
 
+def test_eviction_leaves_a_busy_mount_to_its_holder_and_a_gone_one_gone(
+        warm_root: Path, make_env: Callable[..., EnvRef]) -> None:
+    """32 sandboxes closing at once each walked every eviction victim, waiting for its lock
+    while another thread tore it down, then tore down the folder it had just made again."""
+    env = make_env()
+    _use(env)
+    over = mounts.WarmPolicy(seconds=600, max_idle=0, max_memory=0)
+    with mounts.locked(env.digest):  # being made, used or torn down by someone else
+        assert mounts.evict_idle(over) == []
+    assert daemon.is_mounted(mounts.mountpoint(env.digest))
+    assert mounts.evict_idle(over) == [env.digest]
+    assert not mounts.env_dir(env.digest).exists()
+    assert not mounts._evict(env.digest, lambda info: True)
+    assert not mounts.env_dir(env.digest).exists()  # not made again to be torn down
+
+
 def test_a_daemons_memory_is_measured_once_for_many_releases(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Measuring walks the daemon's page tables: a harness releasing 32 environments' mounts

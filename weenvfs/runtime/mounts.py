@@ -182,6 +182,34 @@ def locked(key: str) -> Iterator[Path]:
             os.close(fd)
 
 
+@contextlib.contextmanager
+def _locked_if_free(key: str) -> Iterator[Path | None]:
+    """Mount `key`'s folder with its lock held, or None: when the folder is gone (never
+    made again here) or another process or thread holds the lock (the mount is being made,
+    used or torn down). For eviction, which must neither wait behind a teardown it would
+    only repeat (32 sandboxes closing at once each walked every victim, waiting for its
+    lock) nor bring back the folder of a mount already gone."""
+    path = env_dir(key) / "lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        yield None
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield None
+            return
+        try:
+            current = os.stat(path).st_ino
+        except FileNotFoundError:
+            current = -1
+        yield path.parent if current == os.fstat(fd).st_ino else None  # else: torn down
+    finally:
+        os.close(fd)
+
+
 def _read_info(folder: Path) -> dict[str, Any]:
     try:
         data = json.loads((folder / "mount.json").read_text())
@@ -376,9 +404,10 @@ def _expired(info: dict[str, Any], now: float) -> bool:
 
 
 def _evict(key: str, due: Callable[[dict[str, Any]], bool]) -> bool:
-    """Tear mount `key` down if, under its lock, it has no holder and `due(mount.json)`."""
-    with locked(key) as folder:
-        if _holders(folder) or not due(_read_info(folder)):
+    """Tear mount `key` down if, under its lock, it has no holder and `due(mount.json)`;
+    a mount whose lock is busy or that is gone is left to whoever has it (`_locked_if_free`)."""
+    with _locked_if_free(key) as folder:
+        if folder is None or _holders(folder) or not due(_read_info(folder)):
             return False
         _teardown(folder)
         return True
