@@ -170,16 +170,21 @@ def locked(key: str) -> Iterator[Path]:
             continue  # a teardown removed the folder between our mkdir and open
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                current = os.stat(path).st_ino
-            except FileNotFoundError:
-                current = -1
-            if current != os.fstat(fd).st_ino:
+            if not _still_names(path, fd):
                 continue  # finally closes fd
             yield folder
             return
         finally:
             os.close(fd)
+
+
+def _still_names(path: Path, fd: int) -> bool:
+    """Whether `path` still names the file open as `fd` (a teardown unlinks a lock file
+    while holding it; whoever locks it afterwards holds a lock on nothing)."""
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
 
 
 @contextlib.contextmanager
@@ -201,11 +206,7 @@ def _locked_if_free(key: str) -> Iterator[Path | None]:
         except BlockingIOError:
             yield None
             return
-        try:
-            current = os.stat(path).st_ino
-        except FileNotFoundError:
-            current = -1
-        yield path.parent if current == os.fstat(fd).st_ino else None  # else: torn down
+        yield path.parent if _still_names(path, fd) else None  # else: torn down meanwhile
     finally:
         os.close(fd)
 
