@@ -136,3 +136,26 @@ def test_an_unknown_command_gets_the_complete_parser() -> None:
     done = subprocess.run([sys.executable, "-m", "weenvfs", "mout"], capture_output=True,
                           text=True, check=False, timeout=60)
     assert done.returncode == 2 and "invalid choice" in done.stderr and "mount" in done.stderr
+
+
+def test_parsers_built_ahead_are_taken_once_each_and_parse_like_fresh_ones(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The node service builds the parsers of what its forked processes run before it forks
+    (`cli.prebuild_parsers`); `main` takes the one of its command, once."""
+    monkeypatch.setattr(cli, "_prebuilt_parsers", {})
+    cli.prebuild_parsers()
+    assert set(cli.SERVICE_COMMANDS) <= set(cli._prebuilt_parsers)
+    ahead = cli._prebuilt_parsers["mounts"]
+    monkeypatch.setenv("WEENV_ENVS_ROOT", str(tmp_path / "envs"))
+    assert cli.main(["mounts", "ls", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert "mounts" not in cli._prebuilt_parsers
+    assert cli._parser_for("mounts") is not ahead
+    fresh = cli.build_parser("mount")
+    argv = ["mount", "env:v1", str(tmp_path / "mp"), "--store", "/srv/s", "--layer", "2"]
+    ahead_args, fresh_args = (vars(p.parse_args(argv)) for p in (cli._parser_for("mount"),
+                                                                   fresh))
+    for args in (ahead_args, fresh_args):
+        del args["command_parser"]
+    assert ahead_args == fresh_args and ahead_args["layer"] == 2

@@ -200,6 +200,30 @@ PULL_MODULES = ("weenvfs.snapshotter.commands", "weenvfs.snapshotter.pull",
                 "weenvfs.tools.registry_auth")
 
 
+# The commands the node service's forked processes run (the words of SERVICE_MODULES and
+# PULL_MODULES, mount daemons and housekeeping): their parsers are built before it forks.
+SERVICE_COMMANDS = ("mount", "sandbox", "cache", "run", "mounts")
+PULL_COMMANDS = ("pull",)
+# Parsers built ahead by the node service (`prebuild_parsers`): argparse and gettext spend
+# ~25 ms of CPU building a command module's parser, which every mount daemon, resolution,
+# hint replay and handed-over `weenv run` it forks would otherwise pay again. Each is used
+# once (a parser built for one run of `main` is not shared with a later one).
+_prebuilt_parsers: dict[str | None, argparse.ArgumentParser] = {}
+
+
+def prebuild_parsers() -> None:
+    """Build the parsers of SERVICE_COMMANDS (and PULL_COMMANDS where `ctr` is) now, for the
+    processes this one forks later (`main` takes them)."""
+    import shutil
+
+    for command in SERVICE_COMMANDS + (PULL_COMMANDS if shutil.which("ctr") else ()):
+        _prebuilt_parsers[command] = build_parser(command)
+
+
+def _parser_for(command: str | None) -> argparse.ArgumentParser:
+    return _prebuilt_parsers.pop(command, None) or build_parser(command)
+
+
 def service_modules() -> tuple[str, ...]:
     """What the node service imports before it forks (see SERVICE_MODULES)."""
     import shutil
@@ -301,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv  # until the arguments are parsed
     logs = _LogSetup()
     try:
-        args = _parse(build_parser(_command_of(argv)), argv)
+        args = _parse(_parser_for(_command_of(argv)), argv)
         debug = args.debug
         _setup_logging(logs, args.verbose, args.log_file)
         return _dispatch(args)

@@ -438,3 +438,16 @@ def test_a_request_naming_an_s3_store_makes_its_client_ahead(monkeypatch) -> Non
     assert s3._prebuilt == {}
     mountd._prebuild_clients({"argv": ["sandbox", "resolve", "e:t", "--store", url], "env": env})
     assert [key[0] for key in s3._prebuilt] == [url]
+
+
+def test_the_server_freezes_what_it_preloaded_before_it_forks() -> None:
+    """What the server imports before its first fork is kept out of every collection
+    (gc.freeze), so no forked child traverses and copies it on write in a collection."""
+    import gc
+
+    gc.unfreeze()
+    try:
+        mountd._preload(())
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

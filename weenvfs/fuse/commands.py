@@ -17,6 +17,7 @@ background mount imports neither the store nor the core nor pyfuse3; the daemon 
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -313,6 +314,9 @@ def _mount_foreground(args: argparse.Namespace) -> int:
         # Nothing is mounted yet: a SIGTERM while the store is read (a stalled store, a
         # Ctrl-C'd `weenv mount`) ends the daemon at once.
         env = load(args.store, args.ref, config.layer, config.cache_dir)
+        # The loaded indexes live as long as the daemon: keep them out of every collection
+        # (as the node service does with its modules before it forks this process).
+        gc.freeze()
     except Exception as error:
         pipe.failed(str(error) or type(error).__name__)
         raise
@@ -395,6 +399,7 @@ def _cmd_mountd(args: argparse.Namespace) -> int:
         from .exporter import Exporter, choose
 
         address, chosen = choose(args.metrics)
+        cli.prebuild_parsers()
         exporter = None if address is None else Exporter(address, chosen, mountd.socket_path())
         return mountd.serve(args.idle, cli.main, ready=pipe.ready,
                             leave_cgroups=args.leave_cgroups, exporter=exporter,

@@ -46,6 +46,7 @@ from __future__ import annotations
 import array
 import contextlib
 import fcntl
+import gc
 import json
 import logging
 import os
@@ -276,6 +277,11 @@ def _preload(preload: tuple[str, ...]) -> None:
     from weenvfs.store import warm_up
 
     warm_up()
+    # Everything imported so far lives as long as the server: keep it out of the collector.
+    # A forked child then never traverses (and so never copies on write) these objects in a
+    # collection of its own: gc.freeze is made for fork servers.
+    gc.collect()
+    gc.freeze()
 
 
 class _Listening:
