@@ -112,6 +112,38 @@ def test_a_client_made_ahead_is_taken_over_only_with_the_same_environment(
     assert S3Store(url)._client is not made
 
 
+def test_a_client_made_ahead_is_rehearsed_offline_and_then_answers_from_the_server(
+    seaweed: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`prebuild` sends the requests a mount makes first through botocore with canned
+    answers (s3._rehearse), so the processes forked later inherit what botocore builds at a
+    client's first requests. Nothing of the rehearsal reaches the network (an endpoint where
+    nothing listens is rehearsed just the same), and afterwards every request is answered
+    by the server: a missing key, a listing, a range, an object's size."""
+    from weenvfs.store import prebuild_client, s3
+
+    monkeypatch.setattr(s3, "_prebuilt", {})
+    keys = seaweed.env()
+    environ = {**os.environ, **keys}
+    assert prebuild_client("s3://nowhere/x?endpoint=http://127.0.0.1:9", environ)
+    url = seaweed.url("rehearsed")
+    assert prebuild_client(url, environ)
+    for name, value in keys.items():
+        monkeypatch.setenv(name, value)
+    store = S3Store(url)
+    assert store._client is s3._prebuilt[(url, s3._environment_key(os.environ))][0]
+    store.check(write=True)
+    data = os.urandom(3000)
+    store.put("blobs/ab", data)
+    assert store.get_range("blobs/ab", 1000, 5) == data[1000:1005]
+    assert store.get("blobs/ab") == data and store.size("blobs/ab") == 3000
+    assert list(store.list("blobs/")) == ["blobs/ab"]
+    with pytest.raises(ObjectMissing):
+        store.get("tags/env/none/latest")
+    with pytest.raises(ObjectMissing):
+        store.size("blobs/none")
+
+
 def test_a_process_takes_its_own_client_again_for_a_while_and_never_in_a_fork(
     seaweed: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
