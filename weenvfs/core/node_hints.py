@@ -322,13 +322,17 @@ def has_hint(repo: Repository, manifest_digest: str, manifest: Manifest,
 def may_have_hint(env: LoadedEnv, spec: str) -> bool:
     """Whether `spec` (`--hint`: a tag, a hint digest, none) may name a hint of `env`: a
     digest does; a tag if it exists or the manifest names a hint, `latest` also if the seed
-    exists (a store request or two; a store error: maybe, the replay will say)."""
+    exists (one LIST of the environment's hint tags, or a GET or two where the store cannot
+    list; a store error: maybe, the replay will say)."""
     if spec == NO_HINT:
         return False
-    if HINT_DIGEST.fullmatch(spec):
+    if HINT_DIGEST.fullmatch(spec) or env.manifest.hints is not None:
         return True
+    repo = Repository(env.store)
+    wanted = {spec, SEED_TAG} if spec == DEFAULT_TAG else {spec}
+    with contextlib.suppress(StoreError, FormatError):
+        return bool(wanted & repo.tag_names("hints", env.digest))
     try:
-        repo = Repository(env.store)
         return has_hint(repo, env.digest, env.manifest, spec) or (
             spec == DEFAULT_TAG and has_hint(repo, env.digest, env.manifest, SEED_TAG))
     except (StoreError, FormatError):

@@ -134,6 +134,11 @@ class Repository:
         """Remove a tag (objects stay until `gc`)."""
         self.store.delete(tag_key(kind, name, tag))
 
+    def tag_names(self, kind: str, name: str) -> set[str]:
+        """The tags `name` of `kind` has: one LIST, no GET (StoreError where the store
+        cannot list)."""
+        return {parse_tag_key(key)[2] for key in self.store.list(tag_key(kind, name, "x")[:-1])}
+
     def list_tags(self, kind: str, name: str | None = None) -> Iterator[tuple[str, str, str]]:
         """(name, tag, digest) of every tag of `kind` (with `name`: of that name only)."""
         prefix = f"tags/{kind}/" if name is None else tag_key(kind, name, "x")[:-1]
