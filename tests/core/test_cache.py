@@ -55,6 +55,26 @@ def test_insert_then_open_reads_back(chunk_cache: ChunkCache, pattern) -> None:
     assert (usage.chunks, usage.bytes, usage.temp_files, usage.lock_files) == (1, len(plain), 0, 0)
 
 
+def test_opening_a_complete_cache_makes_no_folder_and_a_missing_one_comes_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pattern) -> None:
+    """Every mount daemon opens the node cache: a complete one is taken after one listing
+    (no mkdir); one that lost a folder (or its CACHEDIR.TAG) is made whole again."""
+    root = tmp_path / "cache"
+    plain = pattern(1, 5000)
+    digest = _insert(ChunkCache(root), plain)
+    made: list[str] = []
+    real_makedirs = os.makedirs
+    monkeypatch.setattr(os, "makedirs", lambda path, *a, **k: (made.append(str(path)),
+                                                               real_makedirs(path, *a, **k)))
+    with ChunkCache(root).open(digest, len(plain)) as f:
+        assert f.read() == plain
+    assert made == []
+    (root / "ff").rmdir()
+    (root / "CACHEDIR.TAG").unlink()
+    ChunkCache(root)
+    assert (root / "ff").is_dir() and (root / "CACHEDIR.TAG").is_file() and made
+
+
 def test_default_cache_dir_follows_the_environment(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("WEENV_CACHE", str(tmp_path / "x"))
     assert default_cache_dir() == tmp_path / "x"
