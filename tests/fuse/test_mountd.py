@@ -451,3 +451,37 @@ def test_the_server_freezes_what_it_preloaded_before_it_forks() -> None:
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_evictions_run_one_at_a_time_per_environment_and_once_more_after(
+        tmp_path: Path) -> None:
+    """EVICT requests (a sandbox released its mounts): the server forks the eviction with the
+    client's environment; while one runs for the same WEENV_ variables, any number of new
+    requests make exactly one more run after it; another environment's runs at once."""
+    runs = tmp_path / "runs"
+
+    def run(argv: list[str]) -> int:
+        with open(runs, "a") as f:
+            f.write(f"{os.environ['WEENV_ENVS_ROOT']} {' '.join(argv)}\n")
+        time.sleep(1.0)
+        return 0
+
+    evictions = mountd._Evictions((), run)
+    for root in ("a", "a", "a", "a", "b"):
+        evictions.ask({"env": {"WEENV_ENVS_ROOT": root, "PATH": os.environ["PATH"]},
+                       "umask": "18"}, ())
+    deadline = time.monotonic() + 60
+    while evictions.poll() or any(evictions._still_running(k) for k in list(evictions.running)):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    line = " ".join(mountd.HOUSEKEEPING)
+    assert sorted(runs.read_text().splitlines()) == [f"a {line}", f"a {line}", f"b {line}"]
+
+
+def test_request_eviction_needs_a_running_server(monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path) -> None:
+    monkeypatch.setenv(mountd.SOCKET_ENV, str(tmp_path / "none.sock"))
+    assert not mountd.request_eviction()  # none runs, and none is started for it
+    assert not (tmp_path / "none.sock").exists()
+    monkeypatch.setenv(mountd.SWITCH_ENV, "off")
+    assert not mountd.request_eviction()

@@ -14,6 +14,10 @@ Owns:
   (0: never). A detached server first leaves its starter's cgroups (`leave_caller_cgroups`),
   and every HOUSEKEEPING_EVERY seconds it forks `weenv mounts evict --expired` (the idle
   bounds of the node's shared mounts, runtime/mounts.py).
+- evictions: a request of kind EVICT (`request_eviction`: a sandbox released its mounts)
+  forks the same eviction with the client's environment (its mounts folder and bounds), so
+  the closing sandbox never waits for daemons to exit; at most one runs per environment,
+  and requests arriving meanwhile make one more run after it (`_Evictions`).
 - attached commands: a request of kind ATTACHED (`launch_attached`, weenvfs/hand_over.py:
   `weenv run` hands itself over) is forked the same way but runs with the client's stdin,
   stdout, stderr and working folder, writes `pid N` and then `exit N` on the status pipe the
@@ -67,6 +71,7 @@ from .node_socket import (
     ATTACHED,
     CONNECT_TIMEOUT,
     DAEMON,
+    EVICT,
     MAX_REQUEST,
     REPLAY,
     addressable,
@@ -88,6 +93,7 @@ MAX_FDS = 8  # room for descriptors in a request (more are discarded by the kern
 MAX_REPLAYS = max(1, (os.cpu_count() or 1) // 2)
 AUTO_IDLE = 600.0  # seconds an auto-started server lingers with no request and no daemon
 HOUSEKEEPING_EVERY = 60.0  # seconds between two runs of HOUSEKEEPING while the server runs
+EVICTION_POLL = 0.05  # seconds between two checks whether an asked-for eviction may start
 # What the server runs (in a forked child) every HOUSEKEEPING_EVERY seconds: evict the warm
 # shared mounts past their idle timeout or over the node's bounds (runtime/mounts.py). The
 # CLI runs it, so this package never imports the runtime.
@@ -129,6 +135,15 @@ def launch_attached(args: list[str], fds: list[int]) -> bool:
     if not enabled():
         return False
     return _request(request_line(args, ATTACHED, cwd=os.getcwd()), fds, start=True)
+
+
+def request_eviction() -> bool:
+    """Ask the running server (none is started for this) to run HOUSEKEEPING, the eviction
+    of the idle mounts over the node's bounds, in a process of its own with this process's
+    environment; True if it took the request (the caller then need not evict itself)."""
+    if not enabled():
+        return False
+    return _request(request_line([], EVICT), [], start=False)
 
 
 def _request(request: bytes, fds: list[int], start: bool) -> bool:
@@ -354,6 +369,7 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
         held += (exporter.socket,)
     daemons: dict[int, str] = {}  # pid -> start time, of every daemon forked and alive
     replays: dict[int, str] = {}  # the same, of the hint replays among them
+    evictions = _Evictions(held, run)
     last = time.monotonic()
     chores = last + HOUSEKEEPING_EVERY
     while True:
@@ -364,6 +380,8 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
             _fork_task(list(HOUSEKEEPING), held, run)
             chores = now + HOUSEKEEPING_EVERY
         waits = [chores - now]
+        if evictions.poll():
+            waits.append(EVICTION_POLL)
         if idle > 0:
             waits.append(last + idle - now)
         readable, _, _ = select.select([listener], [], [], max(0.0, min(waits)))
@@ -378,7 +396,7 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
             # What a forked daemon must not keep: above all the lock (flock belongs to the
             # open file, so a daemon holding it would lock out the next server).
             if not _handle(conn, (conn, *held), code_print, namespaces, run, daemons,
-                           replays):
+                           replays, evictions):
                 return
 
 
@@ -419,9 +437,10 @@ def leave_caller_cgroups() -> None:
 
 def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
             namespaces: dict[str, str], run: Callable[[list[str]], int],
-            daemons: dict[int, str], replays: dict[int, str]) -> bool:
+            daemons: dict[int, str], replays: dict[int, str], evictions: _Evictions) -> bool:
     """Serve one request (the daemon it forks is added to `daemons`, and to `replays` if it
-    is a hint replay); False when this server must exit (its code is stale)."""
+    is a hint replay; an eviction goes to `evictions`); False when this server must exit
+    (its code is stale)."""
     conn.settimeout(CONNECT_TIMEOUT)
     fds: list[int] = []
     try:
@@ -441,10 +460,15 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
             _answer(conn, "declined: the client runs in another mount or network namespace")
             return True
         attached = request.get("kind") == ATTACHED
-        wanted = ATTACHED_FDS if attached else 2
+        evict = request.get("kind") == EVICT
+        wanted = ATTACHED_FDS if attached else 0 if evict else 2
         if len(fds) != wanted:
             _answer(conn, f"refused: a request of kind {request.get('kind', DAEMON)} passes "
                           f"exactly {wanted} file descriptors")
+            return True
+        if evict:
+            evictions.ask(request, held)
+            _answer(conn, "ok")
             return True
         replay = request.get("kind") == REPLAY
         if replay and _alive(replays) >= MAX_REPLAYS:
@@ -541,18 +565,66 @@ def _argv_env(request: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
             {str(k): str(v) for k, v in request["env"].items()})
 
 
-def _fork_task(argv: list[str], held: tuple[Any, ...], run: Callable[[list[str]], int]) -> None:
-    """Run `weenv ARGV` in a detached child of the server (its housekeeping)."""
+def _fork_task(argv: list[str], held: tuple[Any, ...], run: Callable[[list[str]], int],
+               request: dict[str, Any] | None = None) -> int:
+    """Run `weenv ARGV` in a detached child of the server (its housekeeping), in the
+    environment and umask of `request` if given; the child's pid (0 if unknown or none)."""
 
     def task() -> None:
+        if request is not None:
+            env = {str(k): str(v) for k, v in request["env"].items()}
+            _take_over(argv, env, int(request["umask"]))
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, signal.SIG_DFL)
         os._exit(run(argv))
 
     try:
-        _detached(held, task)
+        return _detached(held, task)
     except OSError as error:
         log.warning("mount server housekeeping did not start: %s", error)
+        return 0
+
+
+class _Evictions:
+    """The evictions clients asked for (EVICT): one process at a time per environment (its
+    WEENV_ variables: mounts folder and bounds); a request while one runs makes one more
+    run after it, which sees what was released since the running one listed the mounts.
+    (A plain class: see `_Listening`.)"""
+
+    def __init__(self, held: tuple[Any, ...], run: Callable[[list[str]], int]) -> None:
+        self.held, self.run = held, run
+        self.running: dict[tuple[tuple[str, str], ...], tuple[int, str]] = {}
+        self.waiting: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+
+    def ask(self, request: dict[str, Any], held: tuple[Any, ...]) -> None:
+        """Start the eviction of `request` now (its child closes `held`, the connection
+        too) or after the one running for the same environment."""
+        key = tuple(sorted((str(k), str(v)) for k, v in request["env"].items()
+                           if str(k).startswith("WEENV_")))
+        int(request["umask"])  # a bad request fails here, not in the child
+        if key in self.running and self._still_running(key):
+            self.waiting[key] = request
+        else:
+            self._start(key, request, held)
+
+    def poll(self) -> bool:
+        """Start the waiting evictions whose predecessor ended; whether any still wait."""
+        for key in [k for k in self.waiting if not self._still_running(k)]:
+            self._start(key, self.waiting.pop(key), self.held)
+        return bool(self.waiting)
+
+    def _still_running(self, key: tuple[tuple[str, str], ...]) -> bool:
+        pid, started = self.running.get(key, (0, ""))
+        if pid and started and daemon.start_time(pid) == started:
+            return True
+        self.running.pop(key, None)
+        return False
+
+    def _start(self, key: tuple[tuple[str, str], ...], request: dict[str, Any],
+               held: tuple[Any, ...]) -> None:
+        pid = _fork_task(list(HOUSEKEEPING), held, self.run, request)
+        if pid:
+            self.running[key] = (pid, daemon.start_time(pid))
 
 
 def _detached(held: tuple[Any, ...], body: Callable[[], None]) -> int:

@@ -31,6 +31,8 @@ DAEMON, REPLAY = "daemon", "replay"  # what a request starts (`launch`'s kind)
 # stdin, stdout and stderr, the write end of its status pipe and the read end of a pipe whose
 # write end only the client holds (EOF: the client is gone).
 ATTACHED = "attached"
+# Evict the node's idle mounts over its bounds (`mountd.request_eviction`): no descriptors.
+EVICT = "evict"
 MAX_REQUEST = 1 << 20
 SUN_PATH_MAX = 107  # bytes of a unix socket path, NUL excluded
 PACKAGE = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # the weenvfs folder

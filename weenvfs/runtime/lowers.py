@@ -147,7 +147,8 @@ def release_lowers(
     keys: Sequence[str], holder: str, keep_warm: float | None = None
 ) -> list[dict[str, Any]]:
     """Drop `holder` from every mount of `keys` (see `mounts.release`: `keep_warm` None is
-    the node's policy), then evict what is over the node's bounds once for all of them;
+    the node's policy), then evict what is over the node's bounds once for all of them
+    (`mounts.evict_over_bounds`: by the node service when it runs);
     what the recording mounts this ended published (their result documents)."""
     outcomes = []
     for key in keys:
@@ -155,5 +156,5 @@ def release_lowers(
         if outcome is not None:
             outcomes.append(outcome)
     if keys:
-        mounts.evict_idle()
+        mounts.evict_over_bounds()
     return outcomes
