@@ -599,9 +599,11 @@ class _Evictions:
     def ask(self, request: dict[str, Any], held: tuple[Any, ...]) -> None:
         """Start the eviction of `request` now (its child closes `held`, the connection
         too) or after the one running for the same environment."""
+        if not isinstance(request.get("env"), dict):
+            raise TypeError("the request's env is not an object")
+        int(request["umask"])  # a bad request fails here (an answer), not in the child
         key = tuple(sorted((str(k), str(v)) for k, v in request["env"].items()
                            if str(k).startswith("WEENV_")))
-        int(request["umask"])  # a bad request fails here, not in the child
         if key in self.running and self._still_running(key):
             self.waiting[key] = request
         else:
