@@ -162,6 +162,7 @@ class ContainerdPeer:
             done = subprocess.run(["umount", point], capture_output=True, check=False)
             if done.returncode != 0:  # a FUSE layer whose daemon is gone: detach it
                 subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+        _remove_namespace_cgroups()
 
     def reset_cold(self) -> None:
         """Stop, wipe every image, snapshot and cached layer, start again."""
@@ -207,3 +208,11 @@ def containerd_unavailable() -> str | None:
     if not os.path.exists("/dev/fuse"):
         return "no /dev/fuse (the snapshotter mounts layers with FUSE)"
     return None
+
+
+def _remove_namespace_cgroups() -> None:
+    """containerd's runtime puts a task in cgroup /NAMESPACE/ID and removes only ID: remove
+    the namespace's parent too, in every hierarchy, once it is empty (rmdir refuses else)."""
+    for hierarchy in Path("/sys/fs/cgroup").glob("*/"):
+        with contextlib.suppress(OSError):
+            (hierarchy / NAMESPACE).rmdir()
