@@ -348,10 +348,12 @@ def release(key: str, holder: str, keep_warm: float | None = None, *,
 def evict_over_bounds(policy: WarmPolicy | None = None) -> None:
     """`evict_idle`, run by the node service when it answers (a process it forks with this
     one's environment: a closing sandbox does not wait for the evicted mounts' daemons to
-    exit, ~0.6 s per close when 32 sandboxes closed at once), else here. Nothing when no
-    mount is idle (a node that keeps none warm)."""
-    if any(m.idle for m in list_mounts()) and not mountd.request_eviction():
-        evict_idle(policy)
+    exit, ~0.6 s per close when 32 sandboxes closed at once), else here. A policy that keeps
+    nothing warm evicts here: it rarely finds anything, and a fork per close would cost more."""
+    policy = policy or WarmPolicy.from_env()
+    if policy.seconds > 0 and policy.max_idle > 0 and mountd.request_eviction():
+        return
+    evict_idle(policy)
 
 
 def _node_service_answers() -> bool:
