@@ -137,11 +137,11 @@ class Repository:
     def tag_names(self, kind: str, name: str) -> set[str]:
         """The tags `name` of `kind` has: one LIST, no GET (StoreError where the store
         cannot list)."""
-        return {parse_tag_key(key)[2] for key in self.store.list(tag_key(kind, name, "x")[:-1])}
+        return {parse_tag_key(key)[2] for key in self.store.list(_tag_prefix(kind, name))}
 
     def list_tags(self, kind: str, name: str | None = None) -> Iterator[tuple[str, str, str]]:
         """(name, tag, digest) of every tag of `kind` (with `name`: of that name only)."""
-        prefix = f"tags/{kind}/" if name is None else tag_key(kind, name, "x")[:-1]
+        prefix = f"tags/{kind}/" if name is None else _tag_prefix(kind, name)
         for key in self.store.list(prefix):
             _, name, tag = parse_tag_key(key)
             try:
@@ -177,3 +177,8 @@ class Repository:
             return digest, self.get_index(digest)
         except ObjectMissing:
             raise RefNotFound(f"no group index {short(digest)} in {self.store.url}") from None
+
+
+def _tag_prefix(kind: str, name: str) -> str:
+    """The key prefix of every tag of `name` of `kind` (the key of tag "x" without the x)."""
+    return tag_key(kind, name, "x")[:-1]

@@ -25,6 +25,7 @@ output) before the old ones are revoked: no remount.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -190,24 +191,21 @@ def _rehearse(client: Any, bucket: str, prefix: str) -> None:
     from botocore.awsrequest import AWSResponse
     from botocore.exceptions import ClientError
 
-    answers = iter(_REHEARSAL)
-    canned: list[AWSResponse] = []
+    canned: list[AWSResponse] = []  # the answer to the request being rehearsed
 
     def answer(request: Any, **kwargs: Any) -> AWSResponse:
-        return canned[-1]
+        return canned[0]
 
     client.meta.events.register_first("before-send.s3", answer, unique_id="weenv-rehearsal")
     try:
-        for operation, params, status, body, headers in answers:
-            canned.append(AWSResponse("http://rehearsal.invalid/", status, headers,
-                                      _CannedBody(body)))
-            try:
-                where = ({"Prefix": f"{prefix}weenv-rehearsal/"} if operation.startswith("list")
-                         else {"Key": f"{prefix}weenv-rehearsal"})
+        for operation, params, status, body, headers in _REHEARSAL:
+            canned[:] = [AWSResponse("http://rehearsal.invalid/", status, headers,
+                                     _CannedBody(body))]
+            where = ({"Prefix": f"{prefix}weenv-rehearsal/"} if operation.startswith("list")
+                     else {"Key": f"{prefix}weenv-rehearsal"})
+            with contextlib.suppress(ClientError):
                 response = getattr(client, operation)(Bucket=bucket, **where, **params)
                 response.get("Body", _CannedBody()).read()
-            except ClientError:
-                pass
     except Exception as error:  # noqa: BLE001 - a rehearsal only saves time
         log.debug("rehearsal of the S3 client for %s failed: %s", bucket, error)
     finally:
