@@ -145,12 +145,13 @@ def test_parsers_built_ahead_are_taken_once_each_and_parse_like_fresh_ones(
     (`cli.prebuild_parsers`); `main` takes the one of its command, once."""
     monkeypatch.setattr(cli, "_prebuilt_parsers", {})
     cli.prebuild_parsers()
-    assert set(cli.SERVICE_COMMANDS) <= set(cli._prebuilt_parsers)
-    ahead = cli._prebuilt_parsers["mounts"]
+    assert {cli.COMMANDS[c] for c in cli.SERVICE_COMMANDS} <= set(cli._prebuilt_parsers)
+    assert cli.COMMANDS["sandbox"] in cli._prebuilt_parsers  # `run`'s module: one parser
+    ahead = cli._prebuilt_parsers["weenvfs.runtime.mounts_commands"]
     monkeypatch.setenv("WEENV_ENVS_ROOT", str(tmp_path / "envs"))
     assert cli.main(["mounts", "ls", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
-    assert "mounts" not in cli._prebuilt_parsers
+    assert "weenvfs.runtime.mounts_commands" not in cli._prebuilt_parsers
     assert cli._parser_for("mounts") is not ahead
     fresh = cli.build_parser("mount")
     argv = ["mount", "env:v1", str(tmp_path / "mp"), "--store", "/srv/s", "--layer", "2"]

@@ -200,28 +200,32 @@ PULL_MODULES = ("weenvfs.snapshotter.commands", "weenvfs.snapshotter.pull",
                 "weenvfs.tools.registry_auth")
 
 
-# The commands the node service's forked processes run (the words of SERVICE_MODULES and
-# PULL_MODULES, mount daemons and housekeeping): their parsers are built before it forks.
-SERVICE_COMMANDS = ("mount", "sandbox", "cache", "run", "mounts")
+# A command of each module whose commands the node service's forked processes run (mount
+# daemons, housekeeping, and what SERVICE_MODULES and PULL_MODULES name): the parser of its
+# module is built before the service forks.
+SERVICE_COMMANDS = ("mount", "run", "cache", "mounts")
 PULL_COMMANDS = ("pull",)
-# Parsers built ahead by the node service (`prebuild_parsers`): argparse and gettext spend
-# ~25 ms of CPU building a command module's parser, which every mount daemon, resolution,
-# hint replay and handed-over `weenv run` it forks would otherwise pay again. Each is used
-# once (a parser built for one run of `main` is not shared with a later one).
-_prebuilt_parsers: dict[str | None, argparse.ArgumentParser] = {}
+# Parsers built ahead by the node service (`prebuild_parsers`), by command module: argparse
+# and gettext spend ~25 ms of CPU building a module's parser, which every mount daemon,
+# resolution, hint replay and handed-over `weenv run` it forks would otherwise pay again.
+# Each is used once (a parser built for one run of `main` is not shared with a later one).
+_prebuilt_parsers: dict[str, argparse.ArgumentParser] = {}
 
 
 def prebuild_parsers() -> None:
-    """Build the parsers of SERVICE_COMMANDS (and PULL_COMMANDS where `ctr` is) now, for the
-    processes this one forks later (`main` takes them)."""
+    """Build the parsers of SERVICE_COMMANDS' modules (and PULL_COMMANDS' where `ctr` is)
+    now, for the processes this one forks later (`main` takes them)."""
     import shutil
 
     for command in SERVICE_COMMANDS + (PULL_COMMANDS if shutil.which("ctr") else ()):
-        _prebuilt_parsers[command] = build_parser(command)
+        _prebuilt_parsers[str(COMMANDS[command])] = build_parser(command)
 
 
 def _parser_for(command: str | None) -> argparse.ArgumentParser:
-    return _prebuilt_parsers.pop(command, None) or build_parser(command)
+    """The parser of `command`'s module built ahead, else a new one."""
+    module = COMMANDS.get(command or "")
+    made = _prebuilt_parsers.pop(module, None) if module else None
+    return made or build_parser(command)
 
 
 def service_modules() -> tuple[str, ...]:
