@@ -585,6 +585,9 @@ def _fork_task(argv: list[str], held: tuple[Any, ...], run: Callable[[list[str]]
         return 0
 
 
+_EnvKey = tuple[tuple[str, str], ...]  # an eviction's WEENV_ variables, sorted
+
+
 class _Evictions:
     """The evictions clients asked for (EVICT): one process at a time per environment (its
     WEENV_ variables: mounts folder and bounds); a request while one runs makes one more
@@ -593,8 +596,8 @@ class _Evictions:
 
     def __init__(self, held: tuple[Any, ...], run: Callable[[list[str]], int]) -> None:
         self.held, self.run = held, run
-        self.running: dict[tuple[tuple[str, str], ...], tuple[int, str]] = {}
-        self.waiting: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+        self.running: dict[_EnvKey, tuple[int, str]] = {}
+        self.waiting: dict[_EnvKey, dict[str, Any]] = {}
 
     def ask(self, request: dict[str, Any], held: tuple[Any, ...]) -> None:
         """Start the eviction of `request` now (its child closes `held`, the connection
@@ -615,14 +618,14 @@ class _Evictions:
             self._start(key, self.waiting.pop(key), self.held)
         return bool(self.waiting)
 
-    def _still_running(self, key: tuple[tuple[str, str], ...]) -> bool:
+    def _still_running(self, key: _EnvKey) -> bool:
         pid, started = self.running.get(key, (0, ""))
         if pid and started and daemon.start_time(pid) == started:
             return True
         self.running.pop(key, None)
         return False
 
-    def _start(self, key: tuple[tuple[str, str], ...], request: dict[str, Any],
+    def _start(self, key: _EnvKey, request: dict[str, Any],
                held: tuple[Any, ...]) -> None:
         pid = _fork_task(list(HOUSEKEEPING), held, self.run, request)
         if pid:
