@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from rt_support import EnvRef, controller, pid_visible, run_weenv
@@ -29,14 +28,6 @@ WAIT = 60.0
 
 def _open(env: EnvRef, **kwargs: object) -> Environment:
     return Environment.open(env.ref, store=env.store, cache=env.cache, **kwargs)  # type: ignore[arg-type]
-
-
-def _wait_for(predicate: object, what: str, seconds: float = WAIT) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_timeout_kills_the_commands_session_and_the_sandbox_lives_on(env_ref: EnvRef) -> None:

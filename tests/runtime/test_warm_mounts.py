@@ -9,12 +9,11 @@ sets never evict the idle mounts of other jobs on the node, and removes them at 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from rt_support import EnvRef, run_weenv
+from rt_support import EnvRef, run_weenv, wait_for
 
 from weenvfs.fuse import daemon
 from weenvfs.runtime import mounts
@@ -69,16 +68,10 @@ def test_idle_mounts_over_the_bound_are_evicted_least_recently_used_first(
         # Held mounts do not count: two idle ones are within the bound.
         assert {m.key for m in mounts.list_mounts() if m.idle} == {first.digest, second.digest}
     # The node service evicts in a process of its own (the close did not wait for it).
-    _wait(lambda: {m.key for m in mounts.list_mounts() if m.idle} == {first.digest,
-                                                                       third.digest})
+    wait_for(lambda: {m.key for m in mounts.list_mounts() if m.idle} == {first.digest,
+                                                                          third.digest},
+             "the node service's eviction")
     assert not daemon.is_mounted(mounts.mountpoint(second.digest))
-
-
-def _wait(done: Callable[[], bool], seconds: float = 60.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not done():
-        assert time.monotonic() < deadline, "the node service's eviction did not happen"
-        time.sleep(0.05)
 
 
 def test_without_the_node_service_a_close_evicts_itself(
