@@ -6,6 +6,7 @@ every other object is named by the digest of its stored bytes.
 
 from __future__ import annotations
 
+import os
 import re
 
 import blake3
@@ -15,11 +16,31 @@ from .errors import DigestMismatch, FormatError
 _HEX = re.compile(r"[0-9a-f]{64}")
 # Above this size hashing uses blake3's own threads (it releases the GIL either way).
 _THREADED_HASH_MIN = 1 << 20
+# blake3's threads come from a pool made at the first threaded hash. A process that forks
+# must never make it: a forked child inherits the pool without its threads, and its first
+# threaded hash waits forever. `fork_server()` keeps such a process to one thread (its
+# children, after the fork, may use threads again).
+_threads_allowed = True
+
+
+def fork_server() -> None:
+    """Hash on one thread in this process from now on (see `_threads_allowed`)."""
+    global _threads_allowed
+    _threads_allowed = False
+
+
+def _allow_threads() -> None:
+    global _threads_allowed
+    _threads_allowed = True
+
+
+os.register_at_fork(after_in_child=_allow_threads)
 
 
 def digest_bytes(data: bytes | memoryview) -> bytes:
     """The raw 32-byte BLAKE3-256 digest of `data`."""
-    threads = blake3.blake3.AUTO if len(data) >= _THREADED_HASH_MIN else 1
+    big = len(data) >= _THREADED_HASH_MIN and _threads_allowed
+    threads = blake3.blake3.AUTO if big else 1
     return blake3.blake3(data, max_threads=threads).digest()
 
 

@@ -165,3 +165,67 @@ def test_a_manifest_is_fetched_once_and_a_damaged_copy_never_served(
         assert repo.resolve_env(env.digest, load) == (digest, first)
     assert store.calls["get"] == fetched + 1
     assert copy.read_bytes() != bytes(data)  # replaced by the verified object
+
+
+@pytest.fixture
+def forget_preloaded():
+    yield
+    node_copies.forget_preloaded()
+
+
+def test_preloaded_objects_are_taken_from_memory_and_only_verified_ones_kept(
+        env: LoadedEnv, tmp_path: Path, forget_preloaded, assert_logs) -> None:
+    store = FaultyStore(env.store)
+    repo, cache = Repository(store), tmp_path / "node"
+    index_digest = env.manifest.groups[0].index
+    # Nothing on the node yet: preloading never reaches the store, it keeps nothing.
+    assert node_copies.preload_env(cache, env.digest) == 0
+    assert sum(store.calls.values()) == 0
+    repo.resolve_env(env.digest, lambda d: load_manifest(repo, d, cache))
+    load_index(repo, index_digest, cache)
+    # A damaged index copy is left out; the intact manifest is kept.
+    copy = cache / INDEX_DIR / index_digest
+    intact = copy.read_bytes()
+    copy.write_bytes(intact[:-1] + bytes([intact[-1] ^ 0xFF]))
+    with assert_logs("copy of index [0-9a-f]{12} is damaged", count=1):
+        assert node_copies.preload_env(cache, env.digest) == 1
+    copy.write_bytes(intact)
+    assert node_copies.preload_env(cache, env.digest) == 1  # the index now; the manifest kept
+    assert node_copies.preload_env(cache, env.digest) == 0  # both kept already
+    # Kept in memory: the node copies are no longer read (gone, or even damaged).
+    copy.unlink()
+    (cache / MANIFEST_DIR / env.digest).write_bytes(b"damaged")
+    calls = sum(store.calls.values())
+    assert load_index(repo, index_digest, cache).raw == env.tree.groups[0].raw
+    assert load_manifest(repo, env.digest, cache) == env.manifest
+    assert sum(store.calls.values()) == calls
+    # Another cache folder is another node cache: nothing of this one is taken there.
+    assert load_index(repo, index_digest, tmp_path / "other").raw == env.tree.groups[0].raw
+    assert sum(store.calls.values()) == calls + 1
+    node_copies.forget_preloaded()
+    assert load_index(repo, index_digest, cache).raw == env.tree.groups[0].raw
+    assert sum(store.calls.values()) == calls + 2  # fetched again: the copy was gone
+
+
+def test_preloading_keeps_within_its_bound(env: LoadedEnv, tmp_path: Path, forget_preloaded,
+                                          monkeypatch) -> None:
+    repo, cache = Repository(env.store), tmp_path / "node"
+    repo.resolve_env(env.digest, lambda d: load_manifest(repo, d, cache))
+    load_index(repo, env.manifest.groups[0].index, cache)
+    size = len(env.tree.groups[0].raw)
+    monkeypatch.setattr(node_copies, "PRELOAD_BYTES", size - 1)  # the index does not fit
+    assert node_copies.preload_env(cache, env.digest) == 1  # the manifest only
+    assert [key[0] for key in node_copies._preloaded] == ["manifest"]
+    monkeypatch.setattr(node_copies, "PRELOAD_BYTES", size + 4096)
+    assert node_copies.preload_env(cache, env.digest) == 1
+    assert [key[0] for key in node_copies._preloaded] == ["manifest", "index"]
+    other = cache / "other"
+    other.mkdir()
+    for kind in (MANIFEST_DIR, INDEX_DIR):
+        (other / kind).mkdir()
+        for copy in (cache / kind).iterdir():
+            (other / kind / copy.name).write_bytes(copy.read_bytes())
+    # Another folder's objects push out the least recently preloaded ones, one by one.
+    assert node_copies.preload_env(other, env.digest) == 2
+    assert [key[:2] for key in node_copies._preloaded] == [
+        ("manifest", str(other)), ("index", str(other))]

@@ -440,6 +440,50 @@ def test_a_request_naming_an_s3_store_makes_its_client_ahead(monkeypatch) -> Non
     assert [key[0] for key in s3._prebuilt] == [url]
 
 
+def test_a_request_s_environment_is_kept_in_memory_for_the_next_children(
+        tmp_path: Path, server: Path, spawned: Callable[..., Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_preload_envs` after answering: the manifest and indexes of the environment a mount
+    or replay request names (a manifest digest with node copies in its `--cache`) are kept in
+    the server's memory (core/node_copies.py `preload_env`), hashed on one thread (a forked
+    child must be able to hash on many: tests/format/test_digest_fork.py); other arguments
+    and relative folders keep nothing. Through the server: a daemon forked after that takes
+    the kept index, not the node copy (damaged here, which a load would say in its log)."""
+    from weenvfs.core import node_copies
+    from weenvfs.format import digest as digests
+    from weenvfs.store import open_store
+    from weenvfs.store.repository import Repository
+
+    monkeypatch.setattr(digests, "_threads_allowed", True)
+    monkeypatch.setattr(node_copies, "_preloaded", type(node_copies._preloaded)())
+    src = trees.hostile_tree(tmp_path / "src")
+    store = tmp_path / "store"
+    ref = publish(store, [src])
+    with open_store(str(store)) as opened:
+        env_digest, manifest = Repository(opened).resolve_env(ref)
+    cache = tmp_path / "cache"  # the `spawned` mounts' node cache
+    mounts = [spawned(env_digest, store) for _ in range(2)]  # the second is kept by the server
+    args = mount_args(env_digest, tmp_path / "mnt", str(store), cache, log_file=tmp_path / "l")
+    mountd._preload_envs({"argv": [*args[:-1], "0" * 64, args[-1]], "env": {}})
+    assert {key for key in node_copies._preloaded} == {
+        ("manifest", str(cache), env_digest), ("index", str(cache), manifest.groups[0].index)}
+    assert digests._threads_allowed is False
+    node_copies.forget_preloaded()
+    mountd._preload_envs({"argv": [a if a != str(cache) else "cache" for a in args],
+                          "env": {}})
+    mountd._preload_envs({"argv": ["mount", env_digest, "/mnt"], "env": {}})
+    assert not node_copies._preloaded
+    copy = cache / node_copies.INDEX_DIR / manifest.groups[0].index
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    mounts.append(spawned(env_digest, store))
+    for mp in mounts:
+        trees.assert_trees_equal(src, mp)
+    assert "is damaged" not in (tmp_path / "mount3.log").read_text()
+    assert copy.read_bytes() == bytes(data)  # nobody loaded (and so replaced) it
+
+
 def test_the_server_freezes_what_it_preloaded_before_it_forks() -> None:
     """What the server imports before its first fork is kept out of every collection
     (gc.freeze), so no forked child traverses and copies it on write in a collection."""

@@ -23,17 +23,30 @@ never taken back by a run, so once a start saw one, `remember_hinted` marks the 
 node copy (HINTED) and `known_hinted` answers later starts without the store. (A hint removed
 by hand is then not recorded again on this node by default; `--record-hint` still does.)
 
+The node service forks a mount daemon for every mount, a hint replay per environment, and
+each loads every index of its environment: 32 environments starting at once on the same
+lower groups loaded the same three indexes 32 times over (about 10 ms of CPU each time,
+hashing, decompressing and decoding 2 MB). `preload_env` keeps an environment's manifest and
+indexes, loaded from their node copies exactly as above, in the memory of the process that
+calls it (the node service does, after each request: fuse/mountd.py); the processes it
+forks afterwards find them there (copy-on-write) and load nothing. Only what was verified
+and checked is kept, by digest (immutable), bounded by PRELOAD_BYTES (least recently
+preloaded first out); a process that never preloads keeps nothing.
+
 Must not: fetch anything but tags, indexes and manifests, or keep what it did not verify
-(never a tag: tags move; HINTED is not a tag's target, only that one existed).
+(never a tag: tags move; HINTED is not a tag's target, only that one existed). `preload_env`
+never reaches the store: it takes node copies only.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from weenvfs.errors import RefNotFound
-from weenvfs.format.digest import digest_hex
+from weenvfs.format.digest import digest_hex, fork_server
 from weenvfs.format.index import GroupIndex
 from weenvfs.format.manifest import Manifest, decode_manifest
 from weenvfs.format.validate import check_tree
@@ -49,6 +62,10 @@ MANIFEST_DIR = "manifests"
 # changes, so that copies checked by an older validator are checked again.
 TREE_VERDICT = "user.weenv.tree-checked-1"
 HINTED = "user.weenv.had-hint"  # on a manifest's node copy: its environment had a hint once
+PRELOAD_BYTES = 128 << 20  # decoded bytes of the manifests and indexes `preload_env` keeps
+
+# (kind, cache folder, digest) -> (the verified object, its decoded size); see the module.
+_preloaded: OrderedDict[tuple[str, str, str], tuple[object, int]] = OrderedDict()
 
 
 def load_index(repo: Repository, digest: str, cache_dir: Path | None = None) -> GroupIndex:
@@ -57,13 +74,11 @@ def load_index(repo: Repository, digest: str, cache_dir: Path | None = None) -> 
     if cache_dir is None:
         return _checked(repo.get_object("indexes", digest))
     path = cache_dir / INDEX_DIR / digest
-    data = _node_copy(path, digest)
-    if data is not None:
+    kept = _preloaded.get(("index", str(cache_dir), digest))
+    index = kept[0] if kept is not None else _index_copy(path, digest)
+    if index is not None:
+        assert isinstance(index, GroupIndex)
         touch(path)
-        if has_verdict(path, TREE_VERDICT):
-            return GroupIndex.from_object(data)
-        index = _checked(data)
-        set_verdict(path, TREE_VERDICT)
         return index
     data = repo.get_object("indexes", digest)
     index = _checked(data)
@@ -92,10 +107,12 @@ def load_manifest(repo: Repository, digest: str, cache_dir: Path | None = None) 
     if cache_dir is None:
         return repo.get_manifest(digest)
     path = cache_dir / MANIFEST_DIR / digest
-    data = _node_copy(path, digest, "manifest")
-    if data is not None:
+    kept = _preloaded.get(("manifest", str(cache_dir), digest))
+    manifest = kept[0] if kept is not None else _manifest_copy(path, digest)
+    if manifest is not None:
+        assert isinstance(manifest, Manifest)
         touch(path)
-        return decode_manifest(data)
+        return manifest
     data = repo.get_object("manifests", digest)
     manifest = decode_manifest(data)
     try:
@@ -103,6 +120,66 @@ def load_manifest(repo: Repository, digest: str, cache_dir: Path | None = None) 
     except OSError as error:  # a full or read-only cache costs a round trip, nothing else
         log.info("cannot keep manifest %s in %s: %s", digest[:12], path.parent, error)
     return manifest
+
+
+def preload_env(cache_dir: Path, digest: str) -> int:
+    """Keep environment `digest`'s manifest and group indexes in this process's memory, from
+    their node copies in `cache_dir` (verified and checked as `load_index` does; never from
+    the store), for the processes it forks later (see the module). An object whose node copy
+    is missing or damaged is left out (its user loads it as before). Returns how many
+    objects were loaded now."""
+    fork_server()  # the caller forks: hashing here must not make blake3's thread pool
+    folder = str(cache_dir)
+    loaded = 0
+    manifest = _keep(("manifest", folder, digest), _sized(
+        lambda: _manifest_copy(cache_dir / MANIFEST_DIR / digest, digest)))
+    if manifest is None:
+        return 0
+    loaded += manifest[1]
+    assert isinstance(manifest[0], Manifest)
+    for index in dict.fromkeys(group.index for group in manifest[0].groups):
+        kept = _keep(("index", folder, index), _sized(
+            lambda index=index: _index_copy(cache_dir / INDEX_DIR / index, index)))
+        loaded += 0 if kept is None else kept[1]
+    return loaded
+
+
+def forget_preloaded() -> None:
+    """Drop everything `preload_env` kept (tests; a process that no longer forks)."""
+    _preloaded.clear()
+
+
+def _keep(key: tuple[str, str, str],
+          load: Callable[[], tuple[object, int] | None]) -> tuple[object, int] | None:
+    """(object, 1 if loaded now else 0) for `key`: the kept one (made most recent), else
+    `load()`'s (object, size), kept within PRELOAD_BYTES; None when `load` finds nothing."""
+    kept = _preloaded.get(key)
+    if kept is not None:
+        _preloaded.move_to_end(key)
+        return kept[0], 0
+    made = load()
+    if made is None or made[1] > PRELOAD_BYTES:
+        return None
+    _preloaded[key] = made
+    total = sum(size for _, size in _preloaded.values())
+    while total > PRELOAD_BYTES:
+        _, (_, size) = _preloaded.popitem(last=False)
+        total -= size
+    return made[0], 1
+
+
+def _sized(load: Callable[[], Manifest | GroupIndex | None]
+           ) -> Callable[[], tuple[object, int] | None]:
+    """`load` with the decoded size of what it returns (an index's tables; a manifest, a
+    few hundred bytes a group, counts as 4 KiB)."""
+
+    def sized() -> tuple[object, int] | None:
+        made = load()
+        if made is None:
+            return None
+        return made, len(made.raw) if isinstance(made, GroupIndex) else 4096
+
+    return sized
 
 
 def known_hinted(cache_dir: Path, digest: str) -> bool:
@@ -125,6 +202,25 @@ def _node_copy(path: Path, digest: str, what: str = "index") -> bytes | None:
         return data
     log.warning("the node's copy of %s %s is damaged: fetching it again", what, digest[:12])
     return None
+
+
+def _index_copy(path: Path, digest: str) -> GroupIndex | None:
+    """Index `digest` from its node copy at `path` when that is intact (checked to be a tree
+    once: its verdict is kept on the file), else None."""
+    data = _node_copy(path, digest)
+    if data is None:
+        return None
+    if has_verdict(path, TREE_VERDICT):
+        return GroupIndex.from_object(data)
+    index = _checked(data)
+    set_verdict(path, TREE_VERDICT)
+    return index
+
+
+def _manifest_copy(path: Path, digest: str) -> Manifest | None:
+    """Manifest `digest` from its node copy at `path` when that is intact, else None."""
+    data = _node_copy(path, digest, "manifest")
+    return None if data is None else decode_manifest(data)
 
 
 def _checked(data: bytes) -> GroupIndex:

@@ -481,6 +481,7 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
                 replays[pid] = daemons[pid]
         _answer(conn, "ok")
         _prebuild_clients(request)
+        _preload_envs(request)
     except (OSError, ValueError, KeyError, TypeError) as error:
         log.warning("bad mount request: %s", error)
         with contextlib.suppress(OSError):
@@ -510,6 +511,34 @@ def _prebuild_clients(request: dict[str, Any]) -> None:
             log.info("made the client of %s ahead for the next requests", value)
     except Exception as error:  # an optimisation: never the server's failure
         log.warning("cannot make a client of %s ahead: %s", value, error)
+
+
+def _preload_envs(request: dict[str, Any]) -> None:
+    """After answering: keep the manifest and indexes of the environment a request names in
+    memory for the next children (core/node_copies.py `preload_env`: the mounts and replays
+    of environments on the same groups then load none of them). The environment is any
+    argument that is a manifest digest with a node copy in the request's `--cache` folder."""
+    from weenvfs.core.node_copies import preload_env
+
+    argv, _ = _argv_env(request)
+    cache = next((v for flag, v in zip(argv, argv[1:], strict=False) if flag == "--cache"),
+                 None)
+    if cache is None or not os.path.isabs(cache):
+        return
+    loaded = 0
+    try:
+        for digest in {a for a in argv if len(a) == 64 and _is_hex(a)}:
+            loaded += preload_env(Path(cache), digest)
+    except Exception as error:  # an optimisation: never the server's failure
+        log.warning("cannot keep the indexes of a request in memory: %s", error)
+    if loaded:
+        gc.freeze()  # as at the start: the children's collections never copy them
+        log.info("kept %d manifest(s) and index(es) of %s in memory for the next requests",
+                 loaded, cache)
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)
 
 
 def _alive(children: dict[int, str]) -> int:
