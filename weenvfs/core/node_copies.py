@@ -63,9 +63,10 @@ MANIFEST_DIR = "manifests"
 TREE_VERDICT = "user.weenv.tree-checked-1"
 HINTED = "user.weenv.had-hint"  # on a manifest's node copy: its environment had a hint once
 PRELOAD_BYTES = 128 << 20  # decoded bytes of the manifests and indexes `preload_env` keeps
+MANIFEST_SIZE = 4096  # what a kept manifest counts as (a few hundred bytes per group)
 
 # (kind, cache folder, digest) -> (the verified object, its decoded size); see the module.
-_preloaded: OrderedDict[tuple[str, str, str], tuple[object, int]] = OrderedDict()
+_preloaded: OrderedDict[tuple[str, str, str], tuple[Manifest | GroupIndex, int]] = OrderedDict()
 
 
 def load_index(repo: Repository, digest: str, cache_dir: Path | None = None) -> GroupIndex:
@@ -127,21 +128,17 @@ def preload_env(cache_dir: Path, digest: str) -> int:
     their node copies in `cache_dir` (verified and checked as `load_index` does; never from
     the store), for the processes it forks later (see the module). An object whose node copy
     is missing or damaged is left out (its user loads it as before). Returns how many
-    objects were loaded now."""
+    objects it kept now."""
     fork_server()  # the caller forks: hashing here must not make blake3's thread pool
     folder = str(cache_dir)
-    loaded = 0
-    manifest = _keep(("manifest", folder, digest), _sized(
-        lambda: _manifest_copy(cache_dir / MANIFEST_DIR / digest, digest)))
-    if manifest is None:
+    manifest, kept_now = _keep(("manifest", folder, digest),
+                               lambda: _manifest_copy(cache_dir / MANIFEST_DIR / digest, digest))
+    if not isinstance(manifest, Manifest):
         return 0
-    loaded += manifest[1]
-    assert isinstance(manifest[0], Manifest)
-    for index in dict.fromkeys(group.index for group in manifest[0].groups):
-        kept = _keep(("index", folder, index), _sized(
-            lambda index=index: _index_copy(cache_dir / INDEX_DIR / index, index)))
-        loaded += 0 if kept is None else kept[1]
-    return loaded
+    for index in dict.fromkeys(group.index for group in manifest.groups):
+        kept_now += _keep(("index", folder, index),
+                          lambda index=index: _index_copy(cache_dir / INDEX_DIR / index, index))[1]
+    return kept_now
 
 
 def forget_preloaded() -> None:
@@ -149,37 +146,23 @@ def forget_preloaded() -> None:
     _preloaded.clear()
 
 
-def _keep(key: tuple[str, str, str],
-          load: Callable[[], tuple[object, int] | None]) -> tuple[object, int] | None:
-    """(object, 1 if loaded now else 0) for `key`: the kept one (made most recent), else
-    `load()`'s (object, size), kept within PRELOAD_BYTES; None when `load` finds nothing."""
+def _keep(key: tuple[str, str, str], load: Callable[[], Manifest | GroupIndex | None]
+          ) -> tuple[Manifest | GroupIndex | None, int]:
+    """The object kept for `key` (now the most recent), else `load()`'s, kept within
+    PRELOAD_BYTES (least recent out first); and 1 if it was kept now, else 0."""
     kept = _preloaded.get(key)
     if kept is not None:
         _preloaded.move_to_end(key)
         return kept[0], 0
     made = load()
-    if made is None or made[1] > PRELOAD_BYTES:
-        return None
-    _preloaded[key] = made
+    size = len(made.raw) if isinstance(made, GroupIndex) else MANIFEST_SIZE
+    if made is None or size > PRELOAD_BYTES:
+        return made, 0
+    _preloaded[key] = (made, size)
     total = sum(size for _, size in _preloaded.values())
     while total > PRELOAD_BYTES:
-        _, (_, size) = _preloaded.popitem(last=False)
-        total -= size
-    return made[0], 1
-
-
-def _sized(load: Callable[[], Manifest | GroupIndex | None]
-           ) -> Callable[[], tuple[object, int] | None]:
-    """`load` with the decoded size of what it returns (an index's tables; a manifest, a
-    few hundred bytes a group, counts as 4 KiB)."""
-
-    def sized() -> tuple[object, int] | None:
-        made = load()
-        if made is None:
-            return None
-        return made, len(made.raw) if isinstance(made, GroupIndex) else 4096
-
-    return sized
+        total -= _preloaded.popitem(last=False)[1][1]
+    return made, 1
 
 
 def known_hinted(cache_dir: Path, digest: str) -> bool:
