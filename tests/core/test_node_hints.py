@@ -26,6 +26,7 @@ from weenvfs.format.hints import Hint, HintFile, HintRecord, decode_hint, encode
 from weenvfs.format.index import Span
 from weenvfs.format.manifest import GroupRef, Manifest, encode_manifest
 from weenvfs.format.refs import SEED_TAG
+from weenvfs.store.faulty import FaultyStore
 from weenvfs.store.local import LocalStore
 from weenvfs.store.repository import Repository
 
@@ -259,6 +260,17 @@ def test_may_have_hint_asks_for_the_tags_a_mount_would_replay(
     assert may_have_hint(env, "latest") and not may_have_hint(env, "train")
     publish_run(repo, digest, manifest, indexes, [R(0, 1, 0)], "train")
     assert may_have_hint(env, "train")
+
+
+def test_may_have_hint_during_an_outage_says_maybe_after_one_request(
+        repo, build_group, small_group, local_store) -> None:
+    """A store that cannot be reached: maybe (the replay reports what it finds), after the
+    one listing; the tag GETs a store that cannot list gets would fail the same way."""
+    digest, _, _ = _env(repo, build_group, small_group)
+    env = open_environment(local_store, digest)
+    env.store = FaultyStore(local_store, "P*")
+    assert may_have_hint(env, "latest")
+    assert env.store.calls == {"list": 1}
 
 
 @pytest.mark.parametrize("spec", ["latest", "v1.2", NO_HINT, "ab" * 32, "blake3:" + "ab" * 32])

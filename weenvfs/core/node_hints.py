@@ -34,7 +34,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from weenvfs.errors import ObjectMissing, RefNotFound, StoreError, UsageError, WeenvError
+from weenvfs.errors import (
+    ObjectMissing,
+    RefNotFound,
+    StoreError,
+    StoreUnavailable,
+    UsageError,
+    WeenvError,
+)
 from weenvfs.format import constants as C
 from weenvfs.format.digest import digest_hex, short
 from weenvfs.format.errors import FormatError
@@ -323,15 +330,20 @@ def may_have_hint(env: LoadedEnv, spec: str) -> bool:
     """Whether `spec` (`--hint`: a tag, a hint digest, none) may name a hint of `env`: a
     digest does; a tag if it exists or the manifest names a hint, `latest` also if the seed
     exists (one LIST of the environment's hint tags, or a GET or two where the store cannot
-    list; a store error: maybe, the replay will say)."""
+    list; a store that cannot be reached or another store error: maybe, the replay will
+    say)."""
     if spec == NO_HINT:
         return False
     if HINT_DIGEST.fullmatch(spec) or env.manifest.hints is not None:
         return True
     repo = Repository(env.store)
     wanted = {spec, SEED_TAG} if spec == DEFAULT_TAG else {spec}
-    with contextlib.suppress(StoreError, FormatError):
+    try:
         return bool(wanted & repo.tag_names("hints", env.digest))
+    except StoreUnavailable:
+        return True  # the GETs would fail the same way, each after its retries
+    except (StoreError, FormatError):
+        pass  # a store that cannot list: its tags one by one
     try:
         return has_hint(repo, env.digest, env.manifest, spec) or (
             spec == DEFAULT_TAG and has_hint(repo, env.digest, env.manifest, SEED_TAG))
