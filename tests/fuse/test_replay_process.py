@@ -103,11 +103,15 @@ def test_unmounting_ends_a_replay_whose_store_hangs(env, mounter: Mounter) -> No
 
 
 def test_no_hint_starts_no_replay_process(env, mounter: Mounter) -> None:
+    """The one listing of the hint tags that says there is none is the last look: neither a
+    replay process nor the mount asks the store again (find_hint would log its misses)."""
     store, contents = env
     mount = mounter.mount("env:t", store)
     stats = wait_for_state(mount, "no hint")
     assert stats["hints"]["replayer"] == "mount daemon"
     assert not warm_processes(env_digest(store))
+    assert "no hint for env:t" in mount.log_text()
+    assert "no hint latest" not in mount.log_text() and "no hint seed" not in mount.log_text()
     assert (mount.mountpoint / "lib/big0").read_bytes() == contents["lib/big0"]
 
 

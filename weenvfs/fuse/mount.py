@@ -41,7 +41,12 @@ from weenvfs.core.cache import ChunkCache
 from weenvfs.core.fetcher import Fetcher
 from weenvfs.core.loaded_env import LoadedEnv, open_environment
 from weenvfs.core.neighbours import Neighbours
-from weenvfs.core.node_hints import NO_HINT, HintRecorder, env_hint_lookup, publish_env_run
+from weenvfs.core.node_hints import (
+    HintRecorder,
+    env_hint_lookup,
+    may_have_hint,
+    publish_env_run,
+)
 from weenvfs.core.prefetch import Prefetcher
 from weenvfs.core.reader import Reader
 from weenvfs.core.stats import Stats
@@ -117,9 +122,9 @@ async def serve(env: LoadedEnv, config: MountConfig,
         raise WeenvError(f"the kernel path cannot mount here: {reason}")
     # The hint's replay in a process of its own where the node service can start one (first:
     # it runs while the image is made), else in this one (fuse/replay_process.py says why).
-    replay_fd = None
-    if env.serves_top and config.hint != NO_HINT:
-        replay_fd = replay_process.launch(env, config, pages=reason is None)
+    # One listing says whether there may be a hint at all: without one, nothing looks again.
+    hinted = env.serves_top and may_have_hint(env, config.hint)
+    replay_fd = replay_process.launch(env, config, pages=reason is None) if hinted else None
     cache = ChunkCache(config.cache_dir, config.cache_size)
     stats = Stats()
     no_merge = {} if config.coalesce else {"coalesce_gap": -1}  # -1: never merge chunks
@@ -137,7 +142,7 @@ async def serve(env: LoadedEnv, config: MountConfig,
         prefetch = replay.run
     else:
         replay = Prefetcher(env.tree.groups, fetcher, fetch_all=config.fetch_all)
-        lookup = env_hint_lookup(env, config.hint) if env.serves_top else _no_hint(env)
+        lookup = env_hint_lookup(env, config.hint) if hinted else _no_hint(env)
         prefetch = functools.partial(replay.run, lookup)
     started = time.monotonic()
     path = {"path": "fuse" if reason else "kernel", "fallback_reason": reason,
@@ -201,10 +206,14 @@ async def _serve_tree(env: LoadedEnv, config: MountConfig, reader: Reader,
 
 
 def _no_hint(env: LoadedEnv) -> Callable[[], None]:
-    """The hint lookup of a mount of a lower group, shared with other environments: none
-    (the mount of the environment's top group replays its hint)."""
-    log.info("group %s is not the top of %s: its hint is replayed by that group's mount",
-             env.layer, env.ref)
+    """The hint lookup of a mount with no hint to replay: a lower group's, shared with other
+    environments (the mount of the environment's top group replays its hint), or one whose
+    environment has none (`may_have_hint`)."""
+    if env.serves_top:
+        log.info("no hint for %s", env.ref)
+    else:
+        log.info("group %s is not the top of %s: its hint is replayed by that group's mount",
+                 env.layer, env.ref)
     return lambda: None
 
 

@@ -24,7 +24,6 @@ import trio
 
 from weenvfs.core.fetcher import Fetcher
 from weenvfs.core.loaded_env import LoadedEnv
-from weenvfs.core.node_hints import may_have_hint
 
 from . import mountd
 from .config import MountConfig
@@ -36,16 +35,14 @@ MAX_LINE = 8 << 20  # a report names at most every chunk of an environment once
 
 def launch(env: LoadedEnv, config: MountConfig, pages: bool = False) -> int | None:
     """Have the node service start the replay of `env`'s hint (first thing in a mount: it
-    then runs while the image is made); the read end of its report pipe, or None: no hint
-    to replay (one tag lookup, so that a node starts no process for nothing), no node
+    then runs while the image is made; the mount asks only when `may_have_hint`, so that a
+    node starts no process for nothing); the read end of its report pipe, or None: no node
     service, or the service runs as many replays as it takes already (`mountd.MAX_REPLAYS`:
     on a node starting many environments at once each mount daemon replays its own).
     With `pages` (the kernel path), the replay also reads the hint's files through this
     mount into the page cache (core/page_warm.py): those of every group for a merged
     mount, of its own group for a layer, and those of the groups `config.page_roots`
     names through their mounts."""
-    if not may_have_hint(env, config.hint):
-        return None
     argv = [*mountd.log_args(), "cache", "warm", env.digest,
             "--store", env.store.url, "--cache", str(config.cache_dir), "--hint", config.hint,
             *(["--all"] if config.fetch_all else [])]
