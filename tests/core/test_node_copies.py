@@ -168,7 +168,12 @@ def test_a_manifest_is_fetched_once_and_a_damaged_copy_never_served(
 
 
 @pytest.fixture
-def forget_preloaded():
+def forget_preloaded(monkeypatch):
+    """Preloading makes this process hash on one thread (format/digest.py `fork_server`):
+    restored afterwards, with nothing kept."""
+    from weenvfs.format import digest
+
+    monkeypatch.setattr(digest, "_threads_allowed", digest._threads_allowed)
     yield
     node_copies.forget_preloaded()
 
