@@ -197,6 +197,7 @@ def test_preloaded_objects_are_taken_from_memory_and_only_verified_ones_kept(
     copy.write_bytes(intact)
     assert node_copies.preload_env(cache, env.digest) == 1  # the index now; the manifest kept
     assert node_copies.preload_env(cache, env.digest) == 0  # both kept already
+    assert node_copies.preload_env(cache, "../" + env.digest[3:]) == 0  # not a digest
     # Kept in memory: the node copies are no longer read (gone, or even damaged).
     copy.unlink()
     (cache / MANIFEST_DIR / env.digest).write_bytes(b"damaged")

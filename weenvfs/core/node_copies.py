@@ -46,7 +46,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from weenvfs.errors import RefNotFound
-from weenvfs.format.digest import digest_hex, fork_server
+from weenvfs.format.digest import check_digest, digest_hex, fork_server
+from weenvfs.format.errors import FormatError
 from weenvfs.format.index import GroupIndex
 from weenvfs.format.manifest import Manifest, decode_manifest
 from weenvfs.format.validate import check_tree
@@ -127,8 +128,12 @@ def preload_env(cache_dir: Path, digest: str) -> int:
     """Keep environment `digest`'s manifest and group indexes in this process's memory, from
     their node copies in `cache_dir` (verified and checked as `load_index` does; never from
     the store), for the processes it forks later (see the module). An object whose node copy
-    is missing or damaged is left out (its user loads it as before). Returns how many
-    objects it kept now."""
+    is missing or damaged is left out (its user loads it as before), and a `digest` that is
+    none is no environment. Returns how many objects it kept now."""
+    try:
+        check_digest(digest)
+    except FormatError:
+        return 0
     fork_server()  # the caller forks: hashing here must not make blake3's thread pool
     folder = str(cache_dir)
     manifest, kept_now = _keep(("manifest", folder, digest),

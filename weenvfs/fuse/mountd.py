@@ -500,10 +500,7 @@ def _prebuild_clients(request: dict[str, Any]) -> None:
     from weenvfs.store import prebuild_client
 
     argv, env = _argv_env(request)
-    # The first `--store` only: it is weenv's own (the options come first); a `weenv run`'s
-    # sandbox command after it may name anything.
-    value = next((v for flag, v in zip(argv, argv[1:], strict=False) if flag == "--store"),
-                 None)
+    value = _option(argv, "--store")
     if value is None:
         return
     try:
@@ -521,14 +518,13 @@ def _preload_envs(request: dict[str, Any]) -> None:
     from weenvfs.core.node_copies import preload_env
 
     argv, _ = _argv_env(request)
-    cache = next((v for flag, v in zip(argv, argv[1:], strict=False) if flag == "--cache"),
-                 None)
+    cache = _option(argv, "--cache")
     if cache is None or not os.path.isabs(cache):
         return
     loaded = 0
     try:
-        for digest in {a for a in argv if len(a) == 64 and _is_hex(a)}:
-            loaded += preload_env(Path(cache), digest)
+        for argument in dict.fromkeys(argv):
+            loaded += preload_env(Path(cache), argument)
     except Exception as error:  # an optimisation: never the server's failure
         log.warning("cannot keep the indexes of a request in memory: %s", error)
     if loaded:
@@ -537,8 +533,10 @@ def _preload_envs(request: dict[str, Any]) -> None:
                  loaded, cache)
 
 
-def _is_hex(text: str) -> bool:
-    return all(c in "0123456789abcdef" for c in text)
+def _option(argv: list[str], flag: str) -> str | None:
+    """The value of the first `flag` in `argv`: weenv's own (its options come first; a
+    `weenv run`'s sandbox command after them may name anything)."""
+    return next((v for f, v in zip(argv, argv[1:], strict=False) if f == flag), None)
 
 
 def _alive(children: dict[int, str]) -> int:
@@ -590,8 +588,12 @@ def _fork_attached(request: dict[str, Any], fds: list[int], held: tuple[Any, ...
 
 def _argv_env(request: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     """A request's arguments and environment, as strings whatever the JSON held."""
-    return ([str(a) for a in request["argv"]],
-            {str(k): str(v) for k, v in request["env"].items()})
+    return [str(a) for a in request["argv"]], _request_env(request)
+
+
+def _request_env(request: dict[str, Any]) -> dict[str, str]:
+    """A request's environment, as strings whatever the JSON held."""
+    return {str(k): str(v) for k, v in request["env"].items()}
 
 
 def _fork_task(argv: list[str], held: tuple[Any, ...], run: Callable[[list[str]], int],
@@ -601,8 +603,7 @@ def _fork_task(argv: list[str], held: tuple[Any, ...], run: Callable[[list[str]]
 
     def task() -> None:
         if request is not None:
-            env = {str(k): str(v) for k, v in request["env"].items()}
-            _take_over(argv, env, int(request["umask"]))
+            _take_over(argv, _request_env(request), int(request["umask"]))
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, signal.SIG_DFL)
         os._exit(run(argv))
