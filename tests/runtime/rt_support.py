@@ -14,5 +14,4 @@ from support.runtime import (  # noqa: F401  (re-exported for the runtime tests)
     run_weenv,
     runtime_unavailable,
     sample_store,
-    wait_for,
 )

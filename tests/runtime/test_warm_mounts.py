@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from rt_support import EnvRef, run_weenv, wait_for
+from rt_support import EnvRef, run_weenv
+from support.polling import wait_for
 
 from weenvfs.fuse import daemon
 from weenvfs.runtime import mounts
@@ -70,7 +71,7 @@ def test_idle_mounts_over_the_bound_are_evicted_least_recently_used_first(
     # The node service evicts in a process of its own (the close did not wait for it).
     wait_for(lambda: {m.key for m in mounts.list_mounts() if m.idle} == {first.digest,
                                                                           third.digest},
-             "the node service's eviction")
+             "the node service's eviction", 60.0)
     assert not daemon.is_mounted(mounts.mountpoint(second.digest))
 
 

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,15 +29,6 @@ from weenvfs.runtime import cgroups, mounts, sandbox
 from weenvfs.runtime.launcher import RUNC_ROOT
 
 CLI_TIMEOUT = 120.0
-
-
-def wait_for(predicate: Callable[[], bool], what: str, seconds: float = 60.0) -> None:
-    """Poll `predicate` until it holds; AssertionError naming `what` after `seconds`."""
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def run_weenv(
