@@ -24,7 +24,7 @@ from support import trees
 from support.mount_server import mount_server, server_pid
 
 from weenvfs.errors import WeenvError
-from weenvfs.fuse import daemon, mountd, node_socket
+from weenvfs.fuse import daemon, mountd, node_socket, service_evictions, service_preload
 from weenvfs.fuse.commands import mount_args
 from weenvfs.fuse.spawn import spawn as spawn_daemon
 
@@ -422,9 +422,10 @@ def test_an_idle_server_stays_while_its_daemons_live(
 
 
 def test_a_request_naming_an_s3_store_makes_its_client_ahead(monkeypatch) -> None:
-    """`_prebuild_clients` after answering: the next children opening the same store in
-    the same environment take the client over (tests/store/test_s3.py checks the taking);
-    no client is made for other stores or without static keys, and a bad URL is no error."""
+    """`service_preload.prebuild_clients` after answering: the next children opening the
+    same store in the same environment take the client over (tests/store/test_s3.py checks
+    the taking); no client is made for other stores or without static keys, and a bad URL is
+    no error."""
     from weenvfs.store import s3
 
     monkeypatch.setattr(s3, "_prebuilt", {})
@@ -434,21 +435,23 @@ def test_a_request_naming_an_s3_store_makes_its_client_ahead(monkeypatch) -> Non
     for argv, env_ in ((["mount", "x", "--store", "/srv/weenv"], env),
                        (["mount", "x", "--store", url], {"HOME": "/root"}),
                        (["mount", "x", "--store", "s3://"], env)):
-        mountd._prebuild_clients({"argv": argv, "env": env_})
+        service_preload.prebuild_clients({"argv": argv, "env": env_})
     assert s3._prebuilt == {}
-    mountd._prebuild_clients({"argv": ["sandbox", "resolve", "e:t", "--store", url], "env": env})
+    service_preload.prebuild_clients({"argv": ["sandbox", "resolve", "e:t", "--store", url],
+                                      "env": env})
     assert [key[0] for key in s3._prebuilt] == [url]
 
 
 def test_a_request_s_environment_is_kept_in_memory_for_the_next_children(
         tmp_path: Path, server: Path, spawned: Callable[..., Path],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """`_preload_envs` after answering: the manifest and indexes of the environment a mount
-    or replay request names (a manifest digest with node copies in its `--cache`) are kept in
-    the server's memory (core/node_copies.py `preload_env`), hashed on one thread (a forked
-    child must be able to hash on many: tests/format/test_digest_fork.py); other arguments
-    and relative folders keep nothing. Through the server: a daemon forked after that takes
-    the kept index, not the node copy (damaged here, which a load would say in its log)."""
+    """`service_preload.preload_envs` after answering: the manifest and indexes of the
+    environment a mount or replay request names (a manifest digest with node copies in its
+    `--cache`) are kept in the server's memory (core/node_copies.py `preload_env`), hashed
+    on one thread (a forked child must be able to hash on many:
+    tests/format/test_digest_fork.py); other arguments and relative folders keep nothing.
+    Through the server: a daemon forked after that takes the kept index, not the node copy
+    (damaged here, which a load would say in its log)."""
     from weenvfs.core import node_copies
     from weenvfs.format import digest as digests
     from weenvfs.store import open_store
@@ -464,14 +467,14 @@ def test_a_request_s_environment_is_kept_in_memory_for_the_next_children(
     cache = tmp_path / "cache"  # the `spawned` mounts' node cache
     mounts = [spawned(env_digest, store) for _ in range(2)]  # the second is kept by the server
     args = mount_args(env_digest, tmp_path / "mnt", str(store), cache, log_file=tmp_path / "l")
-    mountd._preload_envs({"argv": [*args[:-1], "0" * 64, args[-1]], "env": {}})
+    service_preload.preload_envs({"argv": [*args[:-1], "0" * 64, args[-1]], "env": {}})
     assert {key for key in node_copies._preloaded} == {
         ("manifest", str(cache), env_digest), ("index", str(cache), manifest.groups[0].index)}
     assert digests._threads_allowed is False
     node_copies.forget_preloaded()
-    mountd._preload_envs({"argv": [a if a != str(cache) else "cache" for a in args],
-                          "env": {}})
-    mountd._preload_envs({"argv": ["mount", env_digest, "/mnt"], "env": {}})
+    service_preload.preload_envs({"argv": [a if a != str(cache) else "cache" for a in args],
+                                  "env": {}})
+    service_preload.preload_envs({"argv": ["mount", env_digest, "/mnt"], "env": {}})
     assert not node_copies._preloaded
     copy = cache / node_copies.INDEX_DIR / manifest.groups[0].index
     data = bytearray(copy.read_bytes())
@@ -510,7 +513,7 @@ def test_evictions_run_one_at_a_time_per_environment_and_once_more_after(
         time.sleep(1.0)
         return 0
 
-    evictions = mountd._Evictions((), run)
+    evictions = service_evictions.Evictions((), run)
     for root in ("a", "a", "a", "a", "b"):
         evictions.ask({"env": {"WEENV_ENVS_ROOT": root, "PATH": os.environ["PATH"]},
                        "umask": "18"}, ())
@@ -518,7 +521,7 @@ def test_evictions_run_one_at_a_time_per_environment_and_once_more_after(
     while evictions.poll() or any(evictions._still_running(k) for k in list(evictions.running)):
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    line = " ".join(mountd.HOUSEKEEPING)
+    line = " ".join(service_evictions.HOUSEKEEPING)
     assert sorted(runs.read_text().splitlines()) == [f"a {line}", f"a {line}", f"b {line}"]
 
 

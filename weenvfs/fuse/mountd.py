@@ -7,17 +7,17 @@ still gets its own daemon process; only how it starts changes.
 Owns:
 - `serve`: `weenv mountd`: import everything a mount daemon needs, then wait on a unix socket
   (`socket_path()`, mode 0600, requests only from our own uid, checked with SO_PEERCRED).
-  For each request it forks; the child starts a new session and forks again (the daemon is
-  re-parented to init, as with `setsid --fork`), takes the client's environment, umask, log
-  file and readiness pipe (passed over the socket), and runs `weenv mount --foreground ...`
-  in-process. It exits after `idle` seconds without requests once no daemon it forked runs
-  (0: never). A detached server first leaves its starter's cgroups (`leave_caller_cgroups`),
-  and every HOUSEKEEPING_EVERY seconds it forks `weenv mounts evict --expired` (the idle
-  bounds of the node's shared mounts, runtime/mounts.py).
+  For each request it forks (service_forks.py: the child starts a new session and forks
+  again, so the daemon is nobody's child, as with `setsid --fork`; it takes the client's
+  environment, umask, log file and readiness pipe, passed over the socket, and runs `weenv
+  mount --foreground ...` in-process). It exits after `idle` seconds without requests once
+  no daemon it forked runs (0: never). A detached server first leaves its starter's cgroups
+  (`leave_caller_cgroups`), and every HOUSEKEEPING_EVERY seconds it forks `weenv mounts
+  evict --expired` (the idle bounds of the node's shared mounts, runtime/mounts.py).
 - evictions: a request of kind EVICT (`request_eviction`: a sandbox released its mounts)
   forks the same eviction with the client's environment (its mounts folder and bounds), so
   the closing sandbox never waits for daemons to exit; at most one runs per environment,
-  and requests arriving meanwhile make one more run after it (`_Evictions`).
+  and requests arriving meanwhile make one more run after it (service_evictions.py).
 - attached commands: a request of kind ATTACHED (`launch_attached`, weenvfs/hand_over.py:
   `weenv run` hands itself over) is forked the same way but runs with the client's stdin,
   stdout, stderr and working folder, writes `pid N` and then `exit N` on the status pipe the
@@ -35,9 +35,10 @@ With an `exporter` (exporter.py, `weenv mountd --metrics`), the server forks a c
 serves the node's Prometheus metrics while it runs, and starts it again if it dies.
 
 The server stays single-threaded (fork and threads do not mix) and never serves a FUSE
-request itself. After answering a request that names an S3 store it makes that store's client
-(no connection: clients connect at their first request), so that the next children opening
-the same store with the same credentials take it over instead of making their own.
+request itself. After answering a request it prepares what its next children would make or
+load again (service_preload.py): the store client of the request's store (no connection:
+clients connect at their first request) and the manifest and indexes of the environment it
+names.
 $WEENV_MOUNTD_SOCKET moves the socket (tests, several servers on one node);
 WEENV_MOUNTD=off makes `launch` neither use nor start a server.
 
@@ -58,7 +59,6 @@ import select
 import signal
 import socket
 import struct
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -81,6 +81,9 @@ from .node_socket import (
     request_line,
 )
 from .node_socket import namespaces as node_namespaces
+from .service_evictions import HOUSEKEEPING, Evictions
+from .service_forks import fork_attached, fork_daemon, fork_task
+from .service_preload import prebuild_clients, preload_envs
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +97,6 @@ MAX_REPLAYS = max(1, (os.cpu_count() or 1) // 2)
 AUTO_IDLE = 600.0  # seconds an auto-started server lingers with no request and no daemon
 HOUSEKEEPING_EVERY = 60.0  # seconds between two runs of HOUSEKEEPING while the server runs
 EVICTION_POLL = 0.05  # seconds between two checks whether an asked-for eviction may start
-# What the server runs (in a forked child) every HOUSEKEEPING_EVERY seconds: evict the warm
-# shared mounts past their idle timeout or over the node's bounds (runtime/mounts.py). The
-# CLI runs it, so this package never imports the runtime.
-HOUSEKEEPING = ("mounts", "evict", "--expired", "--quiet")
 # Imported before the first fork: what `weenv mount --foreground` needs for any store.
 PRELOAD = ("weenvfs.fuse.commands", "weenvfs.fuse.mount", "weenvfs.fuse.kernel_mount",
            "weenvfs.core.node_hints", "weenvfs.store.s3", "weenvfs.store.http",
@@ -363,13 +362,13 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
     """Accept requests until idle (see `serve`) or stale; housekeeping between them (and the
     metrics exporter started again if it died)."""
     code_print, namespaces = fingerprint(), node_namespaces()
-    # What every forked child closes besides the connection (see `_detached`).
+    # What every forked child closes besides the connection (service_forks.py `detached`).
     held: tuple[Any, ...] = (listener, lock)
     if exporter is not None and exporter.socket is not None:
         held += (exporter.socket,)
     daemons: dict[int, str] = {}  # pid -> start time, of every daemon forked and alive
     replays: dict[int, str] = {}  # the same, of the hint replays among them
-    evictions = _Evictions(held, run)
+    evictions = Evictions(held, run)
     last = time.monotonic()
     chores = last + HOUSEKEEPING_EVERY
     while True:
@@ -377,7 +376,7 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
             exporter.poll((listener, lock))
         now = time.monotonic()
         if now >= chores:
-            _fork_task(list(HOUSEKEEPING), held, run)
+            fork_task(list(HOUSEKEEPING), held, run)
             chores = now + HOUSEKEEPING_EVERY
         waits = [chores - now]
         if evictions.poll():
@@ -437,7 +436,7 @@ def leave_caller_cgroups() -> None:
 
 def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
             namespaces: dict[str, str], run: Callable[[list[str]], int],
-            daemons: dict[int, str], replays: dict[int, str], evictions: _Evictions) -> bool:
+            daemons: dict[int, str], replays: dict[int, str], evictions: Evictions) -> bool:
     """Serve one request (the daemon it forks is added to `daemons`, and to `replays` if it
     is a hint replay; an eviction goes to `evictions`); False when this server must exit
     (its code is stale)."""
@@ -474,14 +473,14 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
         if replay and _alive(replays) >= MAX_REPLAYS:
             _answer(conn, f"busy: {MAX_REPLAYS} hint replay(s) run already")
             return True
-        pid = (_fork_attached if attached else _fork_daemon)(request, fds, held, run)
+        pid = (fork_attached if attached else fork_daemon)(request, fds, held, run)
         if pid:
             daemons[pid] = daemon.start_time(pid)
             if replay:
                 replays[pid] = daemons[pid]
         _answer(conn, "ok")
-        _prebuild_clients(request)
-        _preload_envs(request)
+        prebuild_clients(request)
+        preload_envs(request)
     except (OSError, ValueError, KeyError, TypeError) as error:
         log.warning("bad mount request: %s", error)
         with contextlib.suppress(OSError):
@@ -491,52 +490,6 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
             with contextlib.suppress(OSError):
                 os.close(fd)
     return True
-
-
-def _prebuild_clients(request: dict[str, Any]) -> None:
-    """After answering: make the store client of the request's `--store` URL for the next
-    children that open it (store.prebuild_client: about 20 ms each of them saves; a mount,
-    its replay and the resolution before it open the same store one after the other)."""
-    from weenvfs.store import prebuild_client
-
-    argv, env = _argv_env(request)
-    value = _option(argv, "--store")
-    if value is None:
-        return
-    try:
-        if prebuild_client(value, env):
-            log.info("made the client of %s ahead for the next requests", value)
-    except Exception as error:  # an optimisation: never the server's failure
-        log.warning("cannot make a client of %s ahead: %s", value, error)
-
-
-def _preload_envs(request: dict[str, Any]) -> None:
-    """After answering: keep the manifest and indexes of the environment a request names in
-    memory for the next children (core/node_copies.py `preload_env`: the mounts and replays
-    of environments on the same groups then load none of them). The environment is any
-    argument that is a manifest digest with a node copy in the request's `--cache` folder."""
-    from weenvfs.core.node_copies import preload_env
-
-    argv, _ = _argv_env(request)
-    cache = _option(argv, "--cache")
-    if cache is None or not os.path.isabs(cache):
-        return
-    loaded = 0
-    try:
-        for argument in dict.fromkeys(argv):
-            loaded += preload_env(Path(cache), argument)
-    except Exception as error:  # an optimisation: never the server's failure
-        log.warning("cannot keep the indexes of a request in memory: %s", error)
-    if loaded:
-        gc.freeze()  # as at the start: the children's collections never copy them
-        log.info("kept %d manifest(s) and index(es) of %s in memory for the next requests",
-                 loaded, cache)
-
-
-def _option(argv: list[str], flag: str) -> str | None:
-    """The value of the first `flag` in `argv`: weenv's own (its options come first; a
-    `weenv run`'s sandbox command after them may name anything)."""
-    return next((v for f, v in zip(argv, argv[1:], strict=False) if f == flag), None)
 
 
 def _alive(children: dict[int, str]) -> int:
@@ -567,205 +520,6 @@ def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
 
 def _answer(conn: socket.socket, text: str) -> None:
     conn.sendall(text.encode() + b"\n")
-
-
-def _fork_daemon(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
-                 run: Callable[[list[str]], int]) -> int:
-    """Fork the daemon of `request`, nobody's child (see `_detached`); its pid, or 0."""
-    argv, env = _argv_env(request)
-    umask = int(request["umask"])
-    return _detached(held, lambda: _become_daemon(argv, env, umask, run, ready_fd=fds[0],
-                                                  log_fd=fds[1]))
-
-
-def _fork_attached(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
-                   run: Callable[[list[str]], int]) -> int:
-    """Fork the command of an ATTACHED request, nobody's child; its pid, or 0."""
-    argv, env = _argv_env(request)
-    umask, cwd = int(request["umask"]), str(request["cwd"])
-    return _detached(held, lambda: _become_attached(argv, env, umask, cwd, run, fds))
-
-
-def _argv_env(request: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
-    """A request's arguments and environment, as strings whatever the JSON held."""
-    return [str(a) for a in request["argv"]], _request_env(request)
-
-
-def _request_env(request: dict[str, Any]) -> dict[str, str]:
-    """A request's environment, as strings whatever the JSON held."""
-    return {str(k): str(v) for k, v in request["env"].items()}
-
-
-def _fork_task(argv: list[str], held: tuple[Any, ...], run: Callable[[list[str]], int],
-               request: dict[str, Any] | None = None) -> int:
-    """Run `weenv ARGV` in a detached child of the server (its housekeeping), in the
-    environment and umask of `request` if given; the child's pid (0 if unknown or none)."""
-
-    def task() -> None:
-        if request is not None:
-            _take_over(argv, _request_env(request), int(request["umask"]))
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, signal.SIG_DFL)
-        os._exit(run(argv))
-
-    try:
-        return _detached(held, task)
-    except OSError as error:
-        log.warning("mount server housekeeping did not start: %s", error)
-        return 0
-
-
-_EnvKey = tuple[tuple[str, str], ...]  # an eviction's WEENV_ variables, sorted
-
-
-class _Evictions:
-    """The evictions clients asked for (EVICT): one process at a time per environment (its
-    WEENV_ variables: mounts folder and bounds); a request while one runs makes one more
-    run after it, which sees what was released since the running one listed the mounts.
-    (A plain class: see `_Listening`.)"""
-
-    def __init__(self, held: tuple[Any, ...], run: Callable[[list[str]], int]) -> None:
-        self.held, self.run = held, run
-        self.running: dict[_EnvKey, tuple[int, str]] = {}
-        self.waiting: dict[_EnvKey, dict[str, Any]] = {}
-
-    def ask(self, request: dict[str, Any], held: tuple[Any, ...]) -> None:
-        """Start the eviction of `request` now (its child closes `held`, the connection
-        too) or after the one running for the same environment."""
-        if not isinstance(request.get("env"), dict):
-            raise TypeError("the request's env is not an object")
-        int(request["umask"])  # a bad request fails here (an answer), not in the child
-        key = tuple(sorted((str(k), str(v)) for k, v in request["env"].items()
-                           if str(k).startswith("WEENV_")))
-        if key in self.running and self._still_running(key):
-            self.waiting[key] = request
-        else:
-            self._start(key, request, held)
-
-    def poll(self) -> bool:
-        """Start the waiting evictions whose predecessor ended; whether any still wait."""
-        for key in [k for k in self.waiting if not self._still_running(k)]:
-            self._start(key, self.waiting.pop(key), self.held)
-        return bool(self.waiting)
-
-    def _still_running(self, key: _EnvKey) -> bool:
-        pid, started = self.running.get(key, (0, ""))
-        if pid and started and daemon.start_time(pid) == started:
-            return True
-        self.running.pop(key, None)
-        return False
-
-    def _start(self, key: _EnvKey, request: dict[str, Any],
-               held: tuple[Any, ...]) -> None:
-        pid = _fork_task(list(HOUSEKEEPING), held, self.run, request)
-        if pid:
-            self.running[key] = (pid, daemon.start_time(pid))
-
-
-def _detached(held: tuple[Any, ...], body: Callable[[], None]) -> int:
-    """Fork; the child starts a session, forks `body` and exits at once (reaped here), so
-    the grandchild is nobody's child. Returns the grandchild's pid (0 if unknown)."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid:
-        os.close(write_end)
-        with os.fdopen(read_end, "rb") as pipe:
-            told = pipe.read()
-        os.waitpid(pid, 0)
-        return int(told) if told.strip().isdigit() else 0
-    try:
-        os.close(read_end)
-        os.setsid()
-        grandchild = os.fork()
-        if grandchild:
-            os.write(write_end, str(grandchild).encode())
-            os._exit(0)
-        os.close(write_end)
-        for thing in held:  # the server's socket, connection and lock
-            thing.close()
-        body()
-    except BaseException:  # noqa: BLE001 - a forked child must never return into the loop
-        pass
-    os._exit(70)
-
-
-def _become_daemon(argv: list[str], env: dict[str, str], umask: int,
-                   run: Callable[[list[str]], int], ready_fd: int, log_fd: int) -> None:
-    """In the forked daemon: the client's view of the world, then `weenv ARGV` in-process."""
-    _take_over(argv, env, umask)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, signal.SIG_DFL)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    for fd in (devnull, log_fd):
-        os.close(fd)
-    os.chdir("/")
-    code = run([*argv, "--ready-fd", str(ready_fd)])
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(code)
-
-
-def _take_over(argv: list[str], env: dict[str, str], umask: int) -> None:
-    """What a forked command takes from its client (its arguments, as `ps` shows them, its
-    umask and environment), and none of the server's logging."""
-    import setproctitle
-
-    sys.argv = [sys.executable, "-m", "weenvfs", *argv]
-    # What `ps` shows and what tools match on (else the server's command line). Before the
-    # environment is replaced: setproctitle moves the environment block on first use. Bytes
-    # that are not UTF-8 (surrogate escapes in argv) are shown replaced: it takes UTF-8 only.
-    title = " ".join(sys.argv).encode(errors="surrogateescape").decode(errors="replace")
-    setproctitle.setproctitle(title)
-    os.umask(umask)
-    os.environ.clear()
-    os.environ.update(env)
-    root = logging.getLogger()
-    for handler in list(root.handlers):  # the server's logging is not the command's
-        root.removeHandler(handler)
-
-
-def _become_attached(argv: list[str], env: dict[str, str], umask: int, cwd: str,
-                     run: Callable[[list[str]], int], fds: list[int]) -> None:
-    """In the forked command: the client's stdio, folder, umask and environment, then `weenv
-    ARGV` in-process, its exit status on the status pipe. A client that goes away (its end
-    of the alive pipe closes) is taken as SIGTERM: the command cleans up as it would."""
-    import threading
-
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    for target, fd in enumerate(fds[:3]):
-        os.dup2(fd, target)
-        os.close(fd)
-    status, alive = fds[3], fds[4]
-    for fd in (status, alive):
-        os.set_inheritable(fd, False)
-    os.write(status, b"pid %d\n" % os.getpid())
-    code = 125
-    try:
-        _take_over(argv, env, umask)
-        os.chdir(cwd)
-
-        def watch() -> None:
-            with contextlib.suppress(OSError):
-                os.read(alive, 1)  # returns once the client's end is closed
-                os.kill(os.getpid(), signal.SIGTERM)
-
-        threading.Thread(target=watch, name="client-watch", daemon=True).start()
-        code = run(argv)
-    except Exception as error:  # the set-up failed (`run` reports its own errors)
-        print(f"weenv: error: the node service could not start the command: {error}",
-              file=sys.stderr)
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        with contextlib.suppress(OSError):
-            os.write(status, b"exit %d\n" % code)
-    os._exit(code)
 
 
 def check_running() -> None:

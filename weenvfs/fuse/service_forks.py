@@ -1,0 +1,180 @@
+"""How the node service's children start (fuse/mountd.py forks them; DESIGN.md: "a
+resident node daemon ... no Python start-up or imports on the hot path").
+
+Every child is forked twice (`detached`): the first child starts a session, forks the second
+and exits at once, so the command runs as nobody's child (as with `setsid --fork`) and the
+server never waits for it. The command then takes its client's arguments, environment and
+umask (`take_over`) and runs `weenv ARGV` in-process through the `run` the server was given
+(the CLI's `main`: fuse may not import the CLI):
+- `fork_daemon`: a mount daemon, its readiness pipe and log file passed by the client;
+- `fork_attached`: a command with the client's stdin, stdout, stderr and working folder
+  (`weenv run` hands itself over: hand_over.py), its pid and exit status on a status pipe;
+- `fork_task`: a chore of the server's own (housekeeping, an eviction).
+
+Must not: return into the server's loop from a child (every path ends in `os._exit`), or
+keep what the server holds (its socket, lock and the connection: `held`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def fork_daemon(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
+                 run: Callable[[list[str]], int]) -> int:
+    """Fork the daemon of `request`, nobody's child (see `detached`); its pid, or 0."""
+    argv, env = argv_env(request)
+    umask = int(request["umask"])
+    return detached(held, lambda: _become_daemon(argv, env, umask, run, ready_fd=fds[0],
+                                                 log_fd=fds[1]))
+
+
+def fork_attached(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
+                   run: Callable[[list[str]], int]) -> int:
+    """Fork the command of an ATTACHED request, nobody's child; its pid, or 0."""
+    argv, env = argv_env(request)
+    umask, cwd = int(request["umask"]), str(request["cwd"])
+    return detached(held, lambda: _become_attached(argv, env, umask, cwd, run, fds))
+
+
+def argv_env(request: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """A request's arguments and environment, as strings whatever the JSON held."""
+    return [str(a) for a in request["argv"]], request_env(request)
+
+
+def request_env(request: dict[str, Any]) -> dict[str, str]:
+    """A request's environment, as strings whatever the JSON held."""
+    return {str(k): str(v) for k, v in request["env"].items()}
+
+
+def fork_task(argv: list[str], held: tuple[Any, ...], run: Callable[[list[str]], int],
+               request: dict[str, Any] | None = None) -> int:
+    """Run `weenv ARGV` in a detached child of the server (its housekeeping), in the
+    environment and umask of `request` if given; the child's pid (0 if unknown or none)."""
+
+    def task() -> None:
+        if request is not None:
+            take_over(argv, request_env(request), int(request["umask"]))
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_DFL)
+        os._exit(run(argv))
+
+    try:
+        return detached(held, task)
+    except OSError as error:
+        log.warning("mount server housekeeping did not start: %s", error)
+        return 0
+
+
+def detached(held: tuple[Any, ...], body: Callable[[], None]) -> int:
+    """Fork; the child starts a session, forks `body` and exits at once (reaped here), so
+    the grandchild is nobody's child. Returns the grandchild's pid (0 if unknown)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            told = pipe.read()
+        os.waitpid(pid, 0)
+        return int(told) if told.strip().isdigit() else 0
+    try:
+        os.close(read_end)
+        os.setsid()
+        grandchild = os.fork()
+        if grandchild:
+            os.write(write_end, str(grandchild).encode())
+            os._exit(0)
+        os.close(write_end)
+        for thing in held:  # the server's socket, connection and lock
+            thing.close()
+        body()
+    except BaseException:  # noqa: BLE001 - a forked child must never return into the loop
+        pass
+    os._exit(70)
+
+
+def _become_daemon(argv: list[str], env: dict[str, str], umask: int,
+                   run: Callable[[list[str]], int], ready_fd: int, log_fd: int) -> None:
+    """In the forked daemon: the client's view of the world, then `weenv ARGV` in-process."""
+    take_over(argv, env, umask)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    for fd in (devnull, log_fd):
+        os.close(fd)
+    os.chdir("/")
+    code = run([*argv, "--ready-fd", str(ready_fd)])
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def take_over(argv: list[str], env: dict[str, str], umask: int) -> None:
+    """What a forked command takes from its client (its arguments, as `ps` shows them, its
+    umask and environment), and none of the server's logging."""
+    import setproctitle
+
+    sys.argv = [sys.executable, "-m", "weenvfs", *argv]
+    # What `ps` shows and what tools match on (else the server's command line). Before the
+    # environment is replaced: setproctitle moves the environment block on first use. Bytes
+    # that are not UTF-8 (surrogate escapes in argv) are shown replaced: it takes UTF-8 only.
+    title = " ".join(sys.argv).encode(errors="surrogateescape").decode(errors="replace")
+    setproctitle.setproctitle(title)
+    os.umask(umask)
+    os.environ.clear()
+    os.environ.update(env)
+    root = logging.getLogger()
+    for handler in list(root.handlers):  # the server's logging is not the command's
+        root.removeHandler(handler)
+
+
+def _become_attached(argv: list[str], env: dict[str, str], umask: int, cwd: str,
+                     run: Callable[[list[str]], int], fds: list[int]) -> None:
+    """In the forked command: the client's stdio, folder, umask and environment, then `weenv
+    ARGV` in-process, its exit status on the status pipe. A client that goes away (its end
+    of the alive pipe closes) is taken as SIGTERM: the command cleans up as it would."""
+    import threading
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for target, fd in enumerate(fds[:3]):
+        os.dup2(fd, target)
+        os.close(fd)
+    status, alive = fds[3], fds[4]
+    for fd in (status, alive):
+        os.set_inheritable(fd, False)
+    os.write(status, b"pid %d\n" % os.getpid())
+    code = 125
+    try:
+        take_over(argv, env, umask)
+        os.chdir(cwd)
+
+        def watch() -> None:
+            with contextlib.suppress(OSError):
+                os.read(alive, 1)  # returns once the client's end is closed
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, name="client-watch", daemon=True).start()
+        code = run(argv)
+    except Exception as error:  # the set-up failed (`run` reports its own errors)
+        print(f"weenv: error: the node service could not start the command: {error}",
+              file=sys.stderr)
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        with contextlib.suppress(OSError):
+            os.write(status, b"exit %d\n" % code)
+    os._exit(code)
