@@ -99,6 +99,37 @@ def test_a_forked_daemon_serves_the_tree_exactly(tmp_path: Path, server: Path,
     mountd.check_running()  # the server outlives its mounts
 
 
+def test_daemons_forked_after_an_s3_request_show_what_they_serve(
+        tmp_path: Path, server: Path, launches: list[bool], spawned: Callable[..., Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request naming an S3 store makes the server build that store's client in the
+    client's environment (service_preload.py), which replaces the server's C environment;
+    `ps` still shows every daemon forked after it as the command it runs (setproctitle
+    found the argument area through that environment: it failed silently in every later
+    child, and they all showed the server's `weenv mountd` command line)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"data")
+    ref = publish(tmp_path / "store", [src])
+    for key, value in (("AWS_ACCESS_KEY_ID", "key"), ("AWS_SECRET_ACCESS_KEY", "secret"),
+                       ("AWS_EC2_METADATA_DISABLED", "true")):
+        monkeypatch.setenv(key, value)
+    url = "s3://bucket/envs?endpoint=http://127.0.0.1:9&region=us-east-1"
+    ready_read, ready_write = os.pipe()
+    with open(tmp_path / "bad.log", "wb") as log:
+        # A daemon that fails at once (no mount point); the server makes the client after.
+        assert mountd.launch(["mount", ref, "--store", url], ready_write, log.fileno())
+    os.close(ready_write)
+    os.read(ready_read, 100)  # closed when that daemon exits
+    os.close(ready_read)
+    mp = spawned(ref, tmp_path / "store")
+    record = daemon.read_pid_file(mp)
+    assert record is not None
+    title = Path(f"/proc/{record['pid']}/cmdline").read_bytes()
+    assert b" mount " in title and str(mp).encode() in title and b"mountd" not in title
+    daemon.unmount(mp)
+
+
 def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 

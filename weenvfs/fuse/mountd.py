@@ -221,11 +221,13 @@ def stop(timeout: float = daemon.EXIT_TIMEOUT) -> int | None:
 
 
 def _is_server(pid: int) -> bool:
+    """Whether `pid` runs `weenvfs mountd` (its words NUL-separated as started, or one
+    title: the server sets setproctitle up, which joins them with spaces)."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").split()
     except OSError:
         return False
-    return b"weenvfs" in cmdline and b"mountd" in cmdline
+    return b"weenvfs" in words and b"mountd" in words
 
 
 # -- server ---------------------------------------------------------------------------------
@@ -288,6 +290,7 @@ def _preload(preload: tuple[str, ...]) -> None:
 
     for name in (*PRELOAD, *preload):
         importlib.import_module(name)
+    _set_up_titles()
     from weenvfs.store import warm_up
 
     warm_up()
@@ -296,6 +299,19 @@ def _preload(preload: tuple[str, ...]) -> None:
     # collection of its own: gc.freeze is made for fork servers.
     gc.collect()
     gc.freeze()
+
+
+def _set_up_titles() -> None:
+    """Let setproctitle find this process's argument area now, while the C environment is
+    the one the process started with: it finds it through that environment, which the
+    server replaces later (service_preload.py makes a store's client in its client's
+    environment). Set up in a child after that, it failed silently, and `ps` showed every
+    daemon forked after the first S3 request as `weenv mountd` (and `pkill -f` on the
+    server's command line would have matched them all). Set up here, every child inherits
+    it and titles itself (service_forks.py `take_over`)."""
+    import setproctitle
+
+    setproctitle.setproctitle(setproctitle.getproctitle())
 
 
 class _Listening:
