@@ -199,5 +199,8 @@ class Mounter:
                 force_unmount(mount.mountpoint)
             finally:
                 stop_daemon(mount.pid, mount.mountpoint)
+                # A daemon a test killed never removed its record (/run/weenv/mounts).
+                if not daemon.process_alive(mount.pid):
+                    daemon.remove_pid_file(mount.mountpoint, mount.pid)
             problems += [f"{mount.log_file.name}: {line}" for line in mount.unexpected_log_lines()]
         return problems
