@@ -29,7 +29,7 @@ class Evictions:
     """The evictions clients asked for (EVICT): one process at a time per environment (its
     WEENV_ variables: mounts folder and bounds); a request while one runs makes one more
     run after it, which sees what was released since the running one listed the mounts.
-    (A plain class: see `_Listening`.)"""
+    (A plain class: see mountd.py `_Listening`.)"""
 
     def __init__(self, held: tuple[Any, ...], run: Callable[[list[str]], int]) -> None:
         self.held, self.run = held, run

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def fork_daemon(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
-                 run: Callable[[list[str]], int]) -> int:
+                run: Callable[[list[str]], int]) -> int:
     """Fork the daemon of `request`, nobody's child (see `detached`); its pid, or 0."""
     argv, env = argv_env(request)
     umask = int(request["umask"])
@@ -38,7 +38,7 @@ def fork_daemon(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
 
 
 def fork_attached(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
-                   run: Callable[[list[str]], int]) -> int:
+                  run: Callable[[list[str]], int]) -> int:
     """Fork the command of an ATTACHED request, nobody's child; its pid, or 0."""
     argv, env = argv_env(request)
     umask, cwd = int(request["umask"]), str(request["cwd"])
@@ -56,7 +56,7 @@ def request_env(request: dict[str, Any]) -> dict[str, str]:
 
 
 def fork_task(argv: list[str], held: tuple[Any, ...], run: Callable[[list[str]], int],
-               request: dict[str, Any] | None = None) -> int:
+              request: dict[str, Any] | None = None) -> int:
     """Run `weenv ARGV` in a detached child of the server (its housekeeping), in the
     environment and umask of `request` if given; the child's pid (0 if unknown or none)."""
 
@@ -127,9 +127,9 @@ def take_over(argv: list[str], env: dict[str, str], umask: int) -> None:
     import setproctitle
 
     sys.argv = [sys.executable, "-m", "weenvfs", *argv]
-    # What `ps` shows and what tools match on (else the server's command line). Before the
-    # environment is replaced: setproctitle moves the environment block on first use. Bytes
-    # that are not UTF-8 (surrogate escapes in argv) are shown replaced: it takes UTF-8 only.
+    # What `ps` shows and what tools match on (else the server's command line); setproctitle
+    # was set up in the server (mountd.py `_set_up_titles`). Bytes that are not UTF-8
+    # (surrogate escapes in argv) are shown replaced: it takes UTF-8 only.
     title = " ".join(sys.argv).encode(errors="surrogateescape").decode(errors="replace")
     setproctitle.setproctitle(title)
     os.umask(umask)
