@@ -457,9 +457,9 @@ def test_a_request_naming_an_s3_store_makes_its_client_ahead(monkeypatch) -> Non
     same store in the same environment take the client over (tests/store/test_s3.py checks
     the taking); no client is made for other stores or without static keys, and a bad URL is
     no error."""
-    from weenvfs.store import s3
+    from weenvfs.store import s3_clients
 
-    monkeypatch.setattr(s3, "_prebuilt", {})
+    monkeypatch.setattr(s3_clients, "prebuilt", {})
     url = "s3://bucket/envs?endpoint=http://127.0.0.1:9&region=us-east-1"
     env = {"AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret", "HOME": "/root",
            "AWS_EC2_METADATA_DISABLED": "true"}
@@ -467,10 +467,10 @@ def test_a_request_naming_an_s3_store_makes_its_client_ahead(monkeypatch) -> Non
                        (["mount", "x", "--store", url], {"HOME": "/root"}),
                        (["mount", "x", "--store", "s3://"], env)):
         service_preload.prebuild_clients({"argv": argv, "env": env_})
-    assert s3._prebuilt == {}
+    assert s3_clients.prebuilt == {}
     service_preload.prebuild_clients({"argv": ["sandbox", "resolve", "e:t", "--store", url],
                                       "env": env})
-    assert [key[0] for key in s3._prebuilt] == [url]
+    assert [key[0] for key in s3_clients.prebuilt] == [url]
 
 
 def test_a_request_s_environment_is_kept_in_memory_for_the_next_children(

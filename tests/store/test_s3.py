@@ -88,9 +88,9 @@ def test_a_client_made_ahead_is_taken_over_only_with_the_same_environment(
     """What the node service does before forking (fuse/mountd.py): a store opened later in
     the same environment takes the client over; any other environment, URL or option makes
     its own, and without static keys nothing is made ahead (it might reach the network)."""
-    from weenvfs.store import prebuild_client, s3
+    from weenvfs.store import prebuild_client, s3_clients
 
-    monkeypatch.setattr(s3, "_prebuilt", {})
+    monkeypatch.setattr(s3_clients, "prebuilt", {})
     url = seaweed.url("prebuilt")
     keys = seaweed.env()
     assert not prebuild_client(url, dict(os.environ))  # no static keys in it
@@ -100,7 +100,7 @@ def test_a_client_made_ahead_is_taken_over_only_with_the_same_environment(
     assert "AWS_ACCESS_KEY_ID" not in os.environ  # the environment was put back
     for name, value in keys.items():
         monkeypatch.setenv(name, value)
-    ((made, _, _),) = s3._prebuilt.values()
+    ((made, _, _),) = s3_clients.prebuilt.values()
     store = S3Store(url)
     assert store._client is made
     store.check(write=True)
@@ -116,13 +116,13 @@ def test_a_client_made_ahead_is_rehearsed_offline_and_then_answers_from_the_serv
     seaweed: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`prebuild` sends the requests a mount makes first through botocore with canned
-    answers (s3._rehearse), so the processes forked later inherit what botocore builds at a
+    answers (s3_clients.rehearse), so the processes forked later inherit what botocore builds at a
     client's first requests. Nothing of the rehearsal reaches the network (an endpoint where
     nothing listens is rehearsed just the same), and afterwards every request is answered
     by the server: a missing key, a listing, a range, an object's size."""
-    from weenvfs.store import prebuild_client, s3
+    from weenvfs.store import prebuild_client, s3_clients
 
-    monkeypatch.setattr(s3, "_prebuilt", {})
+    monkeypatch.setattr(s3_clients, "prebuilt", {})
     keys = seaweed.env()
     environ = {**os.environ, **keys}
     assert prebuild_client("s3://nowhere/x?endpoint=http://127.0.0.1:9", environ)
@@ -131,7 +131,8 @@ def test_a_client_made_ahead_is_rehearsed_offline_and_then_answers_from_the_serv
     for name, value in keys.items():
         monkeypatch.setenv(name, value)
     store = S3Store(url)
-    assert store._client is s3._prebuilt[(url, s3._environment_key(os.environ))][0]
+    key = (url, s3_clients.environment_key(os.environ))
+    assert store._client is s3_clients.prebuilt[key][0]
     store.check(write=True)
     data = os.urandom(3000)
     store.put("blobs/ab", data)
@@ -150,10 +151,10 @@ def test_a_process_takes_its_own_client_again_for_a_while_and_never_in_a_fork(
     """A harness opening many environments makes one session and client per store URL and
     environment, not one per store; a forked process makes its own (the client has its
     parent's connections); after REUSE_SECONDS the configuration is read anew."""
-    from weenvfs.store import s3
+    from weenvfs.store import s3_clients
 
-    monkeypatch.setattr(s3, "_prebuilt", {})
-    monkeypatch.setattr(s3, "_made_here", {})
+    monkeypatch.setattr(s3_clients, "prebuilt", {})
+    monkeypatch.setattr(s3_clients, "made_here", {})
     for name, value in seaweed.env().items():
         monkeypatch.setenv(name, value)
     url = seaweed.url("reused")
@@ -172,10 +173,10 @@ def test_a_process_takes_its_own_client_again_for_a_while_and_never_in_a_fork(
     os.close(read)
     os.waitpid(pid, 0)
     assert S3Store(url)._client is second._client  # the parent still has it
-    monkeypatch.setattr(s3, "REUSE_SECONDS", 0.0)
+    monkeypatch.setattr(s3_clients, "REUSE_SECONDS", 0.0)
     third = S3Store(url)
     assert third._client is not second._client
-    monkeypatch.setattr(s3, "REUSE_SECONDS", 60.0)
+    monkeypatch.setattr(s3_clients, "REUSE_SECONDS", 60.0)
     assert S3Store(url)._client is third._client
     assert S3Store(url, read_timeout=7.0)._client is not third._client  # other settings
     assert S3Store(seaweed.url("other"))._client is not third._client

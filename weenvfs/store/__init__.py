@@ -88,9 +88,9 @@ def warm_up() -> None:
     """Load now what the S3 backend loads on first use (boto3's service model), so that the
     processes a mount server forks afterwards start warm. The mount server calls it: the fuse
     package reaches the store through this package only."""
-    from weenvfs.store import s3
+    from weenvfs.store import s3_clients
 
-    s3.warm_up()
+    s3_clients.warm_up()
 
 
 def prebuild_client(url: str, environ: Mapping[str, str]) -> bool:

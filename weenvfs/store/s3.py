@@ -6,7 +6,8 @@ profiles, ~/.aws/config and ~/.aws/credentials, credential_process, SSO, instanc
 
 Owns: one boto3 client per store, built in the constructor from an explicit
 `boto3.session.Session()` (clients are thread-safe, sessions are not), or taken over from the
-node service that forked this process (`prebuild`); translating botocore's
+node service that forked this process (`prebuild`) or from an earlier store of this process
+(s3_clients.py keeps both kinds); translating botocore's
 errors into the store errors (s3_common.py); credential renewal. Must not: retry (botocore's
 own retries are off, `total_max_attempts=1`, so that RetryingStore alone decides and its
 counters are the truth), cache, or know what the objects mean, except which key prefixes
@@ -25,27 +26,26 @@ output) before the old ones are revoked: no remount.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import os
 import re
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 import boto3
-import botocore.loaders
 import botocore.session
 from botocore.config import Config
 
 from weenvfs.errors import ObjectMissing, ObjectTooLarge, StoreError, StoreUnavailable
+from weenvfs.store import s3_clients
 from weenvfs.store.base import TEMP_PREFIX, Store, validate_key, validate_prefix
+from weenvfs.store.s3_clients import Credentials, environment_key, shared_loader
 from weenvfs.store.s3_common import (
     BOTO_ERRORS,
+    DEFAULT_REGION,
     error_code,
     http_status,
     is_auth_error,
@@ -55,88 +55,19 @@ from weenvfs.store.s3_common import (
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-Credentials = tuple[str, str, str | None] | None  # key, secret, token
 
 MiB = 1 << 20
-DEFAULT_REGION = "us-east-1"
 # The content-addressed kinds of SPEC.md: an existing object under these is never replaced.
 CONTENT_ADDRESSED = ("blobs/", "indexes/", "manifests/", "hints/")
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _RANGE_SLACK = 16 * MiB  # a server ignoring Range: slice a full body only this much larger
-_LOADER_LOCK = threading.Lock()
-_loader: Any = None
-
-
-def _shared_loader() -> Any:
-    """botocore's service-model loader, shared by every session of this process: loading the
-    S3 model costs about 0.1 s per session otherwise, and the models never change while a
-    process runs (the AWS configuration and credentials are still read per session)."""
-    global _loader
-    with _LOADER_LOCK:
-        if _loader is None:
-            _loader = botocore.loaders.create_loader()
-        return _loader
-
-
-def warm_up() -> None:
-    """Load the S3 model now (the mount server does, before it forks mount daemons), and
-    make one throwaway client: botocore imports and builds the rest of what a client needs
-    (endpoint rules, handlers) at the first `client()`, about 40 ms a forked process would
-    otherwise pay again. A client connects only at its first request, so none is made."""
-    loader = _shared_loader()
-    loader.load_service_model("s3", "service-2")
-    loader.load_service_model("s3", "endpoint-rule-set-1")
-    loader.load_data("endpoints")
-    loader.load_data("partitions")
-    core = botocore.session.Session()
-    core.register_component("data_loader", loader)
-    session = boto3.session.Session(botocore_session=core, aws_access_key_id="warm-up",
-                                    aws_secret_access_key="warm-up", region_name=DEFAULT_REGION)
-    session.client("s3", endpoint_url="http://127.0.0.1:9", config=Config(user_agent_extra="weenv"))
-
-
-# Clients made ahead of time by the node service (`prebuild`), which the processes it forks
-# take over (copy-on-write memory, no connection yet: a client connects at its first request)
-# instead of spending about 20 ms each on a session and a client. Keyed by the store URL and
-# every variable of the environment that can change which credentials and configuration a
-# session finds, so a process only ever gets the client it would have made itself.
-MAX_PREBUILT = 8
-# (url, environment) -> (client, its credentials, the (timeouts, pool size) it was made with)
-_prebuilt: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Any, Credentials, Any]] = {}
-# Clients a process made for itself, taken by its later stores of the same URL and
-# environment for REUSE_SECONDS: a harness opening 32 environments at once made 32 sessions
-# and clients (~30 ms of CPU each, on the critical path of every `Environment.open`).
-# Clients are thread-safe; after that long a store reads the AWS configuration anew, as
-# one did every time before (an authentication error re-reads it at once: `_renew_credentials`).
-# They have connections open, so a forked process must never take one (it would talk on
-# its parent's sockets): forgotten in the child at every fork.
-REUSE_SECONDS = 60.0
-_made_here: dict[tuple[str, tuple[tuple[str, str], ...]],
-                 tuple[Any, Credentials, Any, float]] = {}
-_made_here_lock = threading.Lock()  # a harness opens stores from many threads at once
-
-
-def _forget_clients_made_here() -> None:
-    global _made_here_lock  # another thread may have held it at the fork: a new one
-    _made_here.clear()
-    _made_here_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_clients_made_here)
-
-
-def _environment_key(environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in environ.items()
-                        if k.startswith(("AWS_", "BOTO_")) or k == "HOME"))
-
-
 def prebuild(url: str, environ: Mapping[str, str]) -> bool:
     """Make the client an S3Store of `url` would make in a process with environment
-    `environ`, for the processes this one forks later (see `_prebuilt`); True if made now.
+    `environ`, for the processes this one forks later (s3_clients.py); True if made now.
     Only for static keys in the environment: other credential sources may reach the network
     (instance roles, credential_process, SSO), which the node service must never wait for."""
-    key = (url, _environment_key(environ))
-    if key in _prebuilt or not (environ.get("AWS_ACCESS_KEY_ID")
+    key = (url, environment_key(environ))
+    if key in s3_clients.prebuilt or not (environ.get("AWS_ACCESS_KEY_ID")
                                 and environ.get("AWS_SECRET_ACCESS_KEY")):
         return False
     saved = dict(os.environ)
@@ -150,66 +81,9 @@ def prebuild(url: str, environ: Mapping[str, str]) -> bool:
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    _rehearse(store._client, store.bucket, store._prefix)
-    while len(_prebuilt) >= MAX_PREBUILT:
-        del _prebuilt[next(iter(_prebuilt))]
-    _prebuilt[key] = (store._client, store._credentials, store._client_settings)
+    s3_clients.rehearse(store._client, store.bucket, store._prefix)
+    s3_clients.keep_prebuilt(key, store._client, store._credentials, store._client_settings)
     return True
-
-
-class _CannedBody(io.BytesIO):
-    """A rehearsal's response body, read as botocore reads urllib3's (`stream` or `read`)."""
-
-    def stream(self, amt: int = 1 << 16, decode_content: bool | None = None) -> Iterator[bytes]:
-        while chunk := self.read(amt):
-            yield chunk
-
-
-_MISSING = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NoSuchKey</Code>'
-            b"<Message>The specified key does not exist.</Message></Error>")
-_NO_KEYS = (b'<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult xmlns="http://s3.'
-            b'amazonaws.com/doc/2006-03-01/"><KeyCount>0</KeyCount><MaxKeys>1000</MaxKeys>'
-            b"<IsTruncated>false</IsTruncated></ListBucketResult>")
-# What a mount daemon asks first: the hint tags of its environment (a listing), objects that
-# may not exist (404), ranges of objects (206).
-_REHEARSAL = (
-    ("list_objects_v2", {}, 200, _NO_KEYS, {"content-type": "application/xml"}),
-    ("get_object", {}, 404, _MISSING, {"content-type": "application/xml"}),
-    ("get_object", {"Range": "bytes=0-0"}, 206, b"x",
-     {"content-range": "bytes 0-0/1", "content-length": "1"}),
-    ("head_object", {}, 404, b"", {}),
-)
-
-
-def _rehearse(client: Any, bucket: str, prefix: str) -> None:
-    """Send a client's first requests of each kind a mount makes (`_REHEARSAL`) through
-    botocore's whole pipeline, answered here instead of by the server (its `before-send`
-    event: nothing reaches the network). A client builds its endpoint resolution, request
-    serializers, response parsers and error shapes at its first request of each kind, about
-    30 ms of CPU per request kind; rehearsed in the node service, every process it forks
-    inherits them built."""
-    from botocore.awsrequest import AWSResponse
-    from botocore.exceptions import ClientError
-
-    canned: list[AWSResponse] = []  # the answer to the request being rehearsed
-
-    def answer(request: Any, **kwargs: Any) -> AWSResponse:
-        return canned[0]
-
-    client.meta.events.register_first("before-send.s3", answer, unique_id="weenv-rehearsal")
-    try:
-        for operation, params, status, body, headers in _REHEARSAL:
-            canned[:] = [AWSResponse("http://rehearsal.invalid/", status, headers,
-                                     _CannedBody(body))]
-            where = ({"Prefix": f"{prefix}weenv-rehearsal/"} if operation.startswith("list")
-                     else {"Key": f"{prefix}weenv-rehearsal"})
-            with contextlib.suppress(ClientError):
-                response = getattr(client, operation)(Bucket=bucket, **where, **params)
-                response.get("Body", _CannedBody()).read()
-    except Exception as error:  # noqa: BLE001 - a rehearsal only saves time
-        log.debug("rehearsal of the S3 client for %s failed: %s", bucket, error)
-    finally:
-        client.meta.events.unregister("before-send.s3", unique_id="weenv-rehearsal")
 
 
 class S3Store(Store):
@@ -250,29 +124,21 @@ class S3Store(Store):
         self._session_options = dict(session_options or {})
         self._lock = threading.Lock()
         self._bucket_seen = False
-        key = (url, _environment_key(os.environ))
+        key = (url, environment_key(os.environ))
         self._reuse_key = key if prebuilt and not session_options else None
-        made = _prebuilt.get(key) if self._reuse_key else None
-        if made is None and self._reuse_key:
-            made = _made_here.get(key)
-            if made is not None and time.monotonic() - made[3] >= REUSE_SECONDS:
-                made = None
-        if made is not None and made[2] == self._client_settings:
-            self._client, self._credentials = made[0], made[1]
+        made = s3_clients.take(key, self._client_settings) if self._reuse_key else None
+        if made is not None:
+            self._client, self._credentials = made
         else:
             self._client, self._credentials = self._new_client()
-            if self._reuse_key:
-                self._remember_client(self._reuse_key)
+            self._remember_client()
 
-    def _remember_client(self, key: tuple[str, tuple[tuple[str, str], ...]]) -> None:
+    def _remember_client(self) -> None:
         """Let this process's later stores of the same URL and environment take this
-        store's client (`_made_here`)."""
-        with _made_here_lock:
-            _made_here.pop(key, None)
-            while len(_made_here) >= MAX_PREBUILT:
-                del _made_here[next(iter(_made_here))]
-            _made_here[key] = (self._client, self._credentials, self._client_settings,
-                               time.monotonic())
+        store's client (s3_clients.py)."""
+        if self._reuse_key:
+            s3_clients.remember(self._reuse_key, self._client, self._credentials,
+                                self._client_settings)
 
     @property
     def _client_settings(self) -> tuple[Any, ...]:
@@ -295,7 +161,7 @@ class S3Store(Store):
         """A session, which reads the AWS configuration anew, and its credentials now."""
         try:
             core = botocore.session.Session()
-            core.register_component("data_loader", _shared_loader())
+            core.register_component("data_loader", shared_loader())
             session = boto3.session.Session(
                 botocore_session=core, profile_name=self.location.profile,
                 **self._session_options,
@@ -337,9 +203,8 @@ class S3Store(Store):
             if credentials == self._credentials:
                 return False
             self._client, self._credentials = self._client_from(session), credentials
-            shared = _made_here.get(self._reuse_key) if self._reuse_key else None
-            if shared is not None and shared[0] is failed_client:
-                self._remember_client(self._reuse_key)  # later stores take the new one
+            if self._reuse_key and s3_clients.made_here_client(self._reuse_key) is failed_client:
+                self._remember_client()  # later stores take the new one
         log.info("store %s: credentials changed, using the new ones", self.url)
         return True
 

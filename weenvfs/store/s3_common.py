@@ -41,6 +41,8 @@ from urllib3.exceptions import HTTPError as URLLib3Error
 from weenvfs.errors import ObjectMissing, StoreError, StoreUnavailable
 from weenvfs.store.base import validate_prefix
 
+# Where a client signs when neither the URL nor the AWS configuration names a region.
+DEFAULT_REGION = "us-east-1"
 _QUERY_KEYS = frozenset({"endpoint", "region", "addressing", "profile", "timeout"})
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
