@@ -61,6 +61,8 @@ MiB = 1 << 20
 CONTENT_ADDRESSED = ("blobs/", "indexes/", "manifests/", "hints/")
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _RANGE_SLACK = 16 * MiB  # a server ignoring Range: slice a full body only this much larger
+
+
 def prebuild(url: str, environ: Mapping[str, str]) -> bool:
     """Make the client an S3Store of `url` would make in a process with environment
     `environ`, for the processes this one forks later (s3_clients.py); True if made now.
@@ -68,7 +70,7 @@ def prebuild(url: str, environ: Mapping[str, str]) -> bool:
     (instance roles, credential_process, SSO), which the node service must never wait for."""
     key = (url, environment_key(environ))
     if key in s3_clients.prebuilt or not (environ.get("AWS_ACCESS_KEY_ID")
-                                and environ.get("AWS_SECRET_ACCESS_KEY")):
+                                          and environ.get("AWS_SECRET_ACCESS_KEY")):
         return False
     saved = dict(os.environ)
     try:
