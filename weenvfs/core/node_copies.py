@@ -160,8 +160,10 @@ def _keep(key: tuple[str, str, str], load: Callable[[], Manifest | GroupIndex | 
         _preloaded.move_to_end(key)
         return kept[0], 0
     made = load()
+    if made is None:
+        return None, 0
     size = len(made.raw) if isinstance(made, GroupIndex) else MANIFEST_SIZE
-    if made is None or size > PRELOAD_BYTES:
+    if size > PRELOAD_BYTES:
         return made, 0
     _preloaded[key] = (made, size)
     total = sum(size for _, size in _preloaded.values())

@@ -304,11 +304,11 @@ def _preload(preload: tuple[str, ...]) -> None:
 def _set_up_titles() -> None:
     """Let setproctitle find this process's argument area now, while the C environment is
     the one the process started with: it finds it through that environment, which the
-    server replaces later (service_preload.py makes a store's client in its client's
-    environment). Set up in a child after that, it failed silently, and `ps` showed every
-    daemon forked after the first S3 request as `weenv mountd` (and `pkill -f` on the
-    server's command line would have matched them all). Set up here, every child inherits
-    it and titles itself (service_forks.py `take_over`)."""
+    server replaces later (store/s3.py `prebuild`, called by service_preload.py, makes a
+    store's client in its client's environment). Set up in a child after that, it failed
+    silently, and `ps` showed every daemon forked after the first S3 request as `weenv
+    mountd` (and `pkill -f` on the server's command line would have matched them all). Set
+    up here, every child inherits it and titles itself (service_forks.py `take_over`)."""
     import setproctitle
 
     setproctitle.setproctitle(setproctitle.getproctitle())
