@@ -96,7 +96,8 @@ def test_survives_a_cgroup_removed_mid_tick(
     driver = VanishingDriver(v2_folder.root)
     a = _register(v2_folder, config.spool, "a", driver)
     b = _register(v2_folder, config.spool, "b", driver)
-    with SidecarThread(config, driver) as thread, assert_logs("cgroup vanished", count=1):
+    # The expectation first: the thread logs from its first tick on, and until it stops.
+    with assert_logs("cgroup vanished", count=1), SidecarThread(config, driver) as thread:
         thread.wait_ticks(3)
         v2_folder.set(a, memory_current=str(195 * MIB))  # so this tick also writes a
         driver.vanish = a
@@ -211,7 +212,8 @@ def test_a_failing_write_is_retried_every_tick_and_logged_once(
     config = sidecar_config()
     driver = FailingDriver(v2_folder.root)
     cgroup = _register(v2_folder, config.spool, "a", v2_folder.driver)
-    with SidecarThread(config, driver) as thread, assert_logs("writing limits failed", count=1):
+    # The expectation first: the first tick may write (and fail) before the block starts.
+    with assert_logs("writing limits failed", count=1), SidecarThread(config, driver) as thread:
         v2_folder.set(cgroup, memory_current=str(195 * MIB))
         wait_for(lambda: driver.attempts >= 3, "three attempts")
         driver.fail = False
