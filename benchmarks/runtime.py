@@ -12,6 +12,9 @@ Owns these measurements (results summarized in docs/benchmarks.md):
    itself (WEENV_NODE_RUN=off), against `docker run --rm`.
 2. One more command in a running sandbox (`exec true`) against `docker exec` in a running
    container and one more `bwrap ... true`.
+   Steps 1 and 2 also run WeEnv's sandboxes under runc ($WEENV_RUNTIME=runc) next to the
+   default (crun where installed: weenvfs/runtime/runtimes.py), so the two OCI runtimes are
+   compared in the same rounds.
 3. Reset (back to the pristine tree, after the episode wrote files) against tearing the
    sandbox down and creating a new one, with the writable layer on disk and on tmpfs; and
    against what Docker offers for the same: `docker rm -f` of the dirty container and
@@ -36,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +58,7 @@ from _mounting import mount_server
 from docker_peer import DOCKER, Dockerd, docker_unavailable
 
 from weenvfs.runtime.environment import Environment
+from weenvfs.runtime.runtimes import RUNTIME_ENV, default_launcher
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools.builder import build_group, open_source
@@ -62,6 +66,9 @@ from weenvfs.tools.publish import compose_env
 from weenvfs.tools.sample import sample_tree
 
 NAME = "runtime"
+RUNC_CREATE = "weenv create + true (runc)"
+RUNC_CLI = "weenv run true (CLI, runc)"
+RUNC_EXEC = "weenv exec true (runc)"
 FULL_REPEATS = 15
 DIRTY_FILES = 200  # files an episode writes before a reset (so the upper is not empty)
 DIRTY_EPISODE = (f"mkdir -p /root/ep && for i in $(seq {DIRTY_FILES}); do echo $i > "
@@ -106,24 +113,28 @@ class Bench:
     def __init__(self, ref: str, store: Path, cache: Path) -> None:
         self.ref, self.store, self.cache = ref, store, cache
 
-    def open(self, tmpfs: bool = False) -> Environment:
+    def open(self, tmpfs: bool = False, runtime: str | None = None) -> Environment:
+        """A sandbox (under OCI runtime `runtime`, default: the node's default)."""
         # Steady state: no first-run hint recording (it would put one create on a private
         # recording mount; benchmarks/prefetch.py measures hints).
-        return Environment.open(self.ref, store=self.store, cache=self.cache,
-                                tmpfs_upper=tmpfs, record_hint=False)
+        with _runtime(runtime):
+            return Environment.open(self.ref, store=self.store, cache=self.cache,
+                                    tmpfs_upper=tmpfs, record_hint=False)
 
-    def cli_run_true(self, node_service: bool) -> Callable[[], object]:
+    def cli_run_true(self, node_service: bool,
+                     runtime: str | None = None) -> Callable[[], object]:
         """`weenv run ... true` as the README runs it (the installed entry point), carried
         out by the node service or (WEENV_NODE_RUN=off) by the client itself."""
         script = Path(sys.executable).parent / "weenv"
         argv = [*([str(script)] if script.exists() else [sys.executable, "-m", "weenvfs"]),
                 "run", "--store", str(self.store), "--cache", str(self.cache),
                 "--no-record-hint", self.ref, "true"]
-        env = {**os.environ, "WEENV_NODE_RUN": "on" if node_service else "off"}
+        env = {**os.environ, "WEENV_NODE_RUN": "on" if node_service else "off",
+               **({RUNTIME_ENV: runtime} if runtime else {})}
         return lambda: subprocess.run(argv, env=env, check=True, capture_output=True)
 
-    def create_and_true(self) -> None:
-        env = self.open()
+    def create_and_true(self, runtime: str | None = None) -> None:
+        env = self.open(runtime=runtime)
         try:
             env.exec(["true"])
         finally:
@@ -132,6 +143,23 @@ class Bench:
     def dirty(self, env: Environment) -> None:
         """What an episode might leave: new files, a deleted directory."""
         env.exec(DIRTY_EPISODE)
+
+
+@contextlib.contextmanager
+def _runtime(name: str | None) -> Iterator[None]:
+    """$WEENV_RUNTIME set to `name` for the block (nothing when None)."""
+    if name is None:
+        yield
+        return
+    saved = os.environ.get(RUNTIME_ENV)
+    os.environ[RUNTIME_ENV] = name
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(RUNTIME_ENV, None)
+        else:
+            os.environ[RUNTIME_ENV] = saved
 
 
 def _clock(fn: Callable[[], object]) -> float:
@@ -145,6 +173,7 @@ def bench_ready(b: Bench, tree: Path, docker: DockerSide | None,
     """1 and 2: create + true on a warm mount, and exec true, against Docker and bwrap."""
     bwrap = BWRAP.format(tree=tree).split()
     holder = b.open()  # keeps the environment mounted (its chunks are cached already)
+    runc_holder = b.open(runtime="runc") if default_launcher().name != "runc" else None
     running = docker.create() if docker else ""
     try:
         contenders: dict[str, Callable[[], object]] = {
@@ -157,6 +186,10 @@ def bench_ready(b: Bench, tree: Path, docker: DockerSide | None,
             "weenv exec true": lambda: holder.exec(["true"]),
             "bwrap true": lambda: subprocess.run(bwrap, check=True),
         }
+        if runc_holder is not None:
+            contenders[RUNC_CREATE] = lambda: b.create_and_true("runc")
+            contenders[RUNC_CLI] = b.cli_run_true(True, "runc")
+            execs[RUNC_EXEC] = lambda: runc_holder.exec(["true"])
         if docker:
             contenders["docker run --rm true"] = docker.run_true
             execs["docker exec true"] = lambda: docker.exec_true(running)
@@ -168,6 +201,8 @@ def bench_ready(b: Bench, tree: Path, docker: DockerSide | None,
             close.append(_clock(env.close))
     finally:
         holder.close()
+        if runc_holder is not None:
+            runc_holder.close()
         if docker:
             docker.remove(running)
     out = {
@@ -180,6 +215,11 @@ def bench_ready(b: Bench, tree: Path, docker: DockerSide | None,
     }
     out["cli_run_node_vs_own"] = paired_ratio(
         ready["weenv run true (CLI)"], ready["weenv run true (CLI, WEENV_NODE_RUN=off)"])
+    out["runtime"] = default_launcher().name
+    if runc_holder is not None:
+        out["create_vs_runc"] = paired_ratio(ready["weenv create + true"], ready[RUNC_CREATE])
+        out["cli_run_vs_runc"] = paired_ratio(ready["weenv run true (CLI)"], ready[RUNC_CLI])
+        out["exec_vs_runc"] = paired_ratio(exec_true["weenv exec true"], exec_true[RUNC_EXEC])
     if docker:
         out["create_vs_docker"] = paired_ratio(ready["weenv create + true"],
                                                ready["docker run --rm true"])
@@ -317,7 +357,8 @@ def report(results: dict[str, Any], repeats: int) -> None:
                      t["spread"]))
     cold = results["cold"]["cold_mount_create_and_true"]
     rows.append(("cold: mount + create + true", cold["median_s"] * 1000, cold["spread"]))
-    print_table(f"sandbox runtime, {repeats} rounds (median)", ["what", "ms", "spread"], rows)
+    print_table(f"sandbox runtime ({ready.get('runtime', 'runc')}), {repeats} rounds (median)",
+                ["what", "ms", "spread"], rows)
     ratios = [("weenv create + true / bwrap true", ready["create_vs_bwrap"]),
               ("weenv exec true / bwrap true", ready["exec_vs_bwrap"]),
               ("weenv run (node service) / weenv run (own process)",
@@ -330,6 +371,10 @@ def report(results: dict[str, Any], repeats: int) -> None:
                for r in results["reset"]]
     if docker_reset:
         ratios.append(("weenv reset / (docker rm -f + run -d)", docker_reset["reset_vs_docker"]))
+    if "exec_vs_runc" in ready:
+        ratios += [(f"weenv create + true: {ready['runtime']} / runc", ready["create_vs_runc"]),
+                   (f"weenv run true: {ready['runtime']} / runc", ready["cli_run_vs_runc"]),
+                   (f"weenv exec true: {ready['runtime']} / runc", ready["exec_vs_runc"])]
     print_table("ratios (paired, median over rounds)", ["ratio", "x"], ratios)
     print(f"\ndocker: {results['docker']}")
 

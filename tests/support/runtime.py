@@ -1,6 +1,6 @@
 """Helpers for the runtime tests: what the node holds for sandboxes, and a forced clean-up.
 
-Owns: `NodeSnapshot` (sandbox folders, runc containers, cgroups under /weenv, mounts under
+Owns: `NodeSnapshot` (sandbox folders, runc and crun containers, cgroups under /weenv, mounts under
 /run/weenv, upper dirs, env folders, processes inside sandbox cgroups, and loop devices of
 --disk uppers), `leaks(before,
 after)` and `force_cleanup(ids)`, which removes sandboxes a failed test left (through the
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from weenvfs.runtime import cgroups, mounts, sandbox
+from weenvfs.runtime.crun import CRUN_ROOT
 from weenvfs.runtime.launcher import RUNC_ROOT
 
 CLI_TIMEOUT = 120.0
@@ -109,7 +110,7 @@ class NodeSnapshot:
         groups = _sandbox_cgroups()
         return cls(
             frozenset(_names(sandbox.SANDBOXES_ROOT)),
-            frozenset(_names(RUNC_ROOT)),
+            frozenset(_names(RUNC_ROOT) | _names(CRUN_ROOT)),
             frozenset(groups),
             frozenset(_weenv_mounts()),
             frozenset(_names(sandbox.UPPERS_ROOT)),

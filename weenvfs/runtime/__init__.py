@@ -2,10 +2,12 @@
 
 Modules, bottom up:
 - `rootfs`: overlay/tmpfs mounts through libc, safe file access inside a root, image users;
-- `safe_paths`: the paths runc and WeEnv use inside a root, checked against hostile images;
+- `safe_paths`: the paths the OCI runtime and WeEnv use inside a root, checked against hostile
+  images;
 - `seccomp`: the syscall filter (Docker's default profile as data) and user profiles;
 - `disk`: a size-limited upper (`--disk`): an ext4 image on a loop device;
-- `launcher`: the one interface over the isolating program (runc, with a generated OCI spec);
+- `launcher`: the one interface over the isolating program (an OCI runtime, a generated spec),
+  and runc's; `crun`: crun's; `runtimes`: which one a sandbox uses (crun where installed);
 - `mounts`: shared FUSE mounts on a node, one per key, reference-counted;
 - `lowers`: which mounts make a sandbox's lower (one per group, stacked, or one merged);
 - `cgroups`: limits, the cgroup hook every start of an init goes through, cgroup files;

@@ -144,11 +144,15 @@ def _procs(folder: Path) -> list[int]:
 
 
 def kill_session(path: str, leader: int, rounds: int = 200) -> int:
-    """SIGKILL every process of cgroup `path` in session `leader` (a host pid), again until
-    none is left: a fork bomb forks while we kill. Returns how many signals were sent."""
+    """SIGKILL every process of cgroup `path` in the session of command `leader` (a host
+    pid), again until none is left: a fork bomb forks while we kill. Returns how many
+    signals were sent. runc makes an exec'd command a session leader; crun makes it the
+    child of one (its own short-lived fork), so the session is read from the command, and
+    taken as `leader` itself once the command is gone."""
+    session = _session(leader) or leader
     killed = 0
     for _ in range(rounds):
-        victims = [p for p in cgroup_pids(path) if _session(p) == leader]
+        victims = [p for p in cgroup_pids(path) if _session(p) == session]
         if not victims:
             break
         for pid in victims:

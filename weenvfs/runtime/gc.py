@@ -7,8 +7,8 @@ Owns the rules for what is an orphan, and their removal:
   processes, unmounts its overlay and tmpfs, removes its cgroup and upper dir and drops its
   hold on the environment's shared mounts;
 - registrations with the node's provisioner of sandboxes that are gone (elastic.py), then
-  runc containers and cgroups under `/weenv/` with no sandbox folder (a crash between
-  steps of create or destroy);
+  containers of any installed OCI runtime (crun, runc) and cgroups under `/weenv/` with no
+  sandbox folder (a crash between steps of create or destroy);
 - upper dirs with no sandbox that were not kept on purpose, and trash left by a reset;
 - shared mounts (mounts.py): holders whose sandbox is gone are dropped, a mount with no holder
   that is not kept warm is unmounted, and idle mounts over the node's bounds are evicted.
@@ -30,7 +30,8 @@ from weenvfs.errors import UsageError, WeenvError
 
 from . import cgroups, elastic, mounts, sandbox, sandbox_state
 from .cgroups import CGROUP_PARENT
-from .launcher import Launcher, default_launcher
+from .launcher import Launcher
+from .runtimes import installed_launchers
 from .sandbox import KEPT_MARKER, UPPERS_ROOT, Sandbox
 
 log = logging.getLogger(__name__)
@@ -69,14 +70,16 @@ def is_orphan(box: Sandbox) -> bool:
 
 
 def collect(*, mounts_only: bool = False, launcher: Launcher | None = None) -> GcReport:
-    """Find and remove orphans on this node (see the module docstring)."""
+    """Find and remove orphans on this node (see the module docstring). `launcher`: the
+    only runtime to look at (default: each sandbox's own, and every installed one's
+    containers)."""
     sandbox.require_root()
     report = GcReport()
     if not mounts_only:
-        launcher = launcher or default_launcher()
         _sandboxes(report, launcher)
         report.registrations.extend(elastic.drop_orphans(sandbox_state.exists))
-        _containers(report, launcher)
+        for each in [launcher] if launcher else installed_launchers():
+            _containers(report, each)
         _cgroups(report)
         _uppers(report)
     _env_mounts(report)
@@ -85,12 +88,15 @@ def collect(*, mounts_only: bool = False, launcher: Launcher | None = None) -> G
     return report
 
 
-def _sandboxes(report: GcReport, launcher: Launcher) -> None:
+def _sandboxes(report: GcReport, launcher: Launcher | None) -> None:
     for sandbox_id in sandbox_state.list_ids():
         try:
             box = Sandbox.load(sandbox_id, launcher)
         except UsageError:
             continue  # removed meanwhile, or a folder that never got a state file
+        except WeenvError as error:  # made by a runtime no longer installed
+            report.errors.append(f"sandbox {sandbox_id}: {error}")
+            continue
         if not is_orphan(box):
             continue
         try:

@@ -1,23 +1,25 @@
-"""The one interface between a sandbox and the program that isolates it: runc (OCI).
+"""The one interface between a sandbox and the program that isolates it: an OCI runtime.
 
 Owns: `ProcessSpec` (what runs: argv, env, cwd, uid/gid/groups), `CgroupSpec` (the cgroup path
 and the OCI resources the runtime applies), `LaunchSpec` (everything a sandbox's init needs),
-the OCI runtime spec we generate (`runtime_spec`, `process_spec`), and `Launcher`, whose only
-implementation `RuncLauncher` drives Debian's `runc` with its state under `RUNC_ROOT`.
-docs/runtime.md explains why runc and not bubblewrap (measured there).
+the OCI runtime spec we generate (`runtime_spec`, `process_spec`), `Launcher`, and
+`OciCliLauncher`, which drives an OCI runtime's command line (`run`, `exec`, `delete`) with its
+state under a root folder of ours. Its implementations: `RuncLauncher` here (Debian's `runc`,
+state under `RUNC_ROOT`) and `CrunLauncher` (crun.py); runtimes.py says which one a sandbox
+uses. docs/runtime.md explains why an OCI runtime and not bubblewrap (measured there).
 
 The container's pid 1 is `catatonit -P` (Debian `catatonit`, statically linked), bind-mounted
 from the host at `INIT_PATH` inside the container's private /dev tmpfs: it works whatever the
 image contains, reaps zombies, and nothing of it lands in the sandbox's upper layer. Commands
-run through `runc exec --process FILE`, so every exec carries the full process spec (user,
-groups, capabilities, rlimits, noNewPrivileges) and nothing is inherited from runc's
+run through `RUNTIME exec --process FILE`, so every exec carries the full process spec (user,
+groups, capabilities, rlimits, noNewPrivileges) and nothing is inherited from the runtime's
 defaults by accident. The seccomp filter (seccomp.py) goes into `linux.seccomp` of config.json;
-runc applies it to the init and to every exec.
+the runtime applies it to the init and to every exec.
 
 A one-shot sandbox (`weenv run`: one command, then nothing) skips the exec: its init is
 `catatonit -- COMMAND` with the command's process spec, run by `runc run` in the foreground
-with the caller's stdio, which also deletes the container when the command ends. One runc
-call instead of three (run, exec, delete): about 50 ms less per `weenv run`.
+with the caller's stdio, which also deletes the container when the command ends. One runtime
+call instead of three (run, exec, delete): about 50 ms less per `weenv run` (runc).
 
 Must not: mount anything on the host, manage upper layers or state files (sandbox.py), or
 decide limits (the cgroup hook in sandbox.py).
@@ -46,7 +48,7 @@ log = logging.getLogger(__name__)
 RUNC_ROOT = Path("/run/weenv/runc")
 INIT_PATH = "/dev/.weenv-init"
 INIT_BINARY = "catatonit"
-COMMAND_TIMEOUT = 60.0  # seconds for one runc start/kill/delete
+COMMAND_TIMEOUT = 60.0  # seconds for one runtime start/kill/delete
 
 # Docker's default capability set: what root in a container needs to install packages
 # (chown, setuid for apt's _apt user, ...) and nothing that reaches the host.
@@ -242,28 +244,35 @@ class Launcher(ABC):
         """Ids of every sandbox the launcher knows on this node."""
 
 
-class RuncLauncher(Launcher):
-    """`runc` with its state under `root` (default RUNC_ROOT)."""
+class OciCliLauncher(Launcher):
+    """An OCI runtime's command line (runc's, which crun follows) with its state under
+    `root`. A subclass names the program and reads the init's pid from its state."""
 
-    name = "runc"
+    name: str
+    default_root: Path
 
-    def __init__(self, root: Path = RUNC_ROOT) -> None:
-        binary = shutil.which("runc")
+    def __init__(self, root: Path | None = None) -> None:
+        binary = shutil.which(self.name)
         if binary is None:
-            raise WeenvError("runc not found (install the Debian package runc)")
+            raise WeenvError(f"{self.name} not found (install the Debian package {self.name})")
         self.binary = binary
-        self.root = root
+        self.root = root or self.default_root
+
+    @abstractmethod
+    def _init_record(self, sandbox_id: str) -> tuple[int, int]:
+        """The sandbox init's host pid and start time (clock ticks) from the runtime's state
+        (OSError, ValueError, KeyError or TypeError when there is none)."""
 
     def _base(self) -> list[str]:
         return [self.binary, "--root", str(self.root)]
 
     def _run(self, *args: str, output: IO[Any] | None = None) -> tuple[int, str]:
-        """Run `runc ARGS`; (status, stderr). With `output`, stdout and stderr go there."""
+        """Run `RUNTIME ARGS`; (status, stderr). With `output`, stdout and stderr go there."""
         proc = subprocess.Popen(
             [*self._base(), *args], stdin=subprocess.DEVNULL,
             stdout=output or subprocess.DEVNULL, stderr=output or subprocess.PIPE, text=True,
         )
-        wait_exit(proc, COMMAND_TIMEOUT, f"runc {args[0]}")
+        wait_exit(proc, COMMAND_TIMEOUT, f"{self.name} {args[0]}")
         _, err = proc.communicate()
         return proc.returncode, err or ""
 
@@ -278,9 +287,9 @@ class RuncLauncher(Launcher):
             code, _ = self._run("run", "--detach", "--bundle", str(spec.bundle),
                                 "--pid-file", str(pid_file), spec.sandbox_id, output=log_file)
         if code != 0:
-            self.destroy(spec.sandbox_id)  # runc may leave a created container behind
-            message = _runc_message(log_path.read_text(errors="replace"))
-            raise WeenvError(f"runc could not start sandbox {spec.sandbox_id}: {message}")
+            self.destroy(spec.sandbox_id)  # the runtime may leave a created container behind
+            message = runtime_message(log_path.read_text(errors="replace"))
+            raise WeenvError(f"{self.name} could not start sandbox {spec.sandbox_id}: {message}")
         return int(pid_file.read_text().strip())
 
     def run(self, spec: LaunchSpec, *, stdin: int | IO[Any] | None,
@@ -288,8 +297,8 @@ class RuncLauncher(Launcher):
             ) -> subprocess.Popen[bytes]:
         spec.bundle.mkdir(parents=True, exist_ok=True)
         _write_json(spec.bundle / "config.json", runtime_spec(spec))
-        # In the foreground without a terminal, runc hands its own stdio to the init, which
-        # the command inherits; runc forwards the signals it gets to the init.
+        # In the foreground without a terminal, the runtime hands its own stdio to the init,
+        # which the command inherits, and forwards the signals it gets to the init.
         return subprocess.Popen(
             [*self._base(), "run", "--bundle", str(spec.bundle), "--pid-file",
              str(spec.bundle / "init.pid"), spec.sandbox_id],
@@ -315,15 +324,15 @@ class RuncLauncher(Launcher):
         # deleting the stopped container costs a few ms.
         self._kill_init(sandbox_id)
         if not (self.root / sandbox_id).exists():
-            return  # never made, or deleted by its own `runc run` (a one-shot sandbox)
+            return  # never made, or deleted by its own foreground run (a one-shot sandbox)
         code, err = self._run("delete", "--force", sandbox_id)
         if code != 0 and "does not exist" not in err:
-            raise WeenvError(f"runc could not delete sandbox {sandbox_id}: {_runc_message(err)}")
+            raise WeenvError(f"{self.name} could not delete sandbox {sandbox_id}: "
+                             f"{runtime_message(err)}")
 
     def _kill_init(self, sandbox_id: str, timeout: float = 10.0) -> None:
         try:
-            state = json.loads((self.root / sandbox_id / "state.json").read_text())
-            pid, start = int(state["init_process_pid"]), int(state["init_process_start"])
+            pid, start = self._init_record(sandbox_id)
         except (OSError, ValueError, KeyError, TypeError):
             return
         if _start_time(pid) != start:
@@ -342,18 +351,30 @@ class RuncLauncher(Launcher):
 
     def status(self, sandbox_id: str) -> str | None:
         try:
-            state = json.loads((self.root / sandbox_id / "state.json").read_text())
+            pid, _ = self._init_record(sandbox_id)
+        except (KeyError, TypeError):
+            return "stopped"  # a state without a pid: created, never started
         except (OSError, ValueError):
             return None
-        pid = state.get("init_process_pid")
-        # runc's state file says nothing about liveness; the init's /proc entry does.
-        return "running" if isinstance(pid, int) and _alive(pid) else "stopped"
+        # The runtime's state file says nothing about liveness; the init's /proc entry does.
+        return "running" if _alive(pid) else "stopped"
 
     def list_ids(self) -> list[str]:
         try:
             return sorted(p.name for p in self.root.iterdir() if p.is_dir())
         except FileNotFoundError:
             return []
+
+
+class RuncLauncher(OciCliLauncher):
+    """`runc` with its state under `root` (default RUNC_ROOT)."""
+
+    name = "runc"
+    default_root = RUNC_ROOT
+
+    def _init_record(self, sandbox_id: str) -> tuple[int, int]:
+        state = json.loads((self.root / sandbox_id / "state.json").read_text())
+        return int(state["init_process_pid"]), int(state["init_process_start"])
 
 
 def wait_exit(proc: subprocess.Popen[Any], timeout: float | None, what: str) -> int | None:
@@ -380,7 +401,7 @@ def wait_exit(proc: subprocess.Popen[Any], timeout: float | None, what: str) -> 
 
 
 def _start_time(pid: int) -> int | None:
-    """The start time of `pid` in clock ticks (runc records it as init_process_start)."""
+    """The start time of `pid` in clock ticks (as the runtimes record it in their state)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             return int(f.read().rsplit(b")", 1)[1].split()[19])
@@ -404,8 +425,8 @@ def _write_json(path: Path, document: Mapping[str, Any]) -> None:
     tmp.replace(path)
 
 
-def _runc_message(stderr: str) -> str:
-    """The `msg="..."` of runc's last error line, else its last line."""
+def runtime_message(stderr: str) -> str:
+    """The `msg="..."` of runc's last error line, else the last line (crun's form)."""
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
     if not lines:
         return "no message"
@@ -415,17 +436,14 @@ def _runc_message(stderr: str) -> str:
     return last
 
 
-def default_launcher() -> Launcher:
-    """The launcher this node uses."""
-    return RuncLauncher()
-
-
 def parse_exec_failure(code: int, stderr: bytes) -> int:
-    """Map runc's 255 for a command that could not start to the shell's 127/126."""
+    """Map the runtime's 255 for a command that could not start to the shell's 127/126
+    (runc: `exec failed: ... not found`; crun: `executable file ... not found in $PATH`,
+    `open executable: Permission denied`)."""
     if code != 255:
         return code
-    tail = stderr[-600:].decode(errors="replace")
-    if "exec failed" not in tail:
+    tail = stderr[-600:].decode(errors="replace").lower()
+    if "exec failed" not in tail and "executable" not in tail:
         return code
     if "not found" in tail or "no such file" in tail:
         return 127

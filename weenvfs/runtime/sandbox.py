@@ -46,9 +46,10 @@ from weenvfs.fuse import daemon
 
 from . import cgroups, disk, mounts, rootfs, safe_paths, seccomp
 from .cgroups import Limits, cgroup_pids, remove_cgroup
-from .launcher import DEFAULT_CAPS, Launcher, LaunchSpec, ProcessSpec, default_launcher
+from .launcher import DEFAULT_CAPS, Launcher, LaunchSpec, ProcessSpec
 from .lower_modes import DEFAULT_LOWER, LOWER_MODES
 from .lowers import acquire_lowers, plan_lowers, release_lowers
+from .runtimes import default_launcher, launcher_named
 from .sandbox_state import (
     SANDBOXES_ROOT,
     exists,
@@ -125,7 +126,8 @@ class Sandbox:
 
     def __init__(self, state: dict[str, Any], launcher: Launcher | None = None) -> None:
         self.state = state
-        self.launcher = launcher or default_launcher()
+        # The runtime that made the sandbox runs it to its end, whatever the default now.
+        self.launcher = launcher or launcher_named(str(state.get("launcher") or "runc"))
         # What the recording mount published when `destroy` ended it (recording.py), if any.
         self.hint_outcome: dict[str, Any] | None = None
 
@@ -258,7 +260,9 @@ class Sandbox:
         except FileExistsError:
             raise UsageError(f"sandbox {sandbox_id} exists already") from None
         creator = os.getpid()
-        sandbox = cls(initial_state(sandbox_id, _record(source, options), creator), launcher)
+        launcher = launcher or default_launcher()
+        sandbox = cls(initial_state(sandbox_id, _record(source, options), creator,
+                                    launcher.name), launcher)
         sandbox.state["seccomp"] = syscalls.name
         sandbox.save()
         sandbox.bundle.mkdir(parents=True)

@@ -119,11 +119,13 @@ def owner_record(pid: int | None) -> dict[str, Any] | None:
     return {"pid": pid, "start": start}
 
 
-def initial_state(sandbox_id: str, record: dict[str, Any], creator: int) -> SandboxState:
-    """The state a sandbox starts with: `record` (what it is made of) plus its identity."""
+def initial_state(sandbox_id: str, record: dict[str, Any], creator: int,
+                  launcher: str) -> SandboxState:
+    """The state a sandbox starts with: `record` (what it is made of) plus its identity and
+    the OCI runtime (`launcher`) that runs it for its whole life."""
     return SandboxState(  # type: ignore[typeddict-item]
         version=STATE_VERSION, id=sandbox_id, created=time.time(),
-        owner=owner_record(creator), status="creating", launcher="runc",
+        owner=owner_record(creator), status="creating", launcher=launcher,
         process=ProcessSpec((), ()).to_json(), resets=0, **record,
     )
 
