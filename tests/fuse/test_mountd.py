@@ -254,6 +254,10 @@ def test_bad_requests_are_refused_and_the_server_goes_on(server: Path) -> None:
         attached = request.replace(b'"umask"', b'"kind": "attached", "cwd": "/", "umask"')
         assert ask(attached, [write_end, write_end]).startswith(
             b"refused: a request of kind attached passes exactly 5")
+        # An eviction is answered before it is forked, but never a bad one.
+        evict = request.replace(b'"umask": 18', b'"kind": "evict", "umask": 18')
+        assert ask(evict.replace(b'"env": {}', b'"env": []'), []).startswith(b"error:")
+        assert ask(evict.replace(b'"umask": 18', b'"umask": "x"'), []).startswith(b"error:")
     finally:
         os.close(read_end)
         os.close(write_end)
@@ -546,8 +550,8 @@ def test_evictions_run_one_at_a_time_per_environment_and_once_more_after(
 
     evictions = service_evictions.Evictions((), run)
     for root in ("a", "a", "a", "a", "b"):
-        evictions.ask({"env": {"WEENV_ENVS_ROOT": root, "PATH": os.environ["PATH"]},
-                       "umask": "18"}, ())
+        request = {"env": {"WEENV_ENVS_ROOT": root, "PATH": os.environ["PATH"]}, "umask": "18"}
+        evictions.ask(evictions.key(request), request, ())
     deadline = time.monotonic() + 60
     while evictions.poll() or any(evictions._still_running(k) for k in list(evictions.running)):
         assert time.monotonic() < deadline

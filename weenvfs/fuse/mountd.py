@@ -482,8 +482,11 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
                           f"exactly {wanted} file descriptors")
             return True
         if evict:
-            evictions.ask(request, held)
+            # Answered before the fork: the closing sandbox waits for this answer, not for
+            # the eviction, which is the node's housekeeping (~5 ms less per close).
+            key = evictions.key(request)
             _answer(conn, "ok")
+            evictions.ask(key, request, held)
             return True
         replay = request.get("kind") == REPLAY
         if replay and _alive(replays) >= MAX_REPLAYS:

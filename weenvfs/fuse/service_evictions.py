@@ -36,14 +36,20 @@ class Evictions:
         self.running: dict[_EnvKey, tuple[int, str]] = {}
         self.waiting: dict[_EnvKey, dict[str, Any]] = {}
 
-    def ask(self, request: dict[str, Any], held: tuple[Any, ...]) -> None:
-        """Start the eviction of `request` now (its child closes `held`, the connection
-        too) or after the one running for the same environment."""
+    @staticmethod
+    def key(request: dict[str, Any]) -> _EnvKey:
+        """The environment an eviction request is for (its WEENV_ variables); TypeError,
+        ValueError or KeyError for a bad request, so that it fails in the answer, before
+        the server says ok."""
         if not isinstance(request.get("env"), dict):
             raise TypeError("the request's env is not an object")
-        int(request["umask"])  # a bad request fails here (an answer), not in the child
-        key = tuple(sorted((str(k), str(v)) for k, v in request["env"].items()
-                           if str(k).startswith("WEENV_")))
+        int(request["umask"])
+        return tuple(sorted((str(k), str(v)) for k, v in request["env"].items()
+                            if str(k).startswith("WEENV_")))
+
+    def ask(self, key: _EnvKey, request: dict[str, Any], held: tuple[Any, ...]) -> None:
+        """Start the eviction of `request` (for environment `key`) now (its child closes
+        `held`, the connection too) or after the one running for the same environment."""
         if key in self.running and self._still_running(key):
             self.waiting[key] = request
         else:
