@@ -111,7 +111,7 @@ def test_a_sandbox_keeps_the_runtime_that_made_it(env_ref: EnvRef,
             == f"{env.id}\n".encode()
         listed = json.loads(run_weenv("sandbox", "ls", "--json").stdout)
         mine = next(b for b in listed["sandboxes"] if b["id"] == env.id)
-        assert mine["status"] == "running"
+        assert mine["status"] == "running" and mine["runtime"] == "runc"
     assert not (RUNC_ROOT / env.id).exists()
 
 

@@ -518,6 +518,7 @@ def _describe(box: Sandbox, node: NodeView) -> dict[str, Any]:
         "network": state.get("network"),
         "seccomp": box.seccomp.name,
         "no_new_privileges": True,
+        "runtime": box.launcher.name,
         "elastic": box.is_elastic,
         "limits": limits,
         "provisioner": provisioner,
