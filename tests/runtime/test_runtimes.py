@@ -18,7 +18,7 @@ import pytest
 from rt_support import EnvRef, run_weenv
 
 from weenvfs.errors import UsageError, WeenvError
-from weenvfs.runtime import cgroups
+from weenvfs.runtime import cgroups, sandbox_state
 from weenvfs.runtime.crun import CRUN_ROOT, CrunLauncher, needs_private_cgroup_view
 from weenvfs.runtime.environment import Environment
 from weenvfs.runtime.launcher import RUNC_ROOT, CgroupSpec, LaunchSpec, parse_exec_failure
@@ -55,6 +55,20 @@ def test_a_runtime_that_is_not_installed_is_named(monkeypatch: pytest.MonkeyPatc
     monkeypatch.delenv(RUNTIME_ENV)
     with pytest.raises(WeenvError, match="runc not found .install the Debian package runc"):
         default_launcher()
+
+
+def test_an_unknown_runtime_fails_the_open_and_leaves_nothing(
+        env_ref: EnvRef, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(RUNTIME_ENV, "kata")
+    before = set(sandbox_state.list_ids())
+    with pytest.raises(UsageError, match="unknown OCI runtime 'kata'"):
+        _open(env_ref)
+    assert set(sandbox_state.list_ids()) == before  # no half-made sandbox folder
+    done = run_weenv("run", "--store", str(env_ref.store), "--cache", str(env_ref.cache),
+                     env_ref.ref, "true", check=False)
+    assert done.returncode != 0
+    assert done.stderr.decode().strip().splitlines() == [
+        "weenv: error: unknown OCI runtime 'kata' in $WEENV_RUNTIME (known: crun, runc)"]
 
 
 @RUNTIMES

@@ -254,13 +254,13 @@ class Sandbox:
         sandbox_id = options.name or f"weenv-{secrets.token_hex(5)}"
         folder = sandbox_dir(sandbox_id)
         syscalls = seccomp.resolve(options.seccomp, DEFAULT_CAPS)  # a bad file fails first
+        launcher = launcher or default_launcher()  # so does an unknown or missing runtime
         SANDBOXES_ROOT.mkdir(parents=True, exist_ok=True)
         try:
             folder.mkdir()
         except FileExistsError:
             raise UsageError(f"sandbox {sandbox_id} exists already") from None
         creator = os.getpid()
-        launcher = launcher or default_launcher()
         sandbox = cls(initial_state(sandbox_id, _record(source, options), creator,
                                     launcher.name), launcher)
         sandbox.state["seccomp"] = syscalls.name
