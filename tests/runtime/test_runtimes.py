@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -127,6 +128,20 @@ def test_a_sandbox_keeps_the_runtime_that_made_it(env_ref: EnvRef,
         mine = next(b for b in listed["sandboxes"] if b["id"] == env.id)
         assert mine["status"] == "running" and mine["runtime"] == "runc"
     assert not (RUNC_ROOT / env.id).exists()
+
+
+def test_ls_warns_about_a_sandbox_whose_runtime_is_gone(env_ref: EnvRef, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(RUNTIME_ENV, "runc")
+    with _open(env_ref) as env:
+        # `weenv sandbox ls` where neither runtime is on PATH any more.
+        done = subprocess.run([sys.executable, "-m", "weenvfs", "sandbox", "ls", "--json"],
+                              env={**os.environ, "PATH": str(tmp_path)}, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert env.id not in {b["id"] for b in json.loads(done.stdout)["sandboxes"]}
+        assert f"sandbox {env.id}: runc not found" in done.stderr
+        assert "Traceback" not in done.stderr
 
 
 def test_gc_removes_orphan_containers_of_every_installed_runtime(env_ref: EnvRef,

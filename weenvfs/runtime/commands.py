@@ -534,8 +534,12 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     boxes = []
     node = NodeView.take()
     for sandbox_id in sandbox_state.list_ids():
-        with contextlib.suppress(UsageError):
+        try:
             boxes.append(_describe(sandbox.Sandbox.load(sandbox_id), node))
+        except UsageError:
+            continue  # removed meanwhile
+        except WeenvError as error:  # e.g. made by an OCI runtime no longer installed
+            log.warning("sandbox %s: %s", sandbox_id, error)
     if args.json:
         document = {"sandboxes": boxes, "mounts": [m.to_json() for m in mounts.list_mounts()]}
         print_json(document)
