@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,8 +30,10 @@ from weenvfs.runtime.sandbox import Sandbox
 ROOTS = {"crun": CRUN_ROOT, "runc": RUNC_ROOT}
 RUNTIMES = pytest.mark.parametrize("runtime", sorted(ROOTS))
 
-pytestmark = pytest.mark.skipif(shutil.which("crun") is None,
-                                reason="crun not found (Debian package crun)")
+
+@pytest.fixture(autouse=True)
+def _crun(require_or_skip: Callable[[object, str], None]) -> None:
+    require_or_skip(shutil.which("crun"), "crun not found (Debian package crun)")
 
 
 def _open(env: EnvRef, **kwargs: object) -> Environment:
