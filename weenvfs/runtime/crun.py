@@ -36,9 +36,11 @@ from .launcher import OciCliLauncher
 CRUN_ROOT = Path("/run/weenv/crun")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 UNIFIED = CGROUP_ROOT / "unified"  # where a hybrid host mounts cgroup2 (systemd's layout)
-# `sh -c SCRIPT - ARGV...`: SCRIPT drops the cgroup2 mount in this private namespace, then
-# becomes ARGV (crun), so crun is the process its caller waits for and signals.
-_DROP_UNIFIED = 'umount -l "$0" && exec "$@"'
+TOOL_PATH = os.pathsep.join((os.environ.get("PATH", ""), "/usr/sbin:/usr/bin:/sbin:/bin"))
+# `sh -c SCRIPT UNIFIED UMOUNT ARGV...`: SCRIPT drops the cgroup2 mount in this private
+# namespace, then becomes ARGV (crun), so crun is the process its caller waits for and
+# signals. Every program by its absolute path: the caller's PATH may lack them.
+_DROP_UNIFIED = 'umount=$1; shift; "$umount" -l "$0" && exec "$@"'
 
 
 def needs_private_cgroup_view(cgroup_root: Path = CGROUP_ROOT) -> bool:
@@ -64,12 +66,13 @@ class CrunLauncher(OciCliLauncher):
         super().__init__(root)
         self._prefix: list[str] = []
         if needs_private_cgroup_view():
-            unshare, sh = shutil.which("unshare"), shutil.which("sh")
-            if unshare is None or sh is None:
-                raise WeenvError("crun on this hybrid cgroup host needs unshare and sh "
-                                 "(Debian util-linux, dash)")
+            tools = [shutil.which(name, path=TOOL_PATH) for name in ("unshare", "sh", "umount")]
+            if None in tools:
+                raise WeenvError("crun on this hybrid cgroup host needs unshare, sh and umount "
+                                 "(Debian util-linux, mount, dash)")
+            unshare, sh, umount = (str(tool) for tool in tools)
             self._prefix = [unshare, "--mount", "--propagation", "slave", "--", sh, "-c",
-                            _DROP_UNIFIED, str(UNIFIED)]
+                            _DROP_UNIFIED, str(UNIFIED), umount]
 
     def _base(self) -> list[str]:
         return [*self._prefix, self.binary, "--root", str(self.root)]
