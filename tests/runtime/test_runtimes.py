@@ -23,7 +23,7 @@ from weenvfs.errors import UsageError, WeenvError
 from weenvfs.runtime import cgroups, sandbox_state
 from weenvfs.runtime.crun import CRUN_ROOT, CrunLauncher, needs_private_cgroup_view
 from weenvfs.runtime.environment import Environment
-from weenvfs.runtime.launcher import RUNC_ROOT, CgroupSpec, LaunchSpec, parse_exec_failure
+from weenvfs.runtime.launcher import RUNC_ROOT, CgroupSpec, LaunchSpec
 from weenvfs.runtime.runtimes import RUNTIME_ENV, default_launcher, launcher_named
 from weenvfs.runtime.sandbox import Sandbox
 
@@ -115,7 +115,7 @@ def test_a_command_that_cannot_start_gets_the_shells_code(env_ref: EnvRef, runti
             _, err = proc.communicate(timeout=60)
             box.forget_exec(pid_file)
             assert proc.returncode == 255, err
-            assert parse_exec_failure(proc.returncode, err) == shell_code, err
+            assert box.launcher.exit_code(proc.returncode, err) == shell_code, err
 
 
 def test_a_sandbox_keeps_the_runtime_that_made_it(env_ref: EnvRef,

@@ -417,7 +417,7 @@ def _say_hint(box: Sandbox) -> None:
 def _run_once(box: Sandbox, command: list[str]) -> int:
     """Start `box` with `command` as its only process, with this process's stdio; on
     interrupt stop the launcher (the caller's `destroy` kills what it started) and re-raise."""
-    from .launcher import check_args, parse_exec_failure
+    from .launcher import check_args
 
     proc = box.run_once(box.command(check_args(command)))
     try:
@@ -426,13 +426,13 @@ def _run_once(box: Sandbox, command: list[str]) -> int:
         proc.kill()  # runc got the terminal's SIGINT too, or not (SIGTERM to us only)
         proc.wait()
         raise
-    return parse_exec_failure(code, b"")
+    return code
 
 
 def _run_attached(box: Sandbox, command: list[str], env: dict[str, str], cwd: str | None,
                   user: str | None) -> int:
     """Run `command` with this process's stdio; on interrupt kill it and re-raise."""
-    from .launcher import check_args, parse_exec_failure
+    from .launcher import check_args
 
     spec = box.command(check_args(command), env=env, cwd=cwd, user=user)
     proc, pid_file = box.exec(spec)
@@ -445,7 +445,7 @@ def _run_attached(box: Sandbox, command: list[str], env: dict[str, str], cwd: st
         raise
     finally:
         box.forget_exec(pid_file)
-    return parse_exec_failure(code, b"")
+    return code
 
 
 def _cmd_create(args: argparse.Namespace) -> int:

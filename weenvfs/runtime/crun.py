@@ -61,6 +61,8 @@ class CrunLauncher(OciCliLauncher):
 
     name = "crun"
     default_root = CRUN_ROOT
+    # `executable file `X` not found in $PATH: ...`, `open executable: Permission denied`
+    cannot_start = "executable"
 
     def __init__(self, root: Path | None = None) -> None:
         super().__init__(root)

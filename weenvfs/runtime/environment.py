@@ -42,7 +42,7 @@ from weenvfs.fuse.config import default_cache_dir
 
 from . import node_resolve, recording, rootfs, safe_paths
 from .cgroups import DEFAULT_PIDS, Limits
-from .launcher import check_args, parse_exec_failure
+from .launcher import check_args
 from .lower_modes import DEFAULT_LOWER
 from .sandbox import CommandNotFound, EnvSource, Sandbox, SandboxOptions
 
@@ -213,7 +213,7 @@ class Environment:
         if timed_out:
             return ExecResult(TIMEOUT_EXIT, out, err, True)
         assert proc.returncode is not None
-        return ExecResult(parse_exec_failure(proc.returncode, err), out, err)
+        return ExecResult(self.sandbox.launcher.exit_code(proc.returncode, err), out, err)
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         """Write `data` to `path` in the sandbox (parents made as needed); a new file belongs

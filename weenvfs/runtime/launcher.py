@@ -243,6 +243,11 @@ class Launcher(ABC):
     def list_ids(self) -> list[str]:
         """Ids of every sandbox the launcher knows on this node."""
 
+    @abstractmethod
+    def exit_code(self, code: int, stderr: bytes) -> int:
+        """The status of an `exec` whose launcher process exited with `code` and wrote
+        `stderr`: the launcher's own failure to start the command as the shell's 127/126."""
+
 
 class OciCliLauncher(Launcher):
     """An OCI runtime's command line (runc's, which crun follows) with its state under
@@ -250,6 +255,9 @@ class OciCliLauncher(Launcher):
 
     name: str
     default_root: Path
+    # Lower-case words of the runtime's message (on the command's stderr, with status 255)
+    # when it could not start the command.
+    cannot_start: str
 
     def __init__(self, root: Path | None = None) -> None:
         binary = shutil.which(self.name)
@@ -365,12 +373,25 @@ class OciCliLauncher(Launcher):
         except FileNotFoundError:
             return []
 
+    def exit_code(self, code: int, stderr: bytes) -> int:
+        if code != 255:
+            return code
+        tail = stderr[-600:].decode(errors="replace").lower()
+        if self.cannot_start not in tail:
+            return code  # the command's own 255
+        if "not found" in tail or "no such file" in tail:
+            return 127
+        if "permission denied" in tail:
+            return 126
+        return code
+
 
 class RuncLauncher(OciCliLauncher):
     """`runc` with its state under `root` (default RUNC_ROOT)."""
 
     name = "runc"
     default_root = RUNC_ROOT
+    cannot_start = "exec failed"  # `exec failed: ...: no such file or directory`
 
     def _init_record(self, sandbox_id: str) -> tuple[int, int]:
         state = json.loads((self.root / sandbox_id / "state.json").read_text())
@@ -434,22 +455,6 @@ def runtime_message(stderr: str) -> str:
     if 'msg="' in last:
         return last.split('msg="', 1)[1].rsplit('"', 1)[0].replace('\\"', '"')
     return last
-
-
-def parse_exec_failure(code: int, stderr: bytes) -> int:
-    """Map the runtime's 255 for a command that could not start to the shell's 127/126
-    (runc: `exec failed: ... not found`; crun: `executable file ... not found in $PATH`,
-    `open executable: Permission denied`)."""
-    if code != 255:
-        return code
-    tail = stderr[-600:].decode(errors="replace").lower()
-    if "exec failed" not in tail and "executable" not in tail:
-        return code
-    if "not found" in tail or "no such file" in tail:
-        return 127
-    if "permission denied" in tail:
-        return 126
-    return code
 
 
 def check_args(argv: Sequence[str]) -> tuple[str, ...]:
