@@ -8,7 +8,8 @@ their recipe (a key written next to them) is unchanged, so a run pays for a buil
 `Mounts` mounts with `weenv mount` exactly as a user does and unmounts everything it mounted
 in `close()` (`weenv umount`, then `fusermount3 -u -z` if that failed). `mount_server` runs
 `weenv mountd` for the duration of a block, as a node would (Docker's daemon is resident too):
-mounts this process starts, directly or through the CLI, fork from it.
+mounts this process starts, directly or through the CLI, fork from it. `environment` sets
+variables of this process for a block.
 
 Must not: time anything or print tables (the scripts and _common.py do), or kill a process
 it did not start.
@@ -56,26 +57,49 @@ def weenv(*args: str) -> str:
 
 
 @contextlib.contextmanager
-def mount_server(folder: Path, enabled: bool = True) -> Iterator[None]:
-    """`weenv mountd` with its socket in `folder` ($WEENV_MOUNTD_SOCKET of this process, so
-    its mounts and the CLI it runs use it), stopped at the end of the block. With `enabled`
-    False, mounts start the slow way (WEENV_MOUNTD=off) for the block instead."""
-    saved = {k: os.environ.get(k) for k in ("WEENV_MOUNTD_SOCKET", "WEENV_MOUNTD")}
-    folder.mkdir(parents=True, exist_ok=True)
-    os.environ["WEENV_MOUNTD_SOCKET"] = str(folder / "mountd.sock")
-    os.environ["WEENV_MOUNTD"] = "on" if enabled else "off"
-    if enabled:
-        weenv("mountd", "--detach")
+def environment(**values: str) -> Iterator[None]:
+    """This process's environment with `values` set for the block, as it was after it."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if enabled:
-            weenv("mountd", "--stop")
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@contextlib.contextmanager
+def mount_server(folder: Path, enabled: bool = True) -> Iterator[None]:
+    """`weenv mountd` with its socket in `folder` ($WEENV_MOUNTD_SOCKET of this process, so
+    its mounts and the CLI it runs use it), stopped at the end of the block. With `enabled`
+    False, mounts start the slow way (WEENV_MOUNTD=off) for the block instead. Either way
+    the environments' shared mounts of the block are ours only (`folder`/envs as
+    $WEENV_ENVS_ROOT) and are all evicted at its end: a mount kept warm would outlive the
+    benchmark and the store and cache folders it deletes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with environment(WEENV_MOUNTD_SOCKET=str(folder / "mountd.sock"),
+                     WEENV_MOUNTD="on" if enabled else "off",
+                     WEENV_ENVS_ROOT=str(folder / "envs")):
+        if enabled:
+            weenv("mountd", "--detach")
+        try:
+            yield
+        finally:
+            try:
+                evict_shared_mounts()
+            finally:
+                if enabled:
+                    weenv("mountd", "--stop")
+
+
+def evict_shared_mounts() -> None:
+    """`weenv mounts evict --all --force`: every shared mount of $WEENV_ENVS_ROOT (inside
+    `mount_server`, the block's own, so this never touches the node's other mounts)."""
+    subprocess.run([sys.executable, "-m", "weenvfs", "mounts", "evict", "--all", "--force",
+                    "--quiet"], check=True, capture_output=True, timeout=600)
 
 
 def can_drop_caches() -> bool:

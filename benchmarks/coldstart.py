@@ -58,7 +58,6 @@ from netshape import ShapedLink, netshape_unavailable
 from weenv_peer import (
     FetchMeter,
     WeenvPeer,
-    evict_shared_mounts,
     mirror,
     publish_family,
     record_hints,
@@ -179,9 +178,7 @@ class Run:
     def start_weenv(self) -> None:
         # The node's resident mount server, as dockerd is Docker's (unless --no-mountd), and
         # shared mounts of our own (a cold turn evicts them all: weenv_peer.reset_cold).
-        os.environ["WEENV_ENVS_ROOT"] = str(self.work / "envs")
         self.stack.enter_context(mount_server(self.work / "mountd", self.s["mountd"]))
-        self.stack.callback(evict_shared_mounts)
         # --smoke: a throw-away store (fast to stop, nothing kept); else one kept between runs
         folder = self.work if self.s["smoke"] else self.root / "seaweed-lo"
         self.seaweed_lo = start_seaweed(None if self.s["smoke"] else folder)

@@ -23,7 +23,6 @@ Must not: time anything but these contenders, or touch the node's own mounts and
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import subprocess
 import sys
@@ -31,8 +30,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _mounting import BENCH_DIR, Published, drop_caches, mount_server, weenv
-from weenv_peer import evict_shared_mounts, mirror, point_hint_tag, start_seaweed
+from _mounting import BENCH_DIR, Published, drop_caches, evict_shared_mounts, mount_server, weenv
+from weenv_peer import mirror, point_hint_tag, start_seaweed
 
 from weenvfs.errors import RefNotFound
 from weenvfs.format.refs import SEED_TAG
@@ -72,9 +71,7 @@ class ReadmeRuns:
         if copied:
             print(f"copied {copied / 1e6:.0f} MB of {pub.ref} into SeaweedFS", flush=True)
         self.ref = pub.ref
-        os.environ["WEENV_ENVS_ROOT"] = str(work / "envs")  # our shared mounts only
-        stack.enter_context(mount_server(work / "mountd"))
-        stack.callback(evict_shared_mounts)
+        stack.enter_context(mount_server(work / "mountd"))  # and shared mounts of our own
         with open_store(self.url) as store:
             self.env_digest, _ = Repository(store).resolve_env(self.ref)
         self.hint = self._recorded_hint()

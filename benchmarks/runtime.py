@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,7 @@ from _common import (
     repeats_for,
     write_json,
 )
-from _mounting import mount_server
+from _mounting import environment, mount_server
 from docker_peer import DOCKER, Dockerd, docker_unavailable
 
 from weenvfs.runtime.environment import Environment
@@ -117,7 +117,7 @@ class Bench:
         """A sandbox (under OCI runtime `runtime`, default: the node's default)."""
         # Steady state: no first-run hint recording (it would put one create on a private
         # recording mount; benchmarks/prefetch.py measures hints).
-        with _runtime(runtime):
+        with environment(**({RUNTIME_ENV: runtime} if runtime else {})):
             return Environment.open(self.ref, store=self.store, cache=self.cache,
                                     tmpfs_upper=tmpfs, record_hint=False)
 
@@ -143,23 +143,6 @@ class Bench:
     def dirty(self, env: Environment) -> None:
         """What an episode might leave: new files, a deleted directory."""
         env.exec(DIRTY_EPISODE)
-
-
-@contextlib.contextmanager
-def _runtime(name: str | None) -> Iterator[None]:
-    """$WEENV_RUNTIME set to `name` for the block (nothing when None)."""
-    if name is None:
-        yield
-        return
-    saved = os.environ.get(RUNTIME_ENV)
-    os.environ[RUNTIME_ENV] = name
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(RUNTIME_ENV, None)
-        else:
-            os.environ[RUNTIME_ENV] = saved
 
 
 def _clock(fn: Callable[[], object]) -> float:

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from _mounting import evict_shared_mounts
 from workloads import IMAGE_ENV, Family
 
 from weenvfs.errors import RefNotFound, StoreError, WeenvError
@@ -267,13 +268,6 @@ class FetchMeter:
 
     def read(self, envs: Sequence[tuple[str, Environment]]) -> dict[str, Any]:
         return self.peer.fetched(envs, self.before)
-
-
-def evict_shared_mounts() -> None:
-    """`weenv mounts evict --all --force`: every shared mount of $WEENV_ENVS_ROOT (a
-    benchmark sets its own, so this never touches the node's other mounts)."""
-    subprocess.run([sys.executable, "-m", "weenvfs", "mounts", "evict", "--all", "--force",
-                    "--quiet"], check=True, capture_output=True, timeout=600)
 
 
 class WeenvPeer:
