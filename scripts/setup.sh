@@ -76,10 +76,24 @@ install_venv() {
     echo "$want" >"$STAMP"
 }
 
+# The kernel path's native server of data devices (native/weenv-devserve.c), installed next
+# to the venv's python, where mounts look for it; built again when its source is newer.
+# Without it mounts serve their devices from Python (`weenv stats`: device_server).
+build_native() {
+    local source=native/weenv-devserve.c target=$VENV/bin/weenv-devserve
+    if [[ -x $target && $target -nt $source ]]; then
+        return
+    fi
+    log "building $target"
+    gcc -O2 -Wall -Wextra -Wno-unused-parameter -o "$target.tmp" "$source"
+    mv "$target.tmp" "$target"
+}
+
 install_debian_packages
 if [[ $EXTRAS == *bench* ]]; then
     # After the project's packages: the snapshotter build is keyed on containerd's version.
     bash scripts/bench-peers.sh  # the stargz snapshotter (scripts/bench-packages.txt)
 fi
 install_venv
+build_native
 compile_python

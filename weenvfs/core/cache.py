@@ -111,6 +111,10 @@ class ChunkHandle:
         self.digest = digest
         self.size = size
 
+    def fileno(self) -> int:
+        """The open descriptor (valid until `close`)."""
+        return self._fd
+
     def linked(self) -> bool:
         """Whether the file is still in the cache (not evicted or pruned since it was opened)."""
         return self._fd >= 0 and os.fstat(self._fd).st_nlink > 0

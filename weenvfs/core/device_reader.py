@@ -15,7 +15,9 @@ from __future__ import annotations
 import trio
 
 from weenvfs.format.device_layout import DeviceLayout, DevicePiece
+from weenvfs.format.index import file_spans
 
+from .chunk_plan import ChunkLoc, chunk_loc
 from .reader import Reader
 from .tree import FormatError, make_inode
 
@@ -49,6 +51,18 @@ class DeviceReader:
             return None
         self._check_length(piece, data)
         return data if piece.length == size else self._padded(piece, data, size)
+
+    def chunks(self, offset: int, size: int) -> list[tuple[int, ChunkLoc]]:
+        """(number in the group's index, location) of each stored chunk (not the zero ones)
+        that device bytes [offset, offset + size) read."""
+        out = []
+        for piece in self.layout.pieces(offset, size):
+            index, ino = self.reader.tree.file(make_inode(self.group, piece.ino))
+            for span in file_spans(index, ino, piece.file_offset, piece.length):
+                loc = chunk_loc(index, span.chunk)
+                if loc.blob is not None:
+                    out.append((span.chunk, loc))
+        return out
 
     async def read(self, offset: int, size: int) -> bytes:
         """Device bytes [offset, offset + size), short past the end of the device."""

@@ -25,6 +25,7 @@ corrupt, WARNING for unavailable); callers should not log these again above DEBU
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -197,6 +198,19 @@ class Fetcher:
             self._trim_held()  # after the read, which may use more than HELD_HANDLES
         self.stats.bytes_served += len(data)
         return data
+
+    def verified_file(self, loc: ChunkLoc) -> int | None:
+        """A new descriptor (the caller's to close) of `loc`'s cached file if it is cached
+        and verified in this process, else None: for a server of cached reads outside this
+        process (fuse/native_devices.py), which must serve nothing this process did not
+        verify."""
+        handle = self._held_handle(loc)
+        if handle is None:
+            return None
+        try:
+            return os.dup(handle.fileno())
+        finally:
+            self._trim_held()
 
     def _held_handle(self, loc: ChunkLoc) -> ChunkHandle | None:
         """An open handle on `loc` if it is cached and verified in this process, kept open

@@ -99,6 +99,22 @@ class Reader:
             self._note_read(inode, offset, offset + size)
         return data
 
+    def note_served(self, inode: int, offset: int, size: int, follows: bool) -> None:
+        """A read of bytes [offset, offset + size) of `inode` that was served without this
+        process (the kernel path's native device server reports a file's first read and each
+        read that reaches a new chunk of it): recorded, and read ahead from, as `read` would."""
+        if self.pieces(inode, offset, size) and self.readahead:
+            if follows:
+                self.continued(inode, offset)
+            self._note_read(inode, offset, offset + size)
+
+    def continued(self, inode: int, offset: int) -> None:
+        """The reader of `inode` read on up to `offset` where this process did not see it (the
+        native device server served those reads): the next read from there is sequential."""
+        known = self._positions.get(inode)
+        if known is not None:
+            self._positions[inode] = (offset, known[1], known[2])
+
     # -- read-ahead -------------------------------------------------------------------------
 
     def _note_read(self, inode: int, start: int, end: int) -> None:

@@ -54,6 +54,7 @@ from weenvfs.errors import StoreError, WeenvError
 from . import daemon, syscalls
 from .config import MountConfig
 from .device_ops import DeviceOperations
+from .native_devices import NativeDevices
 
 log = logging.getLogger(__name__)
 
@@ -201,12 +202,15 @@ class KernelMounts:
 async def serve_kernel(
     layers: list[KernelLayer], config: MountConfig, run: Callable[..., Awaitable[None]],
     document: Callable[[], dict[str, Any]], ready: Callable[[], None],
+    helper: str | None = None,
 ) -> None:
     """Serve `layers`' devices and mount them; return once everything is unmounted and the
     kernel released the devices.
 
-    `run(announce, stop)` is mount.py's main loop (fetcher, prefetch, signals): `announce`
-    mounts the kernel side and then calls `ready`; `stop` (on SIGTERM/SIGINT) unmounts."""
+    `run(announce, stop, main)` is mount.py's main loop (fetcher, prefetch, signals) around
+    `main`, the device folder's server: `announce` mounts the kernel side and then calls
+    `ready`; `stop` (on SIGTERM/SIGINT) unmounts. The devices are served by the native server
+    `helper` (native_devices.py), or by pyfuse3 (device_ops.py) when it is None."""
     mounts = KernelMounts(config, layers)
     mounts.device_dir.mkdir(parents=True, exist_ok=True)
 
@@ -217,17 +221,10 @@ async def serve_kernel(
         # gone too (unmounted by anyone, or by `stop`), nothing can reach this process.
         if not mounting[0] and not mounts.still_mounted():
             log.info("%s is unmounted and its devices released: stopping", config.mountpoint)
-            pyfuse3.terminate()
+            server.terminate()
 
-    ops = DeviceOperations({layer.device_name: layer.reader for layer in layers}, document,
-                           released)
-    options = {"fsname=weenv-device", "subtype=weenv", "ro", "default_permissions"}
-    try:
-        pyfuse3.init(ops, str(mounts.device_dir), options)
-    except RuntimeError as error:
-        mounts.remove_folders()
-        raise WeenvError(f"cannot mount the data devices at {mounts.device_dir}: {error}") \
-            from None
+    devices = {layer.device_name: layer.reader for layer in layers}
+    server = _device_server(devices, mounts, document, released, helper)
 
     async def announce() -> None:
         try:
@@ -244,14 +241,67 @@ async def serve_kernel(
 
     async def stop() -> None:
         await trio.to_thread.run_sync(mounts.unmount_all)
-        if ops.open_handles == 0:
-            pyfuse3.terminate()
+        if server.open_handles == 0:
+            server.terminate()
         else:
             log.info("waiting for the kernel to release the devices of detached mounts")
 
     try:
-        await run(announce, stop)
+        await run(announce, stop, server.main)
     finally:
         await trio.to_thread.run_sync(mounts.unmount_all)
-        pyfuse3.close(unmount=True)
+        await trio.to_thread.run_sync(server.close)
         mounts.remove_folders()
+    if server.failure is not None:
+        raise WeenvError(server.failure)
+
+
+class _PyfuseDevices:
+    """The device folder served by pyfuse3 in this process: the interface of
+    `NativeDevices` over device_ops.py (where the native server is not installed)."""
+
+    def __init__(self, ops: DeviceOperations) -> None:
+        self.ops = ops
+        self.failure: str | None = None  # pyfuse3's loop does not end on its own
+
+    @property
+    def open_handles(self) -> int:
+        return self.ops.open_handles
+
+    def mount(self, folder: Path) -> None:
+        options = {"fsname=weenv-device", "subtype=weenv", "ro", "default_permissions"}
+        try:
+            pyfuse3.init(self.ops, str(folder), options)
+        except RuntimeError as error:
+            raise OSError(errno.EIO, str(error)) from None
+
+    async def main(self) -> None:
+        await pyfuse3.main()
+
+    def terminate(self) -> None:
+        pyfuse3.terminate()
+
+    def close(self) -> None:
+        pyfuse3.close(unmount=True)
+
+
+def _device_server(devices: dict[bytes, DeviceReader], mounts: KernelMounts,
+                   document: Callable[[], dict[str, Any]], released: Callable[[], None],
+                   helper: str | None) -> NativeDevices | _PyfuseDevices:
+    """The device folder, mounted and served: natively by `helper`, else by pyfuse3."""
+    server: NativeDevices | _PyfuseDevices
+    if helper is not None:
+        stats = next(iter(devices.values())).reader.fetcher.stats
+        server = NativeDevices(devices, stats, document, released)
+    else:
+        server = _PyfuseDevices(DeviceOperations(devices, document, released))
+    try:
+        if isinstance(server, NativeDevices):
+            server.mount(mounts.device_dir, helper or "")
+        else:
+            server.mount(mounts.device_dir)
+    except OSError as error:
+        mounts.remove_folders()
+        raise WeenvError(f"cannot mount the data devices at {mounts.device_dir}: "
+                         f"{error.strerror or error}") from None
+    return server

@@ -54,7 +54,7 @@ from weenvfs.core.tree import FormatError
 from weenvfs.errors import WeenvError
 from weenvfs.store import open_store
 
-from . import pack_launch, replay_process
+from . import native_devices, pack_launch, replay_process
 from .config import MountConfig
 from .ops import Operations
 
@@ -145,7 +145,10 @@ async def serve(env: LoadedEnv, config: MountConfig,
         lookup = env_hint_lookup(env, config.hint) if hinted else _no_hint(env)
         prefetch = functools.partial(replay.run, lookup)
     started = time.monotonic()
+    helper = None if reason else native_devices.helper_path()
     path = {"path": "fuse" if reason else "kernel", "fallback_reason": reason,
+            "device_server": None if reason else "native" if helper else "python",
+            "device_server_reason": None if reason else native_devices.unavailable_reason(),
             "neighbourhoods": neighbours}
 
     def document() -> dict[str, Any]:
@@ -156,12 +159,13 @@ async def serve(env: LoadedEnv, config: MountConfig,
         return doc
 
     async def run(announce: Callable[[], Awaitable[None]],
-                  stop: Callable[[], Awaitable[None]]) -> None:
-        await _run(fetcher, announce, stop, prefetch)
+                  stop: Callable[[], Awaitable[None]],
+                  main: Callable[[], Awaitable[None]] = pyfuse3.main) -> None:
+        await _run(fetcher, announce, stop, prefetch, main)
 
     try:
         if reason is None:
-            await _serve_kernel(env, config, reader, run, document, ready)
+            await _serve_kernel(env, config, reader, run, document, ready, helper)
         else:
             log.info("serving the tree over FUSE: %s", reason)
             await _serve_tree(env, config, reader, run, document, ready)
@@ -176,11 +180,11 @@ async def serve(env: LoadedEnv, config: MountConfig,
 async def _serve_kernel(env: LoadedEnv, config: MountConfig, reader: Reader,
                         run: Callable[..., Awaitable[None]],
                         document: Callable[[], dict[str, Any]],
-                        ready: Callable[[], None]) -> None:
+                        ready: Callable[[], None], helper: str | None) -> None:
     from .kernel_mount import prepare_layers, serve_kernel
 
     layers = await trio.to_thread.run_sync(prepare_layers, env, config, reader)
-    await serve_kernel(layers, config, run, document, ready)
+    await serve_kernel(layers, config, run, document, ready, helper)
 
 
 async def _serve_tree(env: LoadedEnv, config: MountConfig, reader: Reader,
@@ -222,12 +226,14 @@ async def _run(
     announce: Callable[[], Awaitable[None]],
     stop: Callable[[], Awaitable[None]],
     prefetch: Callable[[], Awaitable[None]] | None = None,
+    main: Callable[[], Awaitable[None]] = pyfuse3.main,
 ) -> None:
-    """pyfuse3's main loop with read-ahead, hint replay, signal handling (`stop`) and the
+    """The mount's FUSE server (`main`: pyfuse3's main loop, or the kernel path's native
+    device server's channel) with read-ahead, hint replay, signal handling (`stop`) and the
     readiness announcement. Once it returns, SIGTERM and SIGINT are ignored: the teardown
     that follows (unmounting, closing the cache) must not be cut short by a late signal."""
     try:
-        await _run_loop(fetcher, announce, stop, prefetch)
+        await _run_loop(fetcher, announce, stop, prefetch, main)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -238,6 +244,7 @@ async def _run_loop(
     announce: Callable[[], Awaitable[None]],
     stop: Callable[[], Awaitable[None]],
     prefetch: Callable[[], Awaitable[None]] | None,
+    main: Callable[[], Awaitable[None]],
 ) -> None:
     announced = trio.Event()
 
@@ -253,7 +260,7 @@ async def _run_loop(
             nursery.start_soon(prefetch)
         nursery.start_soon(_stop_on_signals, stop, announced)
         nursery.start_soon(announce_once)
-        await pyfuse3.main()
+        await main()
         # The main loop ends when the file system is unmounted or terminate() was called.
         nursery.cancel_scope.cancel()
 

@@ -1,0 +1,605 @@
+/*
+ * weenv-devserve: the native server of a kernel-path mount's data devices.
+ *
+ * On the kernel path (docs/design-notes.md, "The kernel path") each group is an EROFS image
+ * whose file data lives on a virtual data device, one read-only file per group in a FUSE
+ * folder the mount daemon owns. Every EROFS page-cache miss is one FUSE read of one of those
+ * files: ~1,700 for `import numpy, pandas`, each on the reader's critical path. Answered by
+ * Python (pyfuse3, trio, the reader) one cost ~150-250 us; this program answers the common
+ * one, a read whose chunks the daemon has already fetched and verified, in C: the device
+ * range is split into file ranges (the group's device layout), those into chunk ranges (the
+ * group's index), and each is read with pread(2) from the verified chunk file the daemon
+ * handed over. Everything else goes to the daemon, which answers it on the FUSE device
+ * itself: reads of chunks it has not handed over (it fetches, verifies and caches them as
+ * ever, then hands their files over), the stats xattr. So this program never fetches, never
+ * decodes and never decides that bytes are right: it serves only files the daemon verified,
+ * and anything odd (an index record that does not fit, a short read) is the daemon's to
+ * answer.
+ *
+ * Usage (by weenvfs/fuse/native_devices.py, never by hand):
+ *   weenv-devserve FUSE_FD CHANNEL_FD MAP_FD COUNTERS_FD
+ * FUSE_FD: /dev/fuse of the mounted device folder (the daemon keeps a copy to answer what it
+ * is forwarded). CHANNEL_FD: a SOCK_SEQPACKET socket to the daemon. MAP_FD: the devices'
+ * map (format below). COUNTERS_FD: one page of shared u64 counters the daemon reads.
+ *
+ * The map, little-endian: "WEDVMAP1", u32 device count, u32 0; per device 64 bytes: name
+ * (16, NUL-padded), u64 size, u32 chunk size, u32 inode count, u32 chunk count, u32 0,
+ * u64 offset of the saved layout (format/device_layout.py `to_bytes`), u64 offset of the
+ * index's inode table, u64 offset of its chunk table (SPEC.md 6.4, 6.6).
+ *
+ * Channel records (32 bytes each, several per message) to the daemon: 'R' a read to answer
+ * (dev, flags bit 0: it continues the file's last read, size, unique, device offset), 'X'
+ * the stats xattr (size, unique), 'T' a file range this program served that starts a file or
+ * reaches a new chunk of it (dev, flags, length, file offset, inode): the daemon's read-ahead
+ * and hint recording see what they would have seen, 'E' every device handle released.
+ * From the daemon: 8-byte records ('C', 0, u16 dev, u32 chunk) each with one chunk file
+ * descriptor (SCM_RIGHTS): chunk `chunk` of device `dev` is cached and verified in it.
+ *
+ * Ends when the folder is unmounted (ENODEV) or the daemon's end of the channel closes (then
+ * the FUSE connection goes with the last descriptor: readers get errors, never a hang).
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fuse.h>
+#include <poll.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BLOCK_SIZE 4096u
+#define MAX_PAGES 256u                       /* 1 MiB reads, as libfuse negotiates */
+#define BUFFER_SIZE ((MAX_PAGES + 1) * 4096u) /* a request: header + up to 1 MiB */
+#define INODE_SIZE 72u
+#define CHUNK_SIZE_RECORD 56u
+#define CHUNK_ZERO 1u
+#define MAX_HELD 256u /* chunk files held open at once (each keeps its disk space) */
+#define ROOT 1u
+#define STATS_XATTR "user.weenv.stats"
+#define TIMEOUT_S 3600
+
+enum { C_READS, C_BYTES, C_HITS, C_ZERO, C_FORWARDED, C_OPEN, C_HELD, C_COUNTERS };
+
+struct record { /* to the daemon */
+    uint8_t type, flags;
+    uint16_t dev;
+    uint32_t size;
+    uint64_t unique;
+    uint64_t offset;
+    uint32_t ino;
+    uint32_t pad;
+};
+
+struct device {
+    char name[17];
+    uint64_t size, chunk_size;
+    uint32_t extents, inode_count, chunk_count;
+    const uint8_t *inos, *sizes, *first; /* the saved layout's columns */
+    const uint8_t *inodes, *chunks;      /* the index's tables */
+    int32_t *fd;                         /* per chunk: its verified file, or -1 */
+    uint64_t *last_end;                  /* per extent: end of its last read + 1, 0 none */
+    uint32_t *reported;                  /* per extent: 1 + highest chunk position reported */
+};
+
+static struct device *devices;
+static uint32_t device_count;
+static int fuse_fd, channel_fd;
+static volatile uint64_t *counters;
+static uint32_t held;
+/* Hand-overs in arrival order: the oldest is closed to make room (a chunk read again after
+ * that costs one more round trip to the daemon). */
+static struct { uint32_t dev, chunk; } ring[MAX_HELD];
+static uint32_t ring_head, ring_len;
+static struct record out[128];
+static unsigned out_count;
+static uint64_t open_handles;
+static uint32_t minor_version = FUSE_KERNEL_MINOR_VERSION;
+
+static void die(const char *what) {
+    fprintf(stderr, "weenv-devserve: %s: %s\n", what, strerror(errno));
+    exit(1);
+}
+
+static uint32_t le32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return le32toh(v); }
+static uint64_t le64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return le64toh(v); }
+
+/* -- the map ---------------------------------------------------------------------------- */
+
+static int in_map(uint64_t offset, uint64_t length, uint64_t map_size) {
+    return offset <= map_size && length <= map_size - offset;
+}
+
+static void load_map(int fd) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) die("map");
+    uint64_t map_size = (uint64_t)st.st_size;
+    if (map_size < 16) { errno = EINVAL; die("map too short"); }
+    const uint8_t *map = mmap(NULL, map_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) die("mmap map");
+    if (memcmp(map, "WEDVMAP1", 8) != 0) { errno = EINVAL; die("map magic"); }
+    device_count = le32(map + 8);
+    if (device_count == 0 || device_count > 4096 || !in_map(16, 64ull * device_count, map_size)) {
+        errno = EINVAL;
+        die("map device count");
+    }
+    devices = calloc(device_count, sizeof *devices);
+    for (uint32_t d = 0; d < device_count; d++) {
+        const uint8_t *h = map + 16 + 64ull * d;
+        struct device *dev = &devices[d];
+        memcpy(dev->name, h, 16);
+        dev->size = le64(h + 16);
+        dev->chunk_size = le32(h + 24);
+        dev->inode_count = le32(h + 28);
+        dev->chunk_count = le32(h + 32);
+        uint64_t layout = le64(h + 40), inodes = le64(h + 48), chunks = le64(h + 56);
+        if (!in_map(layout, 16, map_size) || memcmp(map + layout, "WEENVDL1", 8) != 0
+            || le64(map + layout + 8) > UINT32_MAX) {
+            errno = EINVAL;
+            die("map layout");
+        }
+        dev->extents = (uint32_t)le64(map + layout + 8);
+        uint64_t n = dev->extents;
+        if (!in_map(layout + 16, 20 * n + 8, map_size)
+            || !in_map(inodes, (uint64_t)INODE_SIZE * dev->inode_count, map_size)
+            || !in_map(chunks, (uint64_t)CHUNK_SIZE_RECORD * dev->chunk_count, map_size)
+            || dev->chunk_size == 0 || dev->size % BLOCK_SIZE) {
+            errno = EINVAL;
+            die("map sections");
+        }
+        dev->inos = map + layout + 16;
+        dev->sizes = dev->inos + 4 * n;
+        dev->first = dev->sizes + 8 * n;
+        dev->inodes = map + inodes;
+        dev->chunks = map + chunks;
+        dev->fd = malloc(sizeof(int32_t) * (dev->chunk_count + 1));
+        dev->last_end = calloc(n + 1, sizeof(uint64_t));
+        dev->reported = calloc(n + 1, sizeof(uint32_t));
+        if (!dev->fd || !dev->last_end || !dev->reported) die("memory");
+        for (uint32_t c = 0; c <= dev->chunk_count; c++) dev->fd[c] = -1;
+    }
+}
+
+/* -- FUSE replies ----------------------------------------------------------------------- */
+
+static void reply(uint64_t unique, int error, const void *data, size_t size) {
+    struct fuse_out_header header = {
+        .len = (uint32_t)(sizeof header + (error ? 0 : size)), .error = -error, .unique = unique};
+    struct iovec iov[2] = {{&header, sizeof header}, {(void *)data, error ? 0 : size}};
+    /* ENOENT: the request was interrupted meanwhile; nothing waits for this answer. */
+    if (writev(fuse_fd, iov, 2) < 0 && errno != ENOENT && errno != ENODEV)
+        fprintf(stderr, "weenv-devserve: reply: %s\n", strerror(errno));
+}
+
+static void fill_attr(struct fuse_attr *attr, uint64_t nodeid) {
+    memset(attr, 0, sizeof *attr);
+    attr->ino = nodeid;
+    attr->uid = getuid();
+    attr->gid = getgid();
+    if (nodeid == ROOT) {
+        attr->mode = S_IFDIR | 0500;
+        attr->nlink = 2;
+        return;
+    }
+    const struct device *dev = &devices[nodeid - ROOT - 1];
+    attr->mode = S_IFREG | 0400;
+    attr->nlink = 1;
+    attr->size = dev->size;
+    attr->blocks = (dev->size + 511) / 512;
+    attr->blksize = 1u << 20;
+}
+
+static int valid_node(uint64_t nodeid) { return nodeid >= ROOT && nodeid <= ROOT + device_count; }
+
+static void reply_entry(uint64_t unique, uint64_t nodeid) {
+    struct fuse_entry_out entry = {.nodeid = nodeid, .entry_valid = TIMEOUT_S,
+                                   .attr_valid = TIMEOUT_S};
+    fill_attr(&entry.attr, nodeid);
+    reply(unique, 0, &entry, sizeof entry);
+}
+
+/* -- the channel to the daemon ---------------------------------------------------------- */
+
+static void flush_records(void) {
+    if (out_count == 0) return;
+    ssize_t sent;
+    do sent = send(channel_fd, out, out_count * sizeof out[0], 0);
+    while (sent < 0 && errno == EINTR);
+    if (sent < 0) exit(0); /* the daemon is gone: so is everything this program serves */
+    out_count = 0;
+}
+
+static void push_record(const struct record *r, int urgent) {
+    if (out_count == sizeof out / sizeof out[0]) flush_records();
+    out[out_count++] = *r;
+    if (urgent) flush_records();
+}
+
+static void close_chunk(struct device *dev, uint32_t chunk) {
+    if (dev->fd[chunk] >= 0) {
+        close(dev->fd[chunk]);
+        dev->fd[chunk] = -1;
+        held--;
+    }
+}
+
+static void hold(uint32_t d, uint32_t chunk, int fd) {
+    struct device *dev = &devices[d];
+    close_chunk(dev, chunk);
+    if (ring_len == MAX_HELD) { /* the oldest hand-over goes (if still held) */
+        close_chunk(&devices[ring[ring_head].dev], ring[ring_head].chunk);
+        ring_head = (ring_head + 1) % MAX_HELD;
+        ring_len--;
+    }
+    ring[(ring_head + ring_len) % MAX_HELD].dev = d;
+    ring[(ring_head + ring_len) % MAX_HELD].chunk = chunk;
+    ring_len++;
+    dev->fd[chunk] = fd;
+    held++;
+}
+
+static void take_chunks(void) {
+    uint8_t data[8 * 64];
+    union { char buf[CMSG_SPACE(sizeof(int) * 64)]; struct cmsghdr align; } control;
+    struct iovec iov = {data, sizeof data};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    ssize_t got = recvmsg(channel_fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (got < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (got <= 0) exit(0); /* the daemon closed the channel */
+    int fds[64];
+    size_t nfds = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            memcpy(fds + nfds, CMSG_DATA(c), n * sizeof(int));
+            nfds += n;
+        }
+    size_t records = (size_t)got / 8;
+    for (size_t k = 0; k < nfds; k++) {
+        const uint8_t *r = data + 8 * k;
+        uint32_t d = r[2] | (uint32_t)r[3] << 8, chunk = le32(r + 4);
+        /* A record without its descriptor, or one naming nothing: drop the descriptor. */
+        if (k >= records || r[0] != 'C' || d >= device_count || chunk >= devices[d].chunk_count
+            || (msg.msg_flags & MSG_CTRUNC)) {
+            close(fds[k]);
+            continue;
+        }
+        hold(d, chunk, fds[k]);
+    }
+    counters[C_HELD] = held;
+}
+
+/* -- reads ------------------------------------------------------------------------------ */
+
+/* Copies bytes [start, end) of chunk `chunk` of `dev` to `to`; 0 when it cannot (not handed
+ * over, evicted from the cache, short): the daemon answers that read. */
+static int copy_chunk(struct device *dev, uint32_t chunk, uint64_t start, uint64_t end,
+                      uint8_t *to, uint64_t *hits) {
+    const uint8_t *rec = dev->chunks + (uint64_t)CHUNK_SIZE_RECORD * chunk;
+    if (end > le32(rec + 52)) return 0;
+    if (le32(rec + 36) & CHUNK_ZERO) {
+        memset(to, 0, end - start);
+        counters[C_ZERO]++;
+        return 1;
+    }
+    int fd = dev->fd[chunk];
+    if (fd < 0) return 0;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_nlink == 0) { /* evicted: let the cache have its space */
+        close_chunk(dev, chunk);
+        return 0;
+    }
+    for (uint64_t at = start; at < end;) {
+        ssize_t n = pread(fd, to + (at - start), end - at, (off_t)at);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            close_chunk(dev, chunk);
+            return 0;
+        }
+        at += (uint64_t)n;
+    }
+    (*hits)++;
+    return 1;
+}
+
+/* Copies bytes [a, b) of the file of extent `k` to `to`; 0 when the daemon must answer. */
+static int copy_file_bytes(struct device *dev, uint32_t k, uint64_t a, uint64_t b,
+                            uint8_t *to, uint64_t *hits, uint32_t *last_position) {
+    uint32_t ino = le32(dev->inos + 4ull * k);
+    uint64_t size = le64(dev->sizes + 8ull * k);
+    if (ino >= dev->inode_count) return 0;
+    const uint8_t *rec = dev->inodes + (uint64_t)INODE_SIZE * ino;
+    uint64_t first = le32(rec + 48), count = le32(rec + 52), inner = le32(rec + 56);
+    if (le64(rec + 16) != size || first + count > dev->chunk_count || count == 0) return 0;
+    if (count == 1) {
+        *last_position = 0;
+        return copy_chunk(dev, (uint32_t)first, inner + a, inner + b, to, hits);
+    }
+    if (inner != 0 || count != (size + dev->chunk_size - 1) / dev->chunk_size) return 0;
+    for (uint64_t pos = a; pos < b;) {
+        uint64_t position = pos / dev->chunk_size, in_chunk = pos % dev->chunk_size;
+        uint64_t stop = in_chunk + (b - pos) < dev->chunk_size ? in_chunk + (b - pos)
+                                                                : dev->chunk_size;
+        uint64_t expected = size - position * dev->chunk_size;
+        if (expected > dev->chunk_size) expected = dev->chunk_size;
+        const uint8_t *crec = dev->chunks + (uint64_t)CHUNK_SIZE_RECORD * (first + position);
+        if (le32(crec + 52) != expected) return 0; /* a record that does not fit: the daemon's */
+        if (!copy_chunk(dev, (uint32_t)(first + position), in_chunk, stop, to + (pos - a), hits))
+            return 0;
+        *last_position = (uint32_t)position;
+        pos += stop - in_chunk;
+    }
+    return 1;
+}
+
+/* The first extent whose blocks reach past `block`. */
+static uint32_t extent_at(const struct device *dev, uint64_t block) {
+    uint32_t lo = 0, hi = dev->extents; /* first[k] <= block < first[k + 1] */
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (le64(dev->first + 8ull * (mid + 1)) <= block) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static uint8_t data[1u << 20];
+
+static void forward_read(uint32_t d, uint64_t unique, uint64_t offset, uint32_t size, int follows) {
+    struct record r = {.type = 'R', .flags = (uint8_t)follows, .dev = (uint16_t)d,
+                       .size = size, .unique = unique, .offset = offset};
+    counters[C_FORWARDED]++;
+    push_record(&r, 1);
+}
+
+static void do_read(uint64_t unique, uint64_t nodeid, const struct fuse_read_in *in) {
+    struct device *dev = &devices[nodeid - ROOT - 1];
+    uint32_t d = (uint32_t)(nodeid - ROOT - 1);
+    uint64_t offset = in->offset, size = in->size;
+    if (size > sizeof data) size = sizeof data;
+    if (offset >= dev->size) { reply(unique, 0, NULL, 0); return; }
+    if (size > dev->size - offset) size = dev->size - offset;
+    uint64_t end = offset + size, at = offset, hits = 0;
+    struct record touched[MAX_PAGES]; /* a piece per file: files take a block at least */
+    unsigned touches = 0;
+    int follows_first = -1;
+    for (uint32_t k = extent_at(dev, offset / BLOCK_SIZE); k < dev->extents; k++) {
+        uint64_t start = le64(dev->first + 8ull * k) * BLOCK_SIZE;
+        if (start >= end) break;
+        uint64_t file_size = le64(dev->sizes + 8ull * k);
+        uint64_t lo = offset > start ? offset : start;
+        uint64_t hi = end < start + file_size ? end : start + file_size;
+        if (lo >= hi) continue;
+        uint64_t a = lo - start, b = hi - start;
+        int follows = dev->last_end[k] == a + 1;
+        if (follows_first < 0) follows_first = follows;
+        memset(data + (at - offset), 0, lo - at);
+        uint32_t position = 0;
+        if (!copy_file_bytes(dev, k, a, b, data + (lo - offset), &hits, &position)) {
+            forward_read(d, unique, offset, in->size, follows_first > 0);
+            /* The daemon's reader sees this read: remember where it ended. */
+            dev->last_end[k] = b + 1;
+            return;
+        }
+        dev->last_end[k] = b + 1;
+        if (position + 1 > dev->reported[k]) {
+            dev->reported[k] = position + 1;
+            if (touches < MAX_PAGES)
+                touched[touches++] = (struct record){
+                    .type = 'T', .flags = (uint8_t)follows, .dev = (uint16_t)d,
+                    .size = (uint32_t)(b - a), .offset = a, .ino = le32(dev->inos + 4ull * k)};
+        }
+        at = hi;
+    }
+    memset(data + (at - offset), 0, end - at);
+    reply(unique, 0, data, size);
+    counters[C_READS]++;
+    counters[C_BYTES] += size;
+    counters[C_HITS] += hits;
+    for (unsigned t = 0; t < touches; t++) push_record(&touched[t], 0);
+}
+
+/* -- requests --------------------------------------------------------------------------- */
+
+static void do_init(uint64_t unique, const struct fuse_init_in *in) {
+    struct fuse_init_out o = {0};
+    o.major = FUSE_KERNEL_VERSION;
+    o.minor = FUSE_KERNEL_MINOR_VERSION;
+    if (in->major < 7) { reply(unique, EPROTO, NULL, 0); return; }
+    if (in->major == 7 && in->minor < minor_version) minor_version = in->minor;
+    o.max_readahead = in->max_readahead;
+    o.flags = in->flags & (FUSE_ASYNC_READ | FUSE_MAX_PAGES);
+    o.max_background = 64;
+    o.congestion_threshold = 48;
+    o.max_write = 1u << 20;
+    o.time_gran = 1;
+    o.max_pages = MAX_PAGES;
+    reply(unique, 0, &o, minor_version < 23 ? FUSE_COMPAT_22_INIT_OUT_SIZE : sizeof o);
+}
+
+static void do_readdir(uint64_t unique, const struct fuse_read_in *in) {
+    uint8_t buf[8192];
+    size_t used = 0, limit = in->size < sizeof buf ? in->size : sizeof buf;
+    for (uint64_t k = in->offset; k < 2ull + device_count; k++) {
+        const char *name = k == 0 ? "." : k == 1 ? ".." : devices[k - 2].name;
+        size_t namelen = strlen(name), entsize = FUSE_DIRENT_ALIGN(FUSE_NAME_OFFSET + namelen);
+        if (used + entsize > limit) break;
+        struct fuse_dirent *ent = (struct fuse_dirent *)(buf + used);
+        memset(ent, 0, entsize);
+        ent->ino = k < 2 ? ROOT : ROOT + k - 1;
+        ent->off = k + 1;
+        ent->namelen = (uint32_t)namelen;
+        ent->type = k < 2 ? DT_DIR : DT_REG;
+        memcpy(ent->name, name, namelen);
+        used += entsize;
+    }
+    reply(unique, 0, buf, used);
+}
+
+static void released_one(void) {
+    if (open_handles > 0) open_handles--;
+    counters[C_OPEN] = open_handles;
+    if (open_handles == 0) {
+        struct record r = {.type = 'E'};
+        push_record(&r, 1);
+    }
+}
+
+static void handle(const uint8_t *buf, size_t len) {
+    const struct fuse_in_header *h = (const void *)buf;
+    const void *arg = buf + sizeof *h;
+    uint64_t unique = h->unique, nodeid = h->nodeid;
+    if (len < sizeof *h) return;
+    switch (h->opcode) {
+    case FUSE_INIT: do_init(unique, arg); return;
+    case FUSE_FORGET: case FUSE_BATCH_FORGET: case FUSE_INTERRUPT: return; /* no answer */
+    case FUSE_DESTROY: reply(unique, 0, NULL, 0); return;
+    case FUSE_STATFS: {
+        struct fuse_statfs_out o = {0};
+        o.st.bsize = o.st.frsize = 4096;
+        for (uint32_t d = 0; d < device_count; d++) o.st.blocks += devices[d].size / 4096;
+        o.st.files = device_count + 1;
+        o.st.namelen = 255;
+        reply(unique, 0, &o, sizeof o);
+        return;
+    }
+    }
+    if (!valid_node(nodeid)) { reply(unique, ENOENT, NULL, 0); return; }
+    switch (h->opcode) {
+    case FUSE_LOOKUP: {
+        const char *name = arg;
+        size_t max = len - sizeof *h;
+        if (nodeid != ROOT) { reply(unique, ENOTDIR, NULL, 0); return; }
+        if (strnlen(name, max) == max) { reply(unique, EINVAL, NULL, 0); return; }
+        if (!strcmp(name, ".") || !strcmp(name, "..")) { reply_entry(unique, ROOT); return; }
+        for (uint32_t d = 0; d < device_count; d++)
+            if (!strcmp(name, devices[d].name)) { reply_entry(unique, ROOT + 1 + d); return; }
+        struct fuse_entry_out negative = {.entry_valid = TIMEOUT_S};
+        reply(unique, 0, &negative, sizeof negative);
+        return;
+    }
+    case FUSE_GETATTR: {
+        struct fuse_attr_out o = {.attr_valid = TIMEOUT_S};
+        fill_attr(&o.attr, nodeid);
+        reply(unique, 0, &o, sizeof o);
+        return;
+    }
+    case FUSE_OPEN: {
+        const struct fuse_open_in *in = arg;
+        if (nodeid == ROOT) { reply(unique, EISDIR, NULL, 0); return; }
+        if ((in->flags & O_ACCMODE) != O_RDONLY) { reply(unique, EROFS, NULL, 0); return; }
+        struct fuse_open_out o = {.fh = nodeid, .open_flags = FOPEN_DIRECT_IO};
+        open_handles++;
+        counters[C_OPEN] = open_handles;
+        reply(unique, 0, &o, sizeof o);
+        return;
+    }
+    case FUSE_READ:
+        if (nodeid == ROOT) { reply(unique, EISDIR, NULL, 0); return; }
+        do_read(unique, nodeid, arg);
+        return;
+    case FUSE_RELEASE:
+        reply(unique, 0, NULL, 0);
+        released_one();
+        return;
+    case FUSE_OPENDIR: {
+        if (nodeid != ROOT) { reply(unique, ENOTDIR, NULL, 0); return; }
+        struct fuse_open_out o = {.fh = ROOT};
+        reply(unique, 0, &o, sizeof o);
+        return;
+    }
+    case FUSE_READDIR: do_readdir(unique, arg); return;
+    case FUSE_RELEASEDIR: reply(unique, 0, NULL, 0); return;
+    case FUSE_GETXATTR: {
+        const struct fuse_getxattr_in *in = arg;
+        const char *name = (const char *)(in + 1);
+        size_t max = len - sizeof *h - sizeof *in;
+        if (nodeid == ROOT && strnlen(name, max) < max && !strcmp(name, STATS_XATTR)) {
+            struct record r = {.type = 'X', .size = in->size, .unique = unique};
+            push_record(&r, 1);
+            return;
+        }
+        reply(unique, ENODATA, NULL, 0);
+        return;
+    }
+    case FUSE_LISTXATTR: {
+        struct fuse_getxattr_out o = {.size = 0};
+        const struct fuse_getxattr_in *in = arg;
+        if (in->size == 0) reply(unique, 0, &o, sizeof o);
+        else reply(unique, 0, NULL, 0);
+        return;
+    }
+    case FUSE_SETATTR: case FUSE_WRITE: case FUSE_SETXATTR: case FUSE_REMOVEXATTR:
+    case FUSE_CREATE: case FUSE_MKNOD: case FUSE_MKDIR: case FUSE_UNLINK: case FUSE_RMDIR:
+    case FUSE_RENAME: case FUSE_RENAME2: case FUSE_LINK: case FUSE_SYMLINK:
+    case FUSE_FALLOCATE:
+        reply(unique, EROFS, NULL, 0);
+        return;
+    default:
+        reply(unique, ENOSYS, NULL, 0); /* FLUSH, ACCESS, IOCTL, POLL...: not asked again */
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc != 5) {
+        fprintf(stderr, "usage: weenv-devserve FUSE_FD CHANNEL_FD MAP_FD COUNTERS_FD\n"
+                        "(started by `weenv mount` on the kernel path; not a command)\n");
+        return 2;
+    }
+    fuse_fd = atoi(argv[1]);
+    channel_fd = atoi(argv[2]);
+    int map_fd = atoi(argv[3]), counters_fd = atoi(argv[4]);
+    /* The daemon decides when this ends (it unmounts, or closes the channel): a Ctrl-C
+     * meant for a foreground `weenv mount` must not cut its devices off first. */
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGPIPE, SIG_IGN);
+    struct rlimit files;
+    if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+        files.rlim_cur = files.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &files);
+    }
+    load_map(map_fd);
+    close(map_fd);
+    counters = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, counters_fd, 0);
+    if (counters == MAP_FAILED) die("mmap counters");
+    close(counters_fd);
+    uint8_t *buf = malloc(BUFFER_SIZE);
+    if (!buf) die("memory");
+    struct pollfd fds[2] = {{.fd = fuse_fd, .events = POLLIN}, {.fd = channel_fd, .events = POLLIN}};
+    for (;;) {
+        flush_records(); /* about to wait: what was served reaches the daemon now */
+        if (poll(fds, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            die("poll");
+        }
+        if (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) take_chunks();
+        if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        /* Several requests in a row without waiting, then the channel again. */
+        for (int burst = 0; burst < 64; burst++) {
+            ssize_t n = read(fuse_fd, buf, BUFFER_SIZE);
+            if (n < 0) {
+                if (errno == ENOENT || errno == EINTR) continue; /* interrupted request */
+                if (errno == EAGAIN) break;
+                if (errno == ENODEV) return 0;                   /* unmounted */
+                die("read /dev/fuse");
+            }
+            handle(buf, (size_t)n);
+            struct pollfd more = {.fd = fuse_fd, .events = POLLIN};
+            if (poll(&more, 1, 0) <= 0) break;
+        }
+    }
+}

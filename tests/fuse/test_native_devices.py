@@ -1,0 +1,176 @@
+"""The kernel path's native device server (native/weenv-devserve.c, fuse/native_devices.py):
+chosen by default where it is installed; what it serves are the right bytes and are seen by
+the hint recording; the Python server where asked; and its faults: a killed server fails
+reads (never a hang) and ends the mount, a killed daemon takes the server with it.
+
+Real parts: `weenv mount` daemons on the kernel path (EROFS over the device folder), the
+installed server (scripts/setup.sh builds it; CI fails rather than skip without it).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+from hint_mounts import publish_varied_env
+from mounts import Mount, Mounter, run_weenv
+from support.polling import wait_for
+
+from weenvfs.fuse import daemon
+from weenvfs.fuse.native_devices import HELPER, SERVER_VARIABLE, helper_path
+from weenvfs.store import open_store
+from weenvfs.store.repository import Repository
+
+pytestmark = pytest.mark.requires_fuse
+
+WAIT = 30.0
+
+
+@pytest.fixture(autouse=True)
+def _native(require_or_skip: object) -> None:
+    require_or_skip(os.geteuid() == 0, "the kernel path needs root")  # type: ignore[operator]
+    require_or_skip("erofs" in Path("/proc/filesystems").read_text(),  # type: ignore[operator]
+                    "the kernel has no EROFS")
+    require_or_skip(helper_path() is not None,  # type: ignore[operator]
+                    f"{HELPER} is not installed (scripts/setup.sh builds it)")
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    """Environment env:t of varied files: 80 small ones batched in 64 KiB chunks, 6 of six
+    chunks each (tests/fuse/hint_mounts.py)."""
+    return publish_varied_env(tmp_path)
+
+
+def _server_pid(mount: Mount) -> int:
+    """The pid of the mount daemon's native server."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        name, rest = stat[stat.find("(") + 1:stat.rfind(")")], stat[stat.rfind(")") + 2:]
+        if name == HELPER and int(rest.split()[1]) == mount.pid:
+            return int(entry)
+    raise AssertionError(f"no {HELPER} under the daemon {mount.pid}")
+
+
+def _read_or_error(path: Path) -> bytes | OSError:
+    """Read `path` in a thread; fail the test if it hangs."""
+    outcome: list[bytes | OSError] = []
+
+    def read() -> None:
+        try:
+            outcome.append(path.read_bytes())
+        except OSError as error:
+            outcome.append(error)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(WAIT)
+    assert outcome, f"reading {path} hangs"
+    return outcome[0]
+
+
+def _drop_page_cache() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("1")
+
+
+def test_cached_reads_are_served_natively_and_right(env, mounter: Mounter) -> None:
+    store, contents = env
+    mount = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none"])
+    for path in sorted(contents):
+        assert (mount.mountpoint / path).read_bytes() == contents[path], path
+    first = mount.stats()
+    assert first["mount"]["device_server"] == "native"
+    assert first["mount"]["device_server_reason"] is None
+    native = first["mount"]["native_server"]
+    # A batch chunk is handed over after its first file's read: the rest are read natively.
+    assert native["served_reads"] > 0 and native["forwarded"] > 0
+    assert first["fetch"]["bytes_served"] >= sum(map(len, contents.values()))
+    # With the page cache dropped every read is a device read again: each chunk was handed
+    # over (fewer than the server holds), so the server answers them all itself, from the
+    # chunk files, at any offset (read backwards, in odd pieces).
+    _drop_page_cache()
+    for path in sorted(contents, reverse=True):
+        with open(mount.mountpoint / path, "rb") as f:
+            size = len(contents[path])
+            for start in reversed(range(0, size, 12_345)):
+                f.seek(start)
+                assert f.read(12_345) == contents[path][start:start + 12_345], (path, start)
+    again = mount.stats()
+    assert again["mount"]["native_server"]["forwarded"] == native["forwarded"]
+    assert again["mount"]["native_server"]["served_reads"] > native["served_reads"]
+    assert again["fetch"]["cache_misses"] == first["fetch"]["cache_misses"]
+    assert again["fetch"]["bytes_served"] >= 2 * sum(map(len, contents.values()))
+
+
+def test_files_read_natively_are_in_the_recorded_hint(env, mounter: Mounter) -> None:
+    store, contents = env
+    small = [path for path in sorted(contents) if path.startswith("etc/")][:30]
+    mount = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none",
+                                                 "--record-hints", "rec"])
+    for path in small:
+        assert (mount.mountpoint / path).read_bytes() == contents[path]
+    assert mount.stats()["mount"]["native_server"]["served_reads"] > 0
+    run_weenv("umount", str(mount.mountpoint))
+    shown = json.loads(run_weenv("hints", "show", "env:t", "--store", str(store), "--hint",
+                                 "rec", "--json").stdout)
+    with open_store(str(store)) as opened:
+        repo = Repository(opened)
+        hint = repo.get_hint(shown["hint"])
+        _, manifest = repo.resolve_env("env:t")
+        index = repo.get_index(manifest.groups[0].index)
+    # Every file read is in the hint's file table (what a replay warms), natively served or
+    # not, in the order they were read.
+    assert [f.inode for f in hint.files] == [index.resolve(p.encode()) for p in small]
+
+
+def test_the_python_server_when_asked(env, mounter: Mounter, monkeypatch) -> None:
+    store, contents = env
+    monkeypatch.setenv(SERVER_VARIABLE, "python")
+    mount = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none"])
+    for path in sorted(contents):
+        assert (mount.mountpoint / path).read_bytes() == contents[path], path
+    shown = mount.stats()["mount"]
+    assert shown["device_server"] == "python"
+    assert shown["device_server_reason"] == f"{SERVER_VARIABLE}=python"
+    assert "native_server" not in shown
+    with pytest.raises(AssertionError):
+        _server_pid(mount)
+
+
+def test_a_killed_native_server_fails_reads_and_ends_the_mount(env, mounter: Mounter) -> None:
+    store, contents = env
+    mount = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none"])
+    assert (mount.mountpoint / "etc/s000").read_bytes() == contents["etc/s000"]
+    mount.expect_log_lines(f"{HELPER} ended")
+    os.kill(_server_pid(mount), signal.SIGKILL)
+    outcome = _read_or_error(mount.mountpoint / "lib/big3")
+    assert isinstance(outcome, OSError) and outcome.errno in (errno.EIO, errno.ENOTCONN), outcome
+    wait_for(lambda: not daemon.process_alive(mount.pid), "the daemon ends", WAIT)
+    assert f"{HELPER} ended" in mount.log_text()
+    # The daemon took its mounts down on the way out.
+    assert not daemon.is_mounted(mount.mountpoint)
+    assert not daemon.kernel_dir(mount.mountpoint).exists()
+
+
+def test_a_killed_daemon_takes_its_native_server_along(env, mounter: Mounter) -> None:
+    store, contents = env
+    mount = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none"])
+    assert (mount.mountpoint / "etc/s001").read_bytes() == contents["etc/s001"]
+    server = _server_pid(mount)
+    os.kill(mount.pid, signal.SIGKILL)
+    wait_for(lambda: not daemon.process_alive(server), f"{HELPER} ends", WAIT)
+    outcome = _read_or_error(mount.mountpoint / "lib/big4")
+    assert isinstance(outcome, OSError), outcome
+    run_weenv("umount", "--lazy", str(mount.mountpoint))
+    assert not daemon.is_mounted(mount.mountpoint)

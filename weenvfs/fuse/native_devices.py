@@ -1,0 +1,347 @@
+"""The kernel path's data devices served natively: `weenv-devserve` (native/) and its channel.
+
+The third protocol adapter, next to device_ops.py (the same folder of devices served by
+pyfuse3, the fallback) and ops.py (the FUSE tree). Every EROFS page-cache miss is one read of
+a device file, on the reader's critical path; through pyfuse3 and the reader one costs
+~150-250 us of Python. Here the daemon mounts the device folder on a /dev/fuse descriptor of
+its own and starts `weenv-devserve`, which answers from C every request it can: lookups,
+attributes, opens, and reads whose chunks this process has handed it as verified chunk
+files. The rest comes back over a socket (records, see the C file's header): a read of a
+chunk not handed over yet (served here by the `DeviceReader` exactly as device_ops.py does,
+answered on the FUSE descriptor, then its chunk files are handed over), the stats xattr,
+"every device released". What the native server served without asking is reported as
+records of file ranges that start a file or reach a new chunk of it, so the reader's
+read-ahead and hint recording (core/reader.py `note_served`) see what they would have seen,
+and its counters (reads, bytes, cache hits) are folded into the mount's `Stats`.
+
+Faults: the native server ends with the daemon (the channel closes; the FUSE connection goes
+with the last descriptor, so readers get errors, never a hang), and if it ends first, this
+process closes its own descriptor, which aborts the connection the same way, and the mount
+fails with an error.
+
+Must not: know EROFS bytes or fetch by itself (core/), or decide the mount's lifecycle
+(kernel_mount.py).
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import errno
+import json
+import logging
+import mmap
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from weenvfs.core.device_reader import DeviceReader
+from weenvfs.core.stats import Stats
+from weenvfs.core.tree import FormatError, make_inode
+
+from . import syscalls
+from .errno_map import OnceLog, to_errno
+
+log = logging.getLogger(__name__)
+
+HELPER = "weenv-devserve"
+# WEENV_DEVICE_SERVER=python serves the devices with pyfuse3 (device_ops.py) instead.
+SERVER_VARIABLE = "WEENV_DEVICE_SERVER"
+
+_RECORD = struct.Struct("<BBHIQQII")  # type, flags, device, size, unique, offset, inode, pad
+_CHUNK = struct.Struct("<BBHI")  # 'C', 0, device, chunk number (+ one SCM_RIGHTS descriptor)
+_MAP_HEAD = struct.Struct("<8sII")
+_MAP_DEVICE = struct.Struct("<16sQIIIIQQQ")
+_OUT_HEADER = struct.Struct("<iiQ")  # fuse_out_header: len, -errno, unique
+_XATTR_SIZE = struct.Struct("<II")  # fuse_getxattr_out
+_COUNTERS = struct.Struct("<7Q")  # reads, bytes, hits, zero chunks, forwarded, open, held
+_MAX_HANDOVER = 64  # chunk descriptors in one message (the C side's receive buffer)
+_STOP_WAIT = 5.0  # seconds the native server gets to end after its folder is unmounted
+assert _RECORD.size == 32 and _MAP_DEVICE.size == 64
+
+
+def helper_path() -> str | None:
+    """The native server's executable (next to this Python's, as scripts/setup.sh installs
+    it, else on PATH), or None where it is missing or `WEENV_DEVICE_SERVER=python`."""
+    if os.environ.get(SERVER_VARIABLE, "native") == "python":
+        return None
+    beside = Path(sys.executable).parent / HELPER
+    if os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(HELPER)
+
+
+def unavailable_reason() -> str | None:
+    """Why the devices are served by pyfuse3 here (None: natively)."""
+    if os.environ.get(SERVER_VARIABLE, "native") == "python":
+        return f"{SERVER_VARIABLE}=python"
+    if helper_path() is None:
+        return f"{HELPER} is not installed (scripts/setup.sh builds it)"
+    return None
+
+
+def device_map(devices: Mapping[bytes, DeviceReader]) -> bytes:
+    """The map the native server reads (the C file's header): per device its name, size,
+    saved layout and the index tables it needs to turn file ranges into chunk ranges."""
+    heads, bodies = [], []
+    at = _MAP_HEAD.size + _MAP_DEVICE.size * len(devices)
+    for name in sorted(devices):
+        device = devices[name]
+        index = device.reader.tree.groups[device.group]
+        h = index.header
+        layout = device.layout.to_bytes()
+        inodes = index.raw[h.inode_offset:h.inode_offset + h.inode_count * 72]
+        chunks = index.raw[h.chunk_offset:h.chunk_offset + h.chunk_count * 56]
+        heads.append(_MAP_DEVICE.pack(name, device.size, h.chunk_size, h.inode_count,
+                                      h.chunk_count, 0, at, at + len(layout),
+                                      at + len(layout) + len(inodes)))
+        bodies += [layout, inodes, chunks]
+        at += len(layout) + len(inodes) + len(chunks)
+    return b"".join([_MAP_HEAD.pack(b"WEDVMAP1", len(devices), 0), *heads, *bodies])
+
+
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    return fd
+
+
+class NativeDevices:
+    """The folder of `devices` (file name -> device), served by the native server."""
+
+    def __init__(self, devices: Mapping[bytes, DeviceReader], stats: Stats,
+                 document: Callable[[], dict[str, Any]] | None = None,
+                 on_released: Callable[[], None] | None = None) -> None:
+        self.names = sorted(devices)
+        self.devices = [devices[name] for name in self.names]
+        self.stats = stats
+        self.document = document
+        self.on_released = on_released
+        self.error_log = OnceLog()
+        self._fuse_fd = -1
+        self._channel: socket.socket | None = None
+        self._trio_channel: Any = None
+        self._sending = trio.Lock()  # one sender at a time (trio: one writer per socket)
+        self._counters: mmap.mmap | None = None
+        self._folded = [0] * 4
+        self._process: subprocess.Popen[bytes] | None = None
+        self._folder: Path | None = None
+        self._stopping = False
+        self._cancel = trio.CancelScope()
+        self.failure: str | None = None  # why the server ended before it was told to
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def mount(self, folder: Path, helper: str) -> None:
+        """Mount the device folder at `folder` and start the native server on it."""
+        fds: list[int] = []  # the server's: its channel, the map, the counters
+        try:
+            self._fuse_fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self._channel = ours
+            self._trio_channel = trio.socket.from_stdlib_socket(ours)
+            fds.append(theirs.detach())
+            fds.append(_memfd("weenv-device-map", device_map(dict(zip(self.names,
+                                                                        self.devices,
+                                                                        strict=True)))))
+            fds.append(_memfd("weenv-device-counters", bytes(mmap.PAGESIZE)))
+            self._counters = mmap.mmap(fds[-1], mmap.PAGESIZE, prot=mmap.PROT_READ)
+            syscalls.mount("weenv-device", folder, "fuse.weenv",
+                           f"fd={self._fuse_fd},rootmode=40000,user_id={os.getuid()},"
+                           f"group_id={os.getgid()},default_permissions",
+                           flags=syscalls.MS_RDONLY | syscalls.MS_NODEV | syscalls.MS_NOSUID)
+            self._folder = folder
+            self._process = subprocess.Popen(
+                [helper, str(self._fuse_fd), *(str(fd) for fd in fds)],
+                pass_fds=[self._fuse_fd, *fds], stdin=subprocess.DEVNULL)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+        log.info("data devices served by %s (pid %d)", helper, self._process.pid)
+
+    def terminate(self) -> None:
+        """End `main` (the folder stays mounted until `close`)."""
+        self._stopping = True
+        self._cancel.cancel()
+
+    @property
+    def open_handles(self) -> int:
+        """Device handles the kernel holds open."""
+        return self._read_counters()[5]
+
+    def close(self) -> None:
+        """Unmount the folder (lazily when busy), let the native server end, release
+        everything (idempotent)."""
+        self._stopping = True
+        if self._folder is not None:
+            try:
+                syscalls.umount(self._folder)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    syscalls.umount(self._folder, detach=True)
+            self._folder = None
+        if self._process is not None:
+            try:
+                self._process.wait(_STOP_WAIT)
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not end: killing it", HELPER)
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+        self.fold_counters()
+        if self._channel is not None:
+            # Not through trio (this may run in a thread): no task waits on it any more.
+            self._channel.close()
+            self._channel = self._trio_channel = None
+        if self._fuse_fd >= 0:
+            os.close(self._fuse_fd)
+            self._fuse_fd = -1
+        if self._counters is not None:
+            self._counters.close()
+            self._counters = None
+
+    # -- counters -----------------------------------------------------------------------------
+
+    def _read_counters(self) -> tuple[int, ...]:
+        if self._counters is None:
+            return (0,) * 7
+        return _COUNTERS.unpack_from(self._counters)
+
+    def summary(self) -> dict[str, int]:
+        """What `weenv stats` shows of the native server: reads it served itself, requests
+        it forwarded here, chunk files it holds open."""
+        reads, _, _, _, forwarded, _, held = self._read_counters()
+        return {"served_reads": reads, "forwarded": forwarded, "held_chunks": held}
+
+    def fold_counters(self) -> None:
+        """Add what the native server served since the last call to the mount's `Stats`."""
+        now = self._read_counters()[:4]
+        reads, served, hits, zeros = (a - b for a, b in zip(now, self._folded, strict=True))
+        self._folded = list(now)
+        self.stats.reads += reads
+        self.stats.bytes_served += served
+        self.stats.cache_hits += hits
+        self.stats.zero_chunks += zeros
+
+    # -- the channel --------------------------------------------------------------------------
+
+    async def main(self) -> None:
+        """Answer what the native server forwards until `terminate()`, or until the server
+        ends first: then its connection is aborted (readers get errors) and `failure` says
+        why (raised by the caller once the mount is torn down)."""
+        channel = self._trio_channel
+        with self._cancel:
+            async with trio.open_nursery() as nursery:
+                while True:
+                    message = await channel.recv(_RECORD.size * 256)
+                    if not message:
+                        break
+                    for record in _RECORD.iter_unpack(message):
+                        self._dispatch(record, nursery)
+                self._server_ended()
+
+    def _server_ended(self) -> None:
+        if self._stopping:
+            return
+        status = self._process.poll() if self._process is not None else None
+        # Nobody reads the device folder's requests now: close ours, the connection aborts.
+        os.close(self._fuse_fd)
+        self._fuse_fd = -1
+        self.failure = f"{HELPER} ended (status {status}): the mount's data devices are gone"
+        log.error("%s", self.failure)
+
+    def _dispatch(self, record: tuple[int, ...], nursery: trio.Nursery) -> None:
+        kind, flags, dev, size, unique, offset, ino, _ = record
+        if kind == ord("R") and dev < len(self.devices):
+            nursery.start_soon(self._read, self.devices[dev], dev, unique, offset, size,
+                               bool(flags & 1))
+        elif kind == ord("T") and dev < len(self.devices):
+            device = self.devices[dev]
+            with contextlib.suppress(Exception):  # a hint for read-ahead only
+                device.reader.note_served(make_inode(device.group, ino), offset, size,
+                                          bool(flags & 1))
+        elif kind == ord("X"):
+            self._xattr(unique, size)
+        elif kind == ord("E") and self.on_released is not None:
+            self.on_released()
+
+    def _reply(self, unique: int, error: int, data: bytes = b"") -> None:
+        header = _OUT_HEADER.pack(_OUT_HEADER.size + (0 if error else len(data)), -error,
+                                  unique)
+        try:
+            os.writev(self._fuse_fd, [header] if error else [header, data])
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ENODEV, errno.EBADF):
+                log.warning("answering a device request: %s", e)
+
+    async def _read(self, device: DeviceReader, dev: int, unique: int, offset: int, size: int,
+                    follows: bool) -> None:
+        try:
+            pieces = device.layout.pieces(offset, min(size, max(device.size - offset, 0)))
+            if follows and pieces:
+                device.reader.continued(make_inode(device.group, pieces[0].ino),
+                                        pieces[0].file_offset)
+            data = device.read_cached(offset, size)
+            if data is None:
+                data = await device.read(offset, size)
+        except Exception as error:  # noqa: BLE001 - every failure is an errno for the kernel
+            self._reply(unique, to_errno(error, self.error_log, "read"))
+            return
+        self._reply(unique, 0, data)
+        await self._hand_over(device, dev, offset, size)
+
+    async def _hand_over(self, device: DeviceReader, dev: int, offset: int, size: int) -> None:
+        """Give the native server the verified chunk files of what was just read."""
+        records: list[bytes] = []
+        fds: list[int] = []
+        fetcher = device.reader.fetcher
+        try:
+            for number, loc in device.chunks(offset, size):
+                fd = fetcher.verified_file(loc)
+                if fd is not None:
+                    records.append(_CHUNK.pack(ord("C"), 0, dev, number))
+                    fds.append(fd)
+            for at in range(0, len(fds), _MAX_HANDOVER):
+                await self._send(records[at:at + _MAX_HANDOVER], fds[at:at + _MAX_HANDOVER])
+        except (OSError, FormatError, trio.ClosedResourceError,
+                trio.BrokenResourceError) as error:
+            log.debug("handing chunk files over: %s", error)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    async def _send(self, records: list[bytes], fds: list[int]) -> None:
+        if self._channel is None:
+            return
+        async with self._sending:
+            await self._trio_channel.sendmsg(
+                [b"".join(records)],
+                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+
+    def _xattr(self, unique: int, size: int) -> None:
+        if self.document is None:
+            self._reply(unique, errno.ENODATA)
+            return
+        self.fold_counters()
+        document = self.document()
+        document.setdefault("mount", {})["native_server"] = self.summary()
+        value = json.dumps(document, sort_keys=True).encode()
+        if size == 0:
+            self._reply(unique, 0, _XATTR_SIZE.pack(len(value), 0))
+        elif size < len(value):
+            self._reply(unique, errno.ERANGE)
+        else:
+            self._reply(unique, 0, value)
