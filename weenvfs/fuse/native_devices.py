@@ -246,7 +246,10 @@ class NativeDevices:
         with self._cancel:
             async with trio.open_nursery() as nursery:
                 while True:
-                    message = await channel.recv(_RECORD.size * 256)
+                    try:
+                        message = await channel.recv(_RECORD.size * 256)
+                    except OSError:  # ECONNRESET: the server died with records unsent
+                        message = b""
                     if not message:
                         break
                     for record in _RECORD.iter_unpack(message):
