@@ -17,10 +17,12 @@
  * answer.
  *
  * Usage (by weenvfs/fuse/native_devices.py, never by hand):
- *   weenv-devserve FUSE_FD CHANNEL_FD MAP_FD COUNTERS_FD
+ *   weenv-devserve FUSE_FD CHANNEL_FD MAP_FD COUNTERS_FD [CACHE_DIR BOOT_ID]
  * FUSE_FD: /dev/fuse of the mounted device folder (the daemon keeps a copy to answer what it
  * is forwarded). CHANNEL_FD: a SOCK_SEQPACKET socket to the daemon. MAP_FD: the devices'
  * map (format below). COUNTERS_FD: one page of shared u64 counters the daemon reads.
+ * CACHE_DIR, BOOT_ID: the node cache and the marker of a chunk file verified in this boot;
+ * a chunk whose cached file carries it is served without asking (the cache's own rule).
  *
  * The map, little-endian: "WEDVMAP1", u32 device count, u32 0; per device 64 bytes: name
  * (16, NUL-padded), u64 size, u32 chunk size, u32 inode count, u32 chunk count, u32 0,
@@ -31,7 +33,8 @@
  * (dev, flags bit 0: it continues the file's last read, size, unique, device offset), 'X'
  * the stats xattr (size, unique), 'T' a file range this program served that starts a file or
  * reaches a new chunk of it (dev, flags, length, file offset, inode): the daemon's read-ahead
- * and hint recording see what they would have seen, 'E' every device handle released.
+ * and hint recording see what they would have seen, 'U' a trusted cached chunk this program
+ * opened itself (dev, chunk in `ino`): its first use, 'E' every device handle released.
  * From the daemon: 8-byte records ('C', 0, u16 dev, u32 chunk) each with one chunk file
  * descriptor (SCM_RIGHTS): chunk `chunk` of device `dev` is cached and verified in it.
  *
@@ -56,6 +59,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -68,6 +72,7 @@
 #define MAX_HELD 256u /* chunk files held open at once (each keeps its disk space) */
 #define ROOT 1u
 #define STATS_XATTR "user.weenv.stats"
+#define TRUST_XATTR "user.weenv.verified"
 #define TIMEOUT_S 3600
 
 enum { C_READS, C_BYTES, C_HITS, C_ZERO, C_FORWARDED, C_OPEN, C_HELD, C_COUNTERS };
@@ -231,6 +236,7 @@ static void close_chunk(struct device *dev, uint32_t chunk) {
         close(dev->fd[chunk]);
         dev->fd[chunk] = -1;
         held--;
+        counters[C_HELD] = held;
     }
 }
 
@@ -247,6 +253,7 @@ static void hold(uint32_t d, uint32_t chunk, int fd) {
     ring_len++;
     dev->fd[chunk] = fd;
     held++;
+    counters[C_HELD] = held;
 }
 
 static void take_chunks(void) {
@@ -278,13 +285,44 @@ static void take_chunks(void) {
         }
         hold(d, chunk, fds[k]);
     }
-    counters[C_HELD] = held;
+}
+
+/* -- the node cache's trusted chunks ------------------------------------------------------ */
+
+/* The daemon's chunk cache trusts a file that carries this boot's id in its marker xattr:
+ * some process verified it in this boot (weenvfs/core/cache.py, `is_trusted`). So does this
+ * program, for a chunk not handed over yet: a node whose cache holds the chunks (a hint's
+ * replay fetched them, an earlier mount did) is served without a round trip per chunk. */
+static int cache_dir = -1;
+static char boot[128];
+static ssize_t boot_len = -1;
+
+static int open_trusted(const uint8_t *rec) {
+    if (cache_dir < 0 || boot_len <= 0) return -1;
+    static const char hex[] = "0123456789abcdef";
+    char path[3 + 64 + 1];
+    for (int i = 0; i < 32; i++) {
+        path[3 + 2 * i] = hex[rec[i] >> 4];
+        path[3 + 2 * i + 1] = hex[rec[i] & 15];
+    }
+    path[0] = path[3], path[1] = path[4], path[2] = '/', path[67] = 0;
+    int fd = openat(cache_dir, path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return -1;
+    char mark[sizeof boot];
+    struct stat st;
+    ssize_t n = fgetxattr(fd, TRUST_XATTR, mark, sizeof mark);
+    if (n != boot_len || memcmp(mark, boot, (size_t)n) != 0 || fstat(fd, &st) != 0
+        || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != le32(rec + 52) || st.st_nlink == 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
 }
 
 /* -- reads ------------------------------------------------------------------------------ */
 
-/* Copies bytes [start, end) of chunk `chunk` of `dev` to `to`; 0 when it cannot (not handed
- * over, evicted from the cache, short): the daemon answers that read. */
+/* Copies bytes [start, end) of chunk `chunk` of `dev` to `to`; 0 when it cannot (neither
+ * handed over nor trusted, evicted from the cache, short): the daemon answers that read. */
 static int copy_chunk(struct device *dev, uint32_t chunk, uint64_t start, uint64_t end,
                       uint8_t *to, uint64_t *hits) {
     const uint8_t *rec = dev->chunks + (uint64_t)CHUNK_SIZE_RECORD * chunk;
@@ -295,6 +333,11 @@ static int copy_chunk(struct device *dev, uint32_t chunk, uint64_t start, uint64
         return 1;
     }
     int fd = dev->fd[chunk];
+    if (fd < 0 && (fd = open_trusted(rec)) >= 0) {
+        hold((uint32_t)(dev - devices), chunk, fd);
+        struct record used = {.type = 'U', .dev = (uint16_t)(dev - devices), .ino = chunk};
+        push_record(&used, 0);
+    }
     if (fd < 0) return 0;
     struct stat st;
     if (fstat(fd, &st) != 0 || st.st_nlink == 0) { /* evicted: let the cache have its space */
@@ -371,7 +414,7 @@ static void do_read(uint64_t unique, uint64_t nodeid, const struct fuse_read_in 
     if (size > sizeof data) size = sizeof data;
     if (offset >= dev->size) { reply(unique, 0, NULL, 0); return; }
     if (size > dev->size - offset) size = dev->size - offset;
-    uint64_t end = offset + size, at = offset, hits = 0;
+    uint64_t end = offset + size, at = offset, hits = 0, file_bytes = 0;
     struct record touched[MAX_PAGES]; /* a piece per file: files take a block at least */
     unsigned touches = 0;
     int follows_first = -1;
@@ -394,6 +437,7 @@ static void do_read(uint64_t unique, uint64_t nodeid, const struct fuse_read_in 
             return;
         }
         dev->last_end[k] = b + 1;
+        file_bytes += b - a;
         if (position + 1 > dev->reported[k]) {
             dev->reported[k] = position + 1;
             if (touches < MAX_PAGES)
@@ -406,7 +450,7 @@ static void do_read(uint64_t unique, uint64_t nodeid, const struct fuse_read_in 
     memset(data + (at - offset), 0, end - at);
     reply(unique, 0, data, size);
     counters[C_READS]++;
-    counters[C_BYTES] += size;
+    counters[C_BYTES] += file_bytes; /* as the daemon counts: file bytes, not block padding */
     counters[C_HITS] += hits;
     for (unsigned t = 0; t < touches; t++) push_record(&touched[t], 0);
 }
@@ -553,14 +597,23 @@ static void handle(const uint8_t *buf, size_t len) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 5) {
-        fprintf(stderr, "usage: weenv-devserve FUSE_FD CHANNEL_FD MAP_FD COUNTERS_FD\n"
+    if (argc != 5 && argc != 7) {
+        fprintf(stderr, "usage: weenv-devserve FUSE_FD CHANNEL_FD MAP_FD COUNTERS_FD "
+                        "[CACHE_DIR BOOT_ID]\n"
                         "(started by `weenv mount` on the kernel path; not a command)\n");
         return 2;
     }
     fuse_fd = atoi(argv[1]);
     channel_fd = atoi(argv[2]);
     int map_fd = atoi(argv[3]), counters_fd = atoi(argv[4]);
+    if (argc == 7) {
+        cache_dir = open(argv[5], O_PATH | O_DIRECTORY | O_CLOEXEC);
+        size_t len = strlen(argv[6]);
+        if (len > 0 && len < sizeof boot) {
+            memcpy(boot, argv[6], len);
+            boot_len = (ssize_t)len;
+        }
+    }
     /* The daemon decides when this ends (it unmounts, or closes the channel): a Ctrl-C
      * meant for a foreground `weenv mount` must not cut its devices off first. */
     signal(SIGINT, SIG_IGN);

@@ -113,6 +113,46 @@ def test_cached_reads_are_served_natively_and_right(env, mounter: Mounter) -> No
     assert again["fetch"]["bytes_served"] >= 2 * sum(map(len, contents.values()))
 
 
+def _chunk_files(cache: Path) -> list[Path]:
+    return [p for p in cache.glob("[0-9a-f][0-9a-f]/*") if len(p.name) == 64]
+
+
+def test_chunks_the_cache_trusts_are_served_without_asking(env, mounter: Mounter) -> None:
+    store, contents = env
+    first = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none"])
+    for path in sorted(contents):
+        assert (first.mountpoint / path).read_bytes() == contents[path], path
+    run_weenv("umount", str(first.mountpoint))
+    # A new daemon over the same node cache: every chunk was verified in this boot, so the
+    # server opens them itself; nothing is forwarded, nothing fetched.
+    again = mounter.mount("env:t", store, cache=first.cache,
+                          extra=["--path", "kernel", "--hint", "none"])
+    for path in sorted(contents):
+        assert (again.mountpoint / path).read_bytes() == contents[path], path
+    stats = again.stats()
+    assert stats["mount"]["native_server"]["forwarded"] == 0, stats["mount"]
+    assert stats["fetch"]["cache_misses"] == 0 and stats["fetch"]["requests"] == 0
+    assert stats["fetch"]["cache_hits"] >= len(_chunk_files(first.cache))
+    run_weenv("umount", str(again.mountpoint))
+    # A chunk file without this boot's marker is not trusted: damaged, it is refetched by
+    # the daemon (whose verification catches it), never served by the server.
+    damaged = []
+    for chunk in _chunk_files(first.cache):
+        os.removexattr(chunk, "user.weenv.verified")
+        data = bytearray(chunk.read_bytes())
+        data[0] ^= 0xFF
+        chunk.write_bytes(bytes(data))
+        damaged.append(chunk)
+    third = mounter.mount("env:t", store, cache=first.cache,
+                          extra=["--path", "kernel", "--hint", "none"])
+    third.expect_log_lines("is damaged")
+    for path in sorted(contents):
+        assert (third.mountpoint / path).read_bytes() == contents[path], path
+    stats = third.stats()
+    assert stats["mount"]["native_server"]["forwarded"] > 0
+    assert stats["fetch"]["chunks_fetched"] == len(damaged), stats["fetch"]
+
+
 def test_files_read_natively_are_in_the_recorded_hint(env, mounter: Mounter) -> None:
     store, contents = env
     small = [path for path in sorted(contents) if path.startswith("etc/")][:30]

@@ -221,6 +221,13 @@ class ChunkCache(CacheBound):
 
     # -- reading ------------------------------------------------------------------------------
 
+    def trust_marker(self) -> tuple[str, bytes]:
+        """(cache folder, marker): a file `<folder>/<hex[:2]>/<hex>` whose TRUST_XATTR equals
+        the marker was verified in this boot, so `open` trusts it (b"": nothing is trusted).
+        For a reader of cached chunks outside this process, which must trust what this cache
+        trusts and nothing more (fuse/native_devices.py)."""
+        return self._root, self._boot
+
     def is_verified(self, digest: bytes) -> bool:
         """True if this process already verified (or wrote) `digest`, so `open` is cheap."""
         return digest in self._verified

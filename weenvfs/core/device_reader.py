@@ -52,6 +52,10 @@ class DeviceReader:
         self._check_length(piece, data)
         return data if piece.length == size else self._padded(piece, data, size)
 
+    def chunk(self, number: int) -> ChunkLoc:
+        """Chunk `number` of the group's index."""
+        return chunk_loc(self.reader.tree.groups[self.group], number)
+
     def chunks(self, offset: int, size: int) -> list[tuple[int, ChunkLoc]]:
         """(number in the group's index, location) of each stored chunk (not the zero ones)
         that device bytes [offset, offset + size) read."""

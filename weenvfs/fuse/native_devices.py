@@ -8,7 +8,8 @@ its own and starts `weenv-devserve`, which answers from C every request it can: 
 attributes, opens, and reads whose chunks this process has handed it as verified chunk
 files. The rest comes back over a socket (records, see the C file's header): a read of a
 chunk not handed over yet (served here by the `DeviceReader` exactly as device_ops.py does,
-answered on the FUSE descriptor, then its chunk files are handed over), the stats xattr,
+answered on the FUSE descriptor, then its chunk files are handed over; a chunk the node cache
+trusts, verified in this boot by any process, the server opens itself), the stats xattr,
 "every device released". What the native server served without asking is reported as
 records of file ranges that start a file or reach a new chunk of it, so the reader's
 read-ahead and hint recording (core/reader.py `note_served`) see what they would have seen,
@@ -161,8 +162,10 @@ class NativeDevices:
                            f"group_id={os.getgid()},default_permissions",
                            flags=syscalls.MS_RDONLY | syscalls.MS_NODEV | syscalls.MS_NOSUID)
             self._folder = folder
+            root, marker = self.devices[0].reader.fetcher.cache.trust_marker()
+            trusted = [root, marker.decode()] if marker else []
             self._process = subprocess.Popen(
-                [helper, str(self._fuse_fd), *(str(fd) for fd in fds)],
+                [helper, str(self._fuse_fd), *(str(fd) for fd in fds), *trusted],
                 pass_fds=[self._fuse_fd, *fds], stdin=subprocess.DEVNULL)
         except BaseException:
             self.close()
@@ -276,6 +279,10 @@ class NativeDevices:
             with contextlib.suppress(Exception):  # a hint for read-ahead only
                 device.reader.note_served(make_inode(device.group, ino), offset, size,
                                           bool(flags & 1))
+        elif kind == ord("U") and dev < len(self.devices):
+            # A cached chunk the server opened itself (trusted): its first demand use.
+            with contextlib.suppress(Exception):
+                self.stats.record_demand_use(self.devices[dev].chunk(ino).digest)
         elif kind == ord("X"):
             self._xattr(unique, size)
         elif kind == ord("E") and self.on_released is not None:
