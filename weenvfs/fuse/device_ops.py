@@ -22,6 +22,7 @@ import json
 import os
 import stat
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pyfuse3
@@ -164,3 +165,37 @@ class DeviceOperations(pyfuse3.Operations):
     @errno_boundary
     async def setattr(self, *args: Any) -> Any:
         raise OSError(errno.EROFS, "read-only")
+
+
+class PyfuseDevices:
+    """The folder of `ops` mounted and served by pyfuse3 in this process: the interface of
+    native_devices.NativeDevices (which kernel_mount.py uses where it is installed)."""
+
+    def __init__(self, ops: DeviceOperations) -> None:
+        self.ops = ops
+        self.failure: str | None = None  # pyfuse3's loop does not end on its own
+
+    @property
+    def open_handles(self) -> int:
+        """Device handles the kernel holds open."""
+        return self.ops.open_handles
+
+    def mount(self, folder: Path) -> None:
+        """Mount the folder at `folder` (OSError if the kernel refuses)."""
+        options = {"fsname=weenv-device", "subtype=weenv", "ro", "default_permissions"}
+        try:
+            pyfuse3.init(self.ops, str(folder), options)
+        except RuntimeError as error:
+            raise OSError(errno.EIO, str(error)) from None
+
+    async def main(self) -> None:
+        """Serve until `terminate()` or the unmount."""
+        await pyfuse3.main()
+
+    def terminate(self) -> None:
+        """End `main`."""
+        pyfuse3.terminate()
+
+    def close(self) -> None:
+        """Unmount the folder (a no-op when it is gone)."""
+        pyfuse3.close(unmount=True)

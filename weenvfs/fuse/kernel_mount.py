@@ -5,8 +5,9 @@ Owns, inside the daemon process (mount.py hands over when `kernel_unavailable` s
    `LayerTree` over the groups below it, its EROFS image (core/kernel_image.py: derived,
    cached per stack, verified before it is mounted) and its data device
    (core/device_layout.py, core/device_reader.py);
-2. one FUSE folder of those devices (device_ops.py), mounted under the run folder, never
-   where users look;
+2. one FUSE folder of those devices, mounted under the run folder, never where users look,
+   and answered by the native server (native_devices.py) where it is installed, else by
+   pyfuse3 in this process (device_ops.py);
 3. the kernel mounts, from a worker thread while the FUSE loop answers the device opens they
    cause: each image with `-o device=<its device file>` (file-backed EROFS: no loop device),
    directly at the mount point for one layer, else at private folders stacked read-only by
@@ -34,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyfuse3
 import trio
 
 from weenvfs.core.device_reader import DeviceReader
@@ -53,7 +53,7 @@ from weenvfs.errors import StoreError, WeenvError
 
 from . import daemon, syscalls
 from .config import MountConfig
-from .device_ops import DeviceOperations
+from .device_ops import DeviceOperations, PyfuseDevices
 from .native_devices import NativeDevices
 
 log = logging.getLogger(__name__)
@@ -256,50 +256,18 @@ async def serve_kernel(
         raise WeenvError(server.failure)
 
 
-class _PyfuseDevices:
-    """The device folder served by pyfuse3 in this process: the interface of
-    `NativeDevices` over device_ops.py (where the native server is not installed)."""
-
-    def __init__(self, ops: DeviceOperations) -> None:
-        self.ops = ops
-        self.failure: str | None = None  # pyfuse3's loop does not end on its own
-
-    @property
-    def open_handles(self) -> int:
-        return self.ops.open_handles
-
-    def mount(self, folder: Path) -> None:
-        options = {"fsname=weenv-device", "subtype=weenv", "ro", "default_permissions"}
-        try:
-            pyfuse3.init(self.ops, str(folder), options)
-        except RuntimeError as error:
-            raise OSError(errno.EIO, str(error)) from None
-
-    async def main(self) -> None:
-        await pyfuse3.main()
-
-    def terminate(self) -> None:
-        pyfuse3.terminate()
-
-    def close(self) -> None:
-        pyfuse3.close(unmount=True)
-
-
 def _device_server(devices: dict[bytes, DeviceReader], mounts: KernelMounts,
                    document: Callable[[], dict[str, Any]], released: Callable[[], None],
-                   helper: str | None) -> NativeDevices | _PyfuseDevices:
+                   helper: str | None) -> NativeDevices | PyfuseDevices:
     """The device folder, mounted and served: natively by `helper`, else by pyfuse3."""
-    server: NativeDevices | _PyfuseDevices
+    server: NativeDevices | PyfuseDevices
     if helper is not None:
         stats = next(iter(devices.values())).reader.fetcher.stats
-        server = NativeDevices(devices, stats, document, released)
+        server = NativeDevices(devices, stats, helper, document, released)
     else:
-        server = _PyfuseDevices(DeviceOperations(devices, document, released))
+        server = PyfuseDevices(DeviceOperations(devices, document, released))
     try:
-        if isinstance(server, NativeDevices):
-            server.mount(mounts.device_dir, helper or "")
-        else:
-            server.mount(mounts.device_dir)
+        server.mount(mounts.device_dir)
     except OSError as error:
         mounts.remove_folders()
         raise WeenvError(f"cannot mount the data devices at {mounts.device_dir}: "

@@ -120,9 +120,10 @@ def _memfd(name: str, data: bytes) -> int:
 class NativeDevices:
     """The folder of `devices` (file name -> device), served by the native server."""
 
-    def __init__(self, devices: Mapping[bytes, DeviceReader], stats: Stats,
+    def __init__(self, devices: Mapping[bytes, DeviceReader], stats: Stats, helper: str,
                  document: Callable[[], dict[str, Any]] | None = None,
                  on_released: Callable[[], None] | None = None) -> None:
+        self.helper = helper
         self.names = sorted(devices)
         self.devices = [devices[name] for name in self.names]
         self.stats = stats
@@ -143,7 +144,7 @@ class NativeDevices:
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def mount(self, folder: Path, helper: str) -> None:
+    def mount(self, folder: Path) -> None:
         """Mount the device folder at `folder` and start the native server on it."""
         fds: list[int] = []  # the server's: its channel, the map, the counters
         try:
@@ -165,7 +166,7 @@ class NativeDevices:
             root, marker = self.devices[0].reader.fetcher.cache.trust_marker()
             trusted = [root, marker.decode()] if marker else []
             self._process = subprocess.Popen(
-                [helper, str(self._fuse_fd), *(str(fd) for fd in fds), *trusted],
+                [self.helper, str(self._fuse_fd), *(str(fd) for fd in fds), *trusted],
                 pass_fds=[self._fuse_fd, *fds], stdin=subprocess.DEVNULL)
         except BaseException:
             self.close()
@@ -173,7 +174,7 @@ class NativeDevices:
         finally:
             for fd in fds:
                 os.close(fd)
-        log.info("data devices served by %s (pid %d)", helper, self._process.pid)
+        log.info("data devices served by %s (pid %d)", self.helper, self._process.pid)
 
     def terminate(self) -> None:
         """End `main` (the folder stays mounted until `close`)."""
