@@ -31,7 +31,8 @@
  *
  * Channel records (32 bytes each, several per message) to the daemon: 'R' a read to answer
  * (dev, flags bit 0: it continues the file's last read, size, unique, device offset), 'X'
- * the stats xattr (size, unique), 'T' a file range this program served that starts a file or
+ * the stats xattr (size, unique), 'S' a statfs (unique: answered by the daemon, so that a
+ * statfs of the folder says whether the daemon lives), 'T' a file range this program served that starts a file or
  * reaches a new chunk of it (dev, flags, length, file offset, inode): the daemon's read-ahead
  * and hint recording see what they would have seen, 'U' a trusted cached chunk this program
  * opened itself (dev, chunk in `ino`): its first use, 'E' every device handle released.
@@ -510,13 +511,9 @@ static void handle(const uint8_t *buf, size_t len) {
     case FUSE_INIT: do_init(unique, arg); return;
     case FUSE_FORGET: case FUSE_BATCH_FORGET: case FUSE_INTERRUPT: return; /* no answer */
     case FUSE_DESTROY: reply(unique, 0, NULL, 0); return;
-    case FUSE_STATFS: {
-        struct fuse_statfs_out o = {0};
-        o.st.bsize = o.st.frsize = 4096;
-        for (uint32_t d = 0; d < device_count; d++) o.st.blocks += devices[d].size / 4096;
-        o.st.files = device_count + 1;
-        o.st.namelen = 255;
-        reply(unique, 0, &o, sizeof o);
+    case FUSE_STATFS: { /* the daemon's: `weenv sandbox` asks it whether the daemon lives */
+        struct record r = {.type = 'S', .unique = unique};
+        push_record(&r, 1);
         return;
     }
     }

@@ -14,7 +14,6 @@ import errno
 import os
 import random
 import sys
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 import pytest
 from fault_proxy import FaultProxy
+from support.polling import read_or_error
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fuse"))
 from mounts import Mount, Mounter  # noqa: E402 - tests/fuse is not on the path by itself
@@ -118,23 +118,9 @@ def blob_faults(proxy: FaultProxy, script: str) -> None:
 
 
 def read(path: Path) -> bytes | OSError:
-    """The file's bytes, or the OSError reading it raised; fails the test if the read is still
-    running after HANG_GUARD seconds (the daemon is killed in teardown, which frees it)."""
-    outcome: list[bytes | OSError] = []
-
-    def run() -> None:
-        try:
-            with open(path, "rb", buffering=0) as f:
-                outcome.append(f.read())
-        except OSError as e:
-            outcome.append(e)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(HANG_GUARD)
-    if not outcome:
-        pytest.fail(f"reading {path} hung (still running after {HANG_GUARD:g} s)")
-    return outcome[0]
+    """The file's bytes, or the OSError reading it raised; a read still running after
+    HANG_GUARD seconds fails the test (the daemon is killed in teardown, which frees it)."""
+    return read_or_error(path, HANG_GUARD)
 
 
 def assert_right_or_eio(got: bytes | OSError, path: str) -> bool:

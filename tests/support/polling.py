@@ -1,11 +1,13 @@
 """`wait_for`: poll a condition until it holds, for tests that wait on real processes
-(sidecars, cgroups, sandboxes). A limit that is reached fails the test as a hang, never as
-a timing assertion."""
+(sidecars, cgroups, sandboxes); `read_or_error`: read a file that may hang. A limit that is
+reached fails the test as a hang, never as a timing assertion."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,3 +30,24 @@ def wait_for(condition: Callable[[], object], what: str, timeout: float = 30.0, 
             detail = f" (last error: {last})" if last is not None else ""
             pytest.fail(f"timed out after {timeout:g} s waiting for {what}{detail}")
         time.sleep(interval)
+
+
+def read_or_error(path: Path, guard: float) -> bytes | OSError:
+    """The file's bytes, or the OSError reading it raised; fails the test if the read is
+    still running after `guard` seconds (left in a daemon thread: a test's teardown, which
+    stops the mount, frees it)."""
+    outcome: list[bytes | OSError] = []
+
+    def run() -> None:
+        try:
+            with open(path, "rb", buffering=0) as f:
+                outcome.append(f.read())
+        except OSError as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(guard)
+    if not outcome:
+        pytest.fail(f"reading {path} hung (still running after {guard:g} s)")
+    return outcome[0]
