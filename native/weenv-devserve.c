@@ -465,7 +465,9 @@ static void do_init(uint64_t unique, const struct fuse_init_in *in) {
     if (in->major < 7) { reply(unique, EPROTO, NULL, 0); return; }
     if (in->major == 7 && in->minor < minor_version) minor_version = in->minor;
     o.max_readahead = in->max_readahead;
-    o.flags = in->flags & (FUSE_ASYNC_READ | FUSE_MAX_PAGES);
+    /* ASYNC_DIO: EROFS reads its device with asynchronous direct I/O; without it the kernel
+     * sends a large read as one request at a time (libfuse turns it on too). */
+    o.flags = in->flags & (FUSE_ASYNC_READ | FUSE_ASYNC_DIO | FUSE_MAX_PAGES);
     o.max_background = 64;
     o.congestion_threshold = 48;
     o.max_write = 1u << 20;
