@@ -77,15 +77,21 @@ class DeviceLayout:
                                       initial=0))
         self._block_of: dict[int, int] | None = None  # record -> first block, on first use
         self.size = self._first[-1] * BLOCK_SIZE  # bytes: a whole number of blocks
+        self._saved: bytes | None = None  # `to_bytes`, once made or read
 
     def to_bytes(self) -> bytes:
         """The layout as bytes `from_bytes` reads back (a node keeps it per index: computing
-        it costs 45 ms at 100k files, reading it back a few)."""
-        columns = (array("I", self._inos), array("Q", self._sizes), array("Q", self._first))
-        if sys.byteorder != "little":
-            for column in columns:
-                column.byteswap()
-        return _SAVED.pack(_MAGIC, len(self._inos)) + b"".join(c.tobytes() for c in columns)
+        it costs 45 ms at 100k files, reading it back a few; the kernel path's native device
+        server reads it too). Made once per layout: 8 ms at 100k files."""
+        if self._saved is None:
+            columns = (array("I", self._inos), array("Q", self._sizes),
+                       array("Q", self._first))
+            if sys.byteorder != "little":
+                for column in columns:
+                    column.byteswap()
+            self._saved = (_SAVED.pack(_MAGIC, len(self._inos))
+                           + b"".join(c.tobytes() for c in columns))
+        return self._saved
 
     @classmethod
     def from_bytes(cls, data: bytes) -> DeviceLayout:
@@ -107,6 +113,7 @@ class DeviceLayout:
         layout._inos, layout._sizes, layout._first = (c.tolist() for c in columns)
         layout._block_of = None
         layout.size = layout._first[-1] * BLOCK_SIZE
+        layout._saved = bytes(data)
         return layout
 
     @property

@@ -95,31 +95,35 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def device_map(devices: Mapping[bytes, DeviceReader]) -> bytes:
-    """The map the native server reads (the C file's header): per device its name, size,
-    saved layout and the index tables it needs to turn file ranges into chunk ranges."""
-    heads, bodies = [], []
+def device_map(devices: Mapping[bytes, DeviceReader]) -> list[bytes | memoryview]:
+    """The map the native server reads (the C file's header), in parts to write one after
+    the other: per device its name, size, saved layout and the index tables it needs to turn
+    file ranges into chunk ranges (views of the index, not copies: 7 MB at 100k files)."""
+    heads: list[bytes | memoryview] = []
+    bodies: list[bytes | memoryview] = []
     at = _MAP_HEAD.size + _MAP_DEVICE.size * len(devices)
     for name in sorted(devices):
         device = devices[name]
         index = device.reader.tree.groups[device.group]
-        h = index.header
+        h, raw = index.header, memoryview(index.raw)
         layout = device.layout.to_bytes()
-        inodes = index.raw[h.inode_offset:h.inode_offset + h.inode_count * _INODE_RECORD]
-        chunks = index.raw[h.chunk_offset:h.chunk_offset + h.chunk_count * _CHUNK_RECORD]
+        inodes = raw[h.inode_offset:h.inode_offset + h.inode_count * _INODE_RECORD]
+        chunks = raw[h.chunk_offset:h.chunk_offset + h.chunk_count * _CHUNK_RECORD]
         heads.append(_MAP_DEVICE.pack(name, device.size, h.chunk_size, h.inode_count,
                                       h.chunk_count, 0, at, at + len(layout),
                                       at + len(layout) + len(inodes)))
         bodies += [layout, inodes, chunks]
         at += len(layout) + len(inodes) + len(chunks)
-    return b"".join([_MAP_HEAD.pack(b"WEDVMAP1", len(devices), 0), *heads, *bodies])
+    return [_MAP_HEAD.pack(b"WEDVMAP1", len(devices), 0), *heads, *bodies]
 
 
-def _memfd(name: str, data: bytes) -> int:
+def _memfd(name: str, parts: list[bytes | memoryview]) -> int:
+    """A memfd holding `parts`, one after the other."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+    for part in parts:
+        view = memoryview(part)
+        while view:
+            view = view[os.write(fd, view):]
     return fd
 
 
@@ -162,7 +166,7 @@ class NativeDevices:
             fds.append(_memfd("weenv-device-map", device_map(dict(zip(self.names,
                                                                         self.devices,
                                                                         strict=True)))))
-            fds.append(_memfd("weenv-device-counters", bytes(mmap.PAGESIZE)))
+            fds.append(_memfd("weenv-device-counters", [bytes(mmap.PAGESIZE)]))
             self._counters = mmap.mmap(fds[-1], mmap.PAGESIZE, prot=mmap.PROT_READ)
             syscalls.mount("weenv-device", folder, "fuse.weenv",
                            f"fd={self._fuse_fd},rootmode=40000,user_id={os.getuid()},"
