@@ -21,7 +21,7 @@ from mounts import Mount, Mounter, run_weenv
 from support.polling import read_or_error, wait_for
 
 from weenvfs.fuse import daemon
-from weenvfs.fuse.native_devices import HELPER, SERVER_VARIABLE, helper_path
+from weenvfs.fuse.native_devices import HELPER, SERVER_VARIABLE, choose_server
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
@@ -35,7 +35,7 @@ def _native(require_or_skip: object) -> None:
     require_or_skip(os.geteuid() == 0, "the kernel path needs root")  # type: ignore[operator]
     require_or_skip("erofs" in Path("/proc/filesystems").read_text(),  # type: ignore[operator]
                     "the kernel has no EROFS")
-    require_or_skip(helper_path() is not None,  # type: ignore[operator]
+    require_or_skip(choose_server()[0] is not None,  # type: ignore[operator]
                     f"{HELPER} is not installed (scripts/setup.sh builds it)")
 
 

@@ -52,6 +52,13 @@ class DeviceReader:
         self._check_length(piece, data)
         return data if piece.length == size else self._padded(piece, data, size)
 
+    def continued(self, offset: int) -> None:
+        """The file at device byte `offset` was read on up to there without this process
+        seeing it (`Reader.continued`): a read from there is sequential."""
+        pieces = self.layout.pieces(offset, 1)
+        if pieces:
+            self.reader.continued(make_inode(self.group, pieces[0].ino), pieces[0].file_offset)
+
     def chunk(self, number: int) -> ChunkLoc:
         """Chunk `number` of the group's index."""
         return chunk_loc(self.reader.tree.groups[self.group], number)

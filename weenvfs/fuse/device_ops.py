@@ -157,7 +157,7 @@ class DeviceOperations(pyfuse3.Operations):
         """The devices' total size, nothing free."""
         out = pyfuse3.StatvfsData()
         out.f_bsize = out.f_frsize = 4096
-        out.f_blocks = sum(-(-d.size // 4096) for d in self.devices)
+        out.f_blocks = sum(d.layout.blocks for d in self.devices)
         out.f_files = len(self.devices) + 1
         out.f_namemax = 255
         return out

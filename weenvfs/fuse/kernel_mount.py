@@ -262,8 +262,7 @@ def _device_server(devices: dict[bytes, DeviceReader], mounts: KernelMounts,
     """The device folder, mounted and served: natively by `helper`, else by pyfuse3."""
     server: NativeDevices | PyfuseDevices
     if helper is not None:
-        stats = next(iter(devices.values())).reader.fetcher.stats
-        server = NativeDevices(devices, stats, helper, document, released)
+        server = NativeDevices(devices, helper, document, released)
     else:
         server = PyfuseDevices(DeviceOperations(devices, document, released))
     try:

@@ -145,10 +145,10 @@ async def serve(env: LoadedEnv, config: MountConfig,
         lookup = env_hint_lookup(env, config.hint) if hinted else _no_hint(env)
         prefetch = functools.partial(replay.run, lookup)
     started = time.monotonic()
-    helper = None if reason else native_devices.helper_path()
+    helper, why_python = (None, None) if reason else native_devices.choose_server()
     path = {"path": "fuse" if reason else "kernel", "fallback_reason": reason,
             "device_server": None if reason else "native" if helper else "python",
-            "device_server_reason": None if reason else native_devices.unavailable_reason(),
+            "device_server_reason": why_python,
             "neighbourhoods": neighbours}
 
     def document() -> dict[str, Any]:

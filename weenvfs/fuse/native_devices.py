@@ -46,7 +46,6 @@ from typing import Any
 import trio
 
 from weenvfs.core.device_reader import DeviceReader
-from weenvfs.core.stats import Stats
 from weenvfs.core.tree import FormatError, make_inode
 
 from . import syscalls
@@ -75,24 +74,17 @@ _STOP_WAIT = 5.0  # seconds the native server gets to end after its folder is un
 assert _RECORD.size == 32 and _MAP_DEVICE.size == 64
 
 
-def helper_path() -> str | None:
-    """The native server's executable (next to this Python's, as scripts/setup.sh installs
-    it, else on PATH), or None where it is missing or `WEENV_DEVICE_SERVER=python`."""
+def choose_server() -> tuple[str | None, str | None]:
+    """(the native server's executable, None) where it serves the devices: next to this
+    Python's, as scripts/setup.sh installs it, else on PATH; else (None, why pyfuse3 does):
+    `WEENV_DEVICE_SERVER=python`, or not installed."""
     if os.environ.get(SERVER_VARIABLE, "native") == "python":
-        return None
+        return None, f"{SERVER_VARIABLE}=python"
     beside = Path(sys.executable).parent / HELPER
-    if os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which(HELPER)
-
-
-def unavailable_reason() -> str | None:
-    """Why the devices are served by pyfuse3 here (None: natively)."""
-    if os.environ.get(SERVER_VARIABLE, "native") == "python":
-        return f"{SERVER_VARIABLE}=python"
-    if helper_path() is None:
-        return f"{HELPER} is not installed (scripts/setup.sh builds it)"
-    return None
+    found = str(beside) if os.access(beside, os.X_OK) else shutil.which(HELPER)
+    if found is None:
+        return None, f"{HELPER} is not installed (scripts/setup.sh builds it)"
+    return found, None
 
 
 def device_map(devices: Mapping[bytes, DeviceReader]) -> list[bytes | memoryview]:
@@ -130,13 +122,15 @@ def _memfd(name: str, parts: list[bytes | memoryview]) -> int:
 class NativeDevices:
     """The folder of `devices` (file name -> device), served by the native server."""
 
-    def __init__(self, devices: Mapping[bytes, DeviceReader], stats: Stats, helper: str,
+    def __init__(self, devices: Mapping[bytes, DeviceReader], helper: str,
                  document: Callable[[], dict[str, Any]] | None = None,
                  on_released: Callable[[], None] | None = None) -> None:
         self.helper = helper
         self.names = sorted(devices)
         self.devices = [devices[name] for name in self.names]
-        self.stats = stats
+        # The mount's: every device reads through its one reader, fetcher and cache.
+        fetcher = self.devices[0].reader.fetcher
+        self.stats, self.cache = fetcher.stats, fetcher.cache
         self.document = document
         self.on_released = on_released
         self.error_log = OnceLog()
@@ -173,7 +167,7 @@ class NativeDevices:
                            f"group_id={os.getgid()},default_permissions",
                            flags=syscalls.MS_RDONLY | syscalls.MS_NODEV | syscalls.MS_NOSUID)
             self._folder = folder
-            root, marker = self.devices[0].reader.fetcher.cache.trust_marker()
+            root, marker = self.cache.trust_marker()
             trusted = [root, marker.decode()] if marker else []
             self._process = subprocess.Popen(
                 [self.helper, str(self._fuse_fd), *(str(fd) for fd in fds), *trusted],
@@ -313,10 +307,8 @@ class NativeDevices:
     async def _read(self, device: DeviceReader, dev: int, unique: int, offset: int, size: int,
                     follows: bool) -> None:
         try:
-            pieces = device.layout.pieces(offset, min(size, max(device.size - offset, 0)))
-            if follows and pieces:
-                device.reader.continued(make_inode(device.group, pieces[0].ino),
-                                        pieces[0].file_offset)
+            if follows:
+                device.continued(offset)
             data = device.read_cached(offset, size)
             if data is None:
                 data = await device.read(offset, size)
@@ -357,7 +349,7 @@ class NativeDevices:
     def _statfs(self, unique: int) -> None:
         """Answered here, not by the server: a statfs of the device folder is how the
         runtime asks whether a kernel-path mount's daemon lives (daemon.check_answers)."""
-        blocks = sum(-(-device.size // 4096) for device in self.devices)
+        blocks = sum(device.layout.blocks for device in self.devices)
         self._reply(unique, 0, _STATFS.pack(blocks, 0, 0, len(self.devices) + 1, 0, 4096,
                                             255, 4096, 0, *(0,) * 6))
 
