@@ -12,7 +12,8 @@ correctly is EIO for the kernel, which EROFS passes on to the reader.
 `weenv stats` reads the virtual xattr `user.weenv.stats` of this folder's root. When the
 last open handle of a device is released (the kernel dropped the EROFS superblock that held
 it: unmounted, lazily or not), `on_released` is called; the mount lifecycle decides whether
-that ends the daemon.
+that ends the daemon. `PyfuseDevices` mounts and runs them with pyfuse3: the fallback of
+native_devices.py (the same folder answered by a C server), behind the same interface.
 """
 
 from __future__ import annotations
