@@ -101,19 +101,22 @@ class DeviceLayout:
         magic, count = _SAVED.unpack_from(data)
         if magic != _MAGIC or len(data) != _SAVED.size + count * 20 + 8:
             raise ValueError("not a saved device layout: bad header or length")
+        # Kept as arrays: lists of 100k Python ints each cost ~10 ms at every mount, and
+        # `pieces` indexes a few items per read.
         columns = [array("I"), array("Q"), array("Q")]
         at = _SAVED.size
+        view = memoryview(data)
         for column, items in zip(columns, (count, count, count + 1), strict=True):
             end = at + items * column.itemsize
-            column.frombytes(data[at:end])
+            column.frombytes(view[at:end])
             at = end
             if sys.byteorder != "little":
                 column.byteswap()
         layout = cls.__new__(cls)
-        layout._inos, layout._sizes, layout._first = (c.tolist() for c in columns)
+        layout._inos, layout._sizes, layout._first = columns
         layout._block_of = None
         layout.size = layout._first[-1] * BLOCK_SIZE
-        layout._saved = bytes(data)
+        layout._saved = data if isinstance(data, bytes) else bytes(data)
         return layout
 
     @property

@@ -38,7 +38,7 @@ from weenvfs.store.base import Store
 from weenvfs.store.repository import Repository
 
 from .layer_tree import LayerTree
-from .node_files import touch, write_atomically
+from .node_files import hash_file, touch, write_atomically
 from .tree import ROOT_INODE, Tree
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ def cached_image(cache_dir: Path, key: str, build: Callable[[], bytes]) -> Path:
     digest_path = folder / f"{key}.img.b3"
     with contextlib.suppress(OSError):
         want = digest_path.read_text().strip()
-        if digest_hex(path.read_bytes()) == want:
+        if hash_file(path, digest_hex) == want:
             touch(path)
             touch(digest_path)
             return path

@@ -15,9 +15,11 @@ decide what a file means or how it is checked (node_copies.py, kernel_image.py).
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 TOUCH_INTERVAL = 60.0  # seconds between mtime refreshes of one file (the cache's LRU resolution)
@@ -42,6 +44,16 @@ def set_verdict(path: Path, name: str) -> None:
     """Record verdict `name` on `path` (best effort: without xattrs, the check runs again)."""
     with contextlib.suppress(OSError):
         os.setxattr(path, name, b"1")
+
+
+def hash_file(path: Path, digest: Callable[[bytes | memoryview], str]) -> str:
+    """`digest` of the content of `path`, hashed where it lies (mapped, not read: reading a
+    14 MB EROFS image into memory cost three times its hashing, at every mount)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return digest(b"")
+        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mapped, memoryview(mapped) as view:
+            return digest(view)
 
 
 def write_atomically(path: Path, data: bytes | memoryview) -> None:
