@@ -235,3 +235,39 @@ def test_preloading_keeps_within_its_bound(env: LoadedEnv, tmp_path: Path, forge
     assert node_copies.preload_env(other, env.digest) == 2
     assert [key[:2] for key in node_copies._preloaded] == [
         ("manifest", str(other)), ("index", str(other))]
+
+
+def test_a_noted_resolution_is_the_last_one_and_never_garbage(tmp_path: Path) -> None:
+    """`note_resolved` keeps the last digest per (store argument, reference), written only
+    when it changed; `last_resolved` gives None for anything else, a damaged note included,
+    and a digest given as the reference is not noted (there is nothing to guess)."""
+    cache, a, b = tmp_path / "node", "1" * 64, "2" * 64
+    assert node_copies.last_resolved(cache, "/store", "env:latest") is None
+    node_copies.note_resolved(cache, "/store", "env:latest", a)
+    note = node_copies._ref_path(cache, "/store", "env:latest")
+    written = note.stat().st_mtime_ns
+    node_copies.note_resolved(cache, "/store", "env:latest", a)
+    assert note.stat().st_mtime_ns == written  # unchanged: not written again
+    assert node_copies.last_resolved(cache, "/store", "env:latest") == a
+    assert node_copies.last_resolved(cache, "/other", "env:latest") is None
+    assert node_copies.last_resolved(cache, "/store", "env:other") is None
+    node_copies.note_resolved(cache, "/store", "env:latest", b)
+    assert node_copies.last_resolved(cache, "/store", "env:latest") == b
+    note.write_bytes(b"../../etc/passwd\n")
+    assert node_copies.last_resolved(cache, "/store", "env:latest") is None
+    note.write_bytes(b"\xff\xfe")
+    assert node_copies.last_resolved(cache, "/store", "env:latest") is None
+    node_copies.note_resolved(cache, "/store", a, a)
+    assert node_copies.last_resolved(cache, "/store", a) is None
+
+
+def test_a_file_is_hashed_where_it_lies(tmp_path: Path) -> None:
+    """`node_files.hash_file` (images are checked by it at every mount): the digest of the
+    content, empty files included."""
+    from weenvfs.format.digest import digest_hex
+
+    for size in (0, 1, 4096, 1 << 20 | 3):
+        path = tmp_path / f"f{size}"
+        data = random.Random(size).randbytes(size)
+        path.write_bytes(data)
+        assert node_files.hash_file(path, digest_hex) == digest_hex(data)

@@ -522,6 +522,43 @@ def test_a_request_s_environment_is_kept_in_memory_for_the_next_children(
     assert copy.read_bytes() == bytes(data)  # nobody loaded (and so replaced) it
 
 
+def test_a_mount_by_tag_has_its_environment_kept_for_the_next_one(
+        tmp_path: Path, spawned: Callable[..., Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`weenv mount NAME:TAG` names no digest: its daemon notes what the tag resolved to
+    (core/node_copies.py `note_resolved`), and the server preloads that environment for the
+    next request naming the same tag in the same `--store` argument (nothing for another
+    store argument); once the tag moves, the next mount notes the new digest."""
+    from weenvfs.core import node_copies
+    from weenvfs.store import open_store
+    from weenvfs.store.repository import Repository
+
+    monkeypatch.setattr(node_copies, "_preloaded", type(node_copies._preloaded)())
+    src = trees.hostile_tree(tmp_path / "src")
+    store = tmp_path / "store"
+    ref = publish(store, [src])
+    with open_store(str(store)) as opened:
+        env_digest, manifest = Repository(opened).resolve_env(ref)
+    cache = tmp_path / "cache"
+    args = mount_args(ref, tmp_path / "mnt", str(store), cache, log_file=tmp_path / "l")
+    service_preload.preload_envs({"argv": args, "env": {}})
+    assert not node_copies._preloaded  # no mount of the tag on this node yet
+    trees.assert_trees_equal(src, spawned(ref, store))
+    assert node_copies.last_resolved(cache, str(store), ref) == env_digest
+    other = [a if a != str(store) else str(tmp_path / "elsewhere") for a in args]
+    service_preload.preload_envs({"argv": other, "env": {}})
+    assert not node_copies._preloaded
+    service_preload.preload_envs({"argv": args, "env": {}})
+    assert {key for key in node_copies._preloaded} == {
+        ("manifest", str(cache), env_digest), ("index", str(cache), manifest.groups[0].index)}
+    (src / "moved").write_bytes(b"the tag moves")
+    assert publish(store, [src]) == ref
+    with open_store(str(store)) as opened:
+        moved, _ = Repository(opened).resolve_env(ref)
+    assert moved != env_digest
+    trees.assert_trees_equal(src, spawned(ref, store))  # resolved in the store, not the note
+    assert node_copies.last_resolved(cache, str(store), ref) == moved
+
+
 def test_the_server_freezes_what_it_preloaded_before_it_forks() -> None:
     """What the server imports before its first fork is kept out of every collection
     (gc.freeze), so no forked child traverses and copies it on write in a collection."""

@@ -41,6 +41,7 @@ from weenvfs.core.cache import ChunkCache
 from weenvfs.core.fetcher import Fetcher
 from weenvfs.core.loaded_env import LoadedEnv, open_environment
 from weenvfs.core.neighbours import Neighbours
+from weenvfs.core.node_copies import note_resolved
 from weenvfs.core.node_hints import (
     HintRecorder,
     env_hint_lookup,
@@ -75,10 +76,13 @@ def load(store_url: str, ref: str, layer: int | None = None,
     `cache_dir` (core/node_copies.py)."""
     store = open_store(store_url)
     try:
-        return open_environment(store, ref, layer, cache_dir)
+        env = open_environment(store, ref, layer, cache_dir)
     except BaseException:
         store.close()
         raise
+    if cache_dir is not None:  # what the node service preloads for the next mount of `ref`
+        note_resolved(cache_dir, store_url, ref, env.digest)
+    return env
 
 
 def mount_options(allow_other: bool) -> set[str]:

@@ -39,17 +39,21 @@ def preload_envs(request: dict[str, Any]) -> None:
     """After answering: keep the manifest and indexes of the environment a request names in
     memory for the next children (core/node_copies.py `preload_env`: the mounts and replays
     of environments on the same groups then load none of them). The environment is any
-    argument that is a manifest digest with a node copy in the request's `--cache` folder."""
-    from weenvfs.core.node_copies import preload_env
+    argument that is a manifest digest with a node copy in the request's `--cache` folder,
+    or a reference the last mount of the request's `--store` resolved to one (`weenv mount
+    NAME:TAG`: node_copies.py `last_resolved`)."""
+    from weenvfs.core.node_copies import last_resolved, preload_env
 
     argv, _ = argv_env(request)
     cache = _option(argv, "--cache")
     if cache is None or not os.path.isabs(cache):
         return
+    store = _option(argv, "--store")
     loaded = 0
     try:
         for argument in dict.fromkeys(argv):
-            loaded += preload_env(Path(cache), argument)
+            noted = None if store is None else last_resolved(Path(cache), store, argument)
+            loaded += preload_env(Path(cache), noted or argument)
     except Exception as error:  # an optimisation: never the server's failure
         log.warning("cannot keep the indexes of a request in memory: %s", error)
     if loaded:
