@@ -14,6 +14,7 @@ Layout under `root` (default `DEFAULT_CACHE_DIR`, or $WEENV_CACHE):
     <root>/locks/<hex>        the per-chunk lock file of a chunk being fetched
     <root>/evict.lock         taken by the process that evicts
     <root>/indexes/, erofs/   node files: group indexes, EROFS images, device layouts
+    <root>/manifests/, refs/  node files: manifests, what tags resolved to (node_copies.py)
     <root>/logs/              mount daemons' logs
     <root>/CACHEDIR.TAG       tells backup tools to skip the folder
 

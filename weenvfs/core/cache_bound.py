@@ -35,8 +35,9 @@ FREE_MARGIN_FRACTION = 0.05  # of the file system's size, kept free ...
 FREE_MARGIN_MAX = 1 << 30  # ... or this much, whichever is smaller
 # What mounts keep next to the chunks, counted in the bound and evicted with them (LRU by
 # mtime, which their users refresh as `open` does a chunk's): group indexes and manifests
-# (node_copies.py), EROFS images and device layouts (kernel_image.py).
-NODE_FOLDERS = ("indexes", "manifests", "erofs")
+# (node_copies.py), EROFS images and device layouts (kernel_image.py), and the notes of what
+# a tag resolved to (node_copies.py: never refreshed, so they go first; only a preload guess).
+NODE_FOLDERS = ("indexes", "manifests", "erofs", "refs")
 _HEX = frozenset("0123456789abcdef")
 
 
