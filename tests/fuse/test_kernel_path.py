@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from mounts import Mounter, run_weenv
+from mounts import Mounter, refused_mount, run_weenv
 from support import layers
 from support.trees import dir, file  # noqa: A004
 
@@ -97,6 +97,18 @@ def test_a_damaged_cached_image_is_made_again(tmp_path: Path, mounter: Mounter) 
     again.expect_log_lines("does not match its digest")
     assert again.log_lines("does not match its digest")
     assert (again.mountpoint / "opaque" / "inside").read_bytes() == b"in"
+
+
+def test_an_image_that_cannot_be_kept_fails_the_mount_in_one_line(tmp_path: Path) -> None:
+    """The images are made beside the hint lookup (fuse/mount.py): a failure there still
+    reaches the user as one line (not an exception group), and nothing stays mounted."""
+    store_dir, _ = _publish(tmp_path)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "erofs").write_bytes(b"")  # the node's image folder cannot be made
+    line = refused_mount("env:t", store_dir, tmp_path)
+    assert "erofs" in line
+    assert not any(str(tmp_path) in mount for mount in Path("/proc/self/mounts").read_text()
+                   .splitlines())
 
 
 def test_path_fuse_is_reported(tmp_path: Path, mounter: Mounter) -> None:
