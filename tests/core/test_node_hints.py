@@ -262,6 +262,28 @@ def test_may_have_hint_asks_for_the_tags_a_mount_would_replay(
     assert may_have_hint(env, "train")
 
 
+def test_may_have_hint_takes_the_node_s_word_for_latest(
+        repo, build_group, small_group, local_store, tmp_path) -> None:
+    """An environment the node's cache marks as hinted (`remember_hinted`: `weenv run` did,
+    after it saw the hint) may have `latest` without a store request; another tag, or
+    another node cache, still asks the store."""
+    from weenvfs.core.node_copies import load_manifest, remember_hinted
+
+    digest, _, _ = _env(repo, build_group, small_group)
+    env = open_environment(local_store, digest)
+    cache = tmp_path / "node"
+    load_manifest(Repository(local_store), digest, cache)  # the node copy the mark goes on
+    env.store = FaultyStore(local_store)
+    assert not may_have_hint(env, "latest", cache)
+    assert env.store.calls == {"list": 1}
+    remember_hinted(cache, digest)
+    assert may_have_hint(env, "latest", cache)
+    assert env.store.calls == {"list": 1}  # not asked again
+    assert not may_have_hint(env, "train", cache)
+    assert not may_have_hint(env, "latest", tmp_path / "other")
+    assert env.store.calls == {"list": 3}
+
+
 def test_may_have_hint_during_an_outage_says_maybe_after_one_request(
         repo, build_group, small_group, local_store) -> None:
     """A store that cannot be reached: maybe (the replay reports what it finds), after the

@@ -146,7 +146,7 @@ async def serve(env: LoadedEnv, config: MountConfig,
         if reason is None:
             nursery.start_soon(_prepare_layers, env, config, reader, layers, failed)
         hinted = env.serves_top and await trio.to_thread.run_sync(
-            may_have_hint, env, config.hint)
+            may_have_hint, env, config.hint, config.cache_dir)
         replay_fd = replay_process.launch(env, config, pages=reason is None) if hinted else None
     if failed:  # raised here, as it is: a nursery would wrap it in an exception group
         if replay_fd is not None:
