@@ -79,7 +79,8 @@ def _copy_sources(dest: Path) -> None:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     for name in ("weenvfs", "format", "tools"):
         shutil.copytree(ROOT / name, dest / name, ignore=ignore)
-    for name in ("pyproject.toml", "README.md"):
+    shutil.copytree(ROOT / "native", dest / "native", ignore=ignore)
+    for name in ("pyproject.toml", "README.md", "setup.py", "MANIFEST.in"):
         shutil.copy2(ROOT / name, dest / name)
 
 
@@ -170,6 +171,38 @@ def test_wheel_runs_from_fresh_venv(wheel_venv: Path, tmp_path: Path) -> None:
     assert "examples:" in proc.stdout
     proc = _run([python, "-m", "weenvfs", "version"], env=env, cwd=tmp_path)
     assert proc.stdout.strip() == f"weenv {__version__}"
+
+
+@pytest.mark.slow
+def test_the_wheel_carries_the_native_device_server(wheel: Path, wheel_venv: Path,
+                                                    tmp_path: Path) -> None:
+    """setup.py compiles native/weenv-devserve.c into the wheel (tagged for this platform),
+    installed executable, and mounts from that install find it (`choose_server`)."""
+    assert not wheel.name.endswith("-none-any.whl"), wheel.name  # not a pure wheel
+    assert "weenvfs/_native/weenv-devserve" in zipfile.ZipFile(wheel).namelist()
+    proc = _run([wheel_venv / "bin" / "python", "-c",
+                 "from weenvfs.fuse.native_devices import choose_server; print(*choose_server())"],
+                env=_wheel_env(), cwd=tmp_path)
+    found, why = proc.stdout.split()
+    assert why == "None" and Path(found).resolve().is_relative_to(wheel_venv.resolve())
+    assert os.access(found, os.X_OK)
+    usage = subprocess.run([found], capture_output=True, text=True, timeout=30, check=False)
+    assert usage.returncode != 0 and "usage" in usage.stderr.lower(), usage.stderr
+
+
+@pytest.mark.slow
+def test_the_sdist_carries_the_server_s_source(tmp_path: Path) -> None:
+    """An sdist holds what its wheel build compiles."""
+    src = tmp_path / "src"
+    src.mkdir()
+    _copy_sources(src)
+    _run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", tmp_path, src])
+    (sdist,) = tmp_path.glob("weenv-*.tar.gz")
+    import tarfile
+
+    with tarfile.open(sdist) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    assert {"native/weenv-devserve.c", "setup.py"} <= names
 
 
 # --- the entry point contract ---------------------------------------------------------------

@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 HELPER = "weenv-devserve"
 # WEENV_DEVICE_SERVER=python serves the devices with pyfuse3 (device_ops.py) instead.
 SERVER_VARIABLE = "WEENV_DEVICE_SERVER"
+PACKAGED = Path(__file__).resolve().parent.parent / "_native" / HELPER  # a wheel's (setup.py)
 
 _RECORD = struct.Struct("<BBHIQQII")  # type, flags, device, size, unique, offset, inode, pad
 _CHUNK = struct.Struct("<BBHI")  # 'C', 0, device, chunk number (+ one SCM_RIGHTS descriptor)
@@ -76,14 +77,16 @@ assert _RECORD.size == 32 and _MAP_DEVICE.size == 64
 
 def choose_server() -> tuple[str | None, str | None]:
     """(the native server's executable, None) where it serves the devices: next to this
-    Python's, as scripts/setup.sh installs it, else on PATH; else (None, why pyfuse3 does):
-    `WEENV_DEVICE_SERVER=python`, or not installed."""
+    Python's, as scripts/setup.sh installs it, else in the package, as a wheel carries it
+    (setup.py), else on PATH; else (None, why pyfuse3 does): `WEENV_DEVICE_SERVER=python`,
+    or not installed."""
     if os.environ.get(SERVER_VARIABLE, "native") == "python":
         return None, f"{SERVER_VARIABLE}=python"
-    beside = Path(sys.executable).parent / HELPER
-    found = str(beside) if os.access(beside, os.X_OK) else shutil.which(HELPER)
+    places = (Path(sys.executable).parent / HELPER, PACKAGED)
+    found = next((str(p) for p in places if os.access(p, os.X_OK)), None) or shutil.which(HELPER)
     if found is None:
-        return None, f"{HELPER} is not installed (scripts/setup.sh builds it)"
+        return None, (f"{HELPER} is not installed (scripts/setup.sh builds it; a wheel built "
+                      "without a C compiler lacks it)")
     return found, None
 
 
