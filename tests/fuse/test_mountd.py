@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mounts import force_unmount, publish, run_weenv
@@ -477,6 +478,19 @@ def test_a_request_naming_an_s3_store_makes_its_client_ahead(monkeypatch) -> Non
     assert [key[0] for key in s3_clients.prebuilt] == [url]
 
 
+def _hostile_env(tmp_path: Path) -> tuple[Path, Path, str, str, Any]:
+    """A hostile tree published as env:t: (source, store, reference, digest, manifest)."""
+    from weenvfs.store import open_store
+    from weenvfs.store.repository import Repository
+
+    src = trees.hostile_tree(tmp_path / "src")
+    store = tmp_path / "store"
+    ref = publish(store, [src])
+    with open_store(str(store)) as opened:
+        digest, manifest = Repository(opened).resolve_env(ref)
+    return src, store, ref, digest, manifest
+
+
 def test_a_request_s_environment_is_kept_in_memory_for_the_next_children(
         tmp_path: Path, server: Path, spawned: Callable[..., Path],
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -489,16 +503,10 @@ def test_a_request_s_environment_is_kept_in_memory_for_the_next_children(
     (damaged here, which a load would say in its log)."""
     from weenvfs.core import node_copies
     from weenvfs.format import digest as digests
-    from weenvfs.store import open_store
-    from weenvfs.store.repository import Repository
 
     monkeypatch.setattr(digests, "_threads_allowed", True)
     monkeypatch.setattr(node_copies, "_preloaded", type(node_copies._preloaded)())
-    src = trees.hostile_tree(tmp_path / "src")
-    store = tmp_path / "store"
-    ref = publish(store, [src])
-    with open_store(str(store)) as opened:
-        env_digest, manifest = Repository(opened).resolve_env(ref)
+    src, store, _, env_digest, manifest = _hostile_env(tmp_path)
     cache = tmp_path / "cache"  # the `spawned` mounts' node cache
     mounts = [spawned(env_digest, store) for _ in range(2)]  # the second is kept by the server
     args = mount_args(env_digest, tmp_path / "mnt", str(store), cache, log_file=tmp_path / "l")
@@ -533,11 +541,7 @@ def test_a_mount_by_tag_has_its_environment_kept_for_the_next_one(
     from weenvfs.store.repository import Repository
 
     monkeypatch.setattr(node_copies, "_preloaded", type(node_copies._preloaded)())
-    src = trees.hostile_tree(tmp_path / "src")
-    store = tmp_path / "store"
-    ref = publish(store, [src])
-    with open_store(str(store)) as opened:
-        env_digest, manifest = Repository(opened).resolve_env(ref)
+    src, store, ref, env_digest, manifest = _hostile_env(tmp_path)
     cache = tmp_path / "cache"
     args = mount_args(ref, tmp_path / "mnt", str(store), cache, log_file=tmp_path / "l")
     service_preload.preload_envs({"argv": args, "env": {}})
