@@ -58,7 +58,7 @@ from weenvfs.errors import RefNotFound
 from weenvfs.format.digest import check_digest, digest_hex, fork_server
 from weenvfs.format.errors import FormatError
 from weenvfs.format.index import GroupIndex
-from weenvfs.format.manifest import Manifest, decode_manifest
+from weenvfs.format.manifest import Manifest, decode_manifest, encode_manifest
 from weenvfs.format.validate import check_tree
 from weenvfs.store.repository import Repository
 
@@ -123,6 +123,10 @@ def load_manifest(repo: Repository, digest: str, cache_dir: Path | None = None) 
     manifest = kept[0] if kept is not None else _manifest_copy(path, digest)
     if manifest is not None:
         assert isinstance(manifest, Manifest)
+        if kept is not None and not path.exists():
+            # Kept in memory, its node copy evicted or cleared since: HINTED is marked on
+            # that file, and `remember_hinted` cannot mark a file that is not there.
+            _restore_copy(path, digest, manifest)
         touch(path)
         return manifest
     data = repo.get_object("manifests", digest)
@@ -132,6 +136,23 @@ def load_manifest(repo: Repository, digest: str, cache_dir: Path | None = None) 
     except OSError as error:  # a full or read-only cache costs a round trip, nothing else
         log.info("cannot keep manifest %s in %s: %s", digest[:12], path.parent, error)
     return manifest
+
+
+def node_manifest(cache_dir: Path, digest: str) -> Manifest | None:
+    """Manifest `digest` as this node has it (kept in memory, or its intact node copy),
+    else None: never from the store (for a decision worth no round trip)."""
+    try:
+        check_digest(digest)
+    except FormatError:
+        return None
+    kept = _preloaded.get(("manifest", str(cache_dir), digest))
+    if kept is not None:
+        assert isinstance(kept[0], Manifest)
+        return kept[0]
+    try:
+        return _manifest_copy(cache_dir / MANIFEST_DIR / digest, digest)
+    except FormatError:
+        return None
 
 
 def preload_env(cache_dir: Path, digest: str) -> int:
@@ -242,6 +263,18 @@ def _index_copy(path: Path, digest: str) -> GroupIndex | None:
     index = _checked(data)
     set_verdict(path, TREE_VERDICT)
     return index
+
+
+def _restore_copy(path: Path, digest: str, manifest: Manifest) -> None:
+    """Write the node copy of a verified `manifest` again (its canonical bytes, which hash
+    to `digest`: decoding refuses any other); best effort, as every node copy."""
+    data = encode_manifest(manifest)
+    if digest_hex(data) != digest:
+        return
+    try:
+        write_atomically(path, data)
+    except OSError as error:
+        log.info("cannot keep manifest %s in %s: %s", digest[:12], path.parent, error)
 
 
 def _manifest_copy(path: Path, digest: str) -> Manifest | None:
