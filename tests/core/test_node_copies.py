@@ -271,3 +271,25 @@ def test_a_file_is_hashed_where_it_lies(tmp_path: Path) -> None:
         data = random.Random(size).randbytes(size)
         path.write_bytes(data)
         assert node_files.hash_file(path, digest_hex) == digest_hex(data)
+
+
+def test_a_preloaded_manifest_gets_its_node_copy_back(env: LoadedEnv, tmp_path: Path,
+                                                      forget_preloaded) -> None:
+    """A manifest kept in memory whose node copy was removed since (the cache cleared or
+    evicted under a running node service) is written back by its next load, byte for byte:
+    the node's HINTED mark lives on that file (`remember_hinted` / `known_hinted`)."""
+    _needs_xattrs(tmp_path)
+    repo, cache = Repository(env.store), tmp_path / "node"
+    load_manifest(repo, env.digest, cache)
+    copy = cache / MANIFEST_DIR / env.digest
+    stored = copy.read_bytes()
+    assert node_copies.preload_env(cache, env.digest) == 1  # the manifest (no index copy)
+    copy.unlink()
+    node_copies.remember_hinted(cache, env.digest)
+    assert not node_copies.known_hinted(cache, env.digest)  # nothing to mark
+    counted = FaultyStore(env.store)
+    assert load_manifest(Repository(counted), env.digest, cache) == env.manifest
+    assert sum(counted.calls.values()) == 0  # from memory, not the store
+    assert copy.read_bytes() == stored
+    node_copies.remember_hinted(cache, env.digest)
+    assert node_copies.known_hinted(cache, env.digest)
