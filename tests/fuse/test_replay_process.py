@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -76,35 +75,6 @@ def test_the_replay_runs_apart_and_counts_for_the_mount(env, mounter: Mounter) -
     assert after["fetch"]["prefetch"]["hint_hits"] == count and after["hints"]["waste"] == 0
     digest = env_digest(store)  # the replay process exits once it has reported:
     wait_for(lambda: not warm_processes(digest), "the replay process's exit", WAIT)
-
-
-def test_a_hint_the_node_saw_is_replayed_before_the_indexes_load(env, mounter: Mounter) -> None:
-    """A mount of an environment (by digest, as `weenv run` mounts) that this node knows has a
-    hint (node_copies.py `remember_hinted`: `weenv run` marks it) launches the replay first,
-    before it loads its indexes (replay_process.py `launch_early`); the replay counts for the
-    mount as any. Without the mark, or for another tag, the mount asks the store first."""
-    from weenvfs.core.node_copies import remember_hinted
-
-    store, contents = env
-    count = publish_hint(store, "env:t", ["lib/big1", "etc/s005"])
-    digest = env_digest(store)
-    launched, loaded = "hint replay of .* runs in a process", r"environment \S+ \("
-    unmarked = mounter.mount(digest, store)
-    wait_for_state(unmarked, "done")
-    text = unmarked.log_text()
-    assert re.search(loaded, text).start() < re.search(launched, text).start()
-    run_weenv("umount", str(unmarked.mountpoint))
-    remember_hinted(unmarked.cache, digest)
-    marked = mounter.mount(digest, store, cache=unmarked.cache)
-    stats = wait_for_state(marked, "done")
-    text = marked.log_text()
-    assert re.search(launched, text).start() < re.search(loaded, text).start()
-    assert stats["hints"]["replayer"] == "separate process"
-    assert stats["hints"]["chunks"] == stats["hints"]["chunks_done"] == count
-    assert (marked.mountpoint / "lib" / "big1").read_bytes() == contents["lib/big1"]
-    other = mounter.mount(digest, store, cache=unmarked.cache, extra=["--hint", "other"])
-    assert not other.log_lines(launched)  # no tag `other`: no replay at all
-    wait_for(lambda: not warm_processes(digest), "the replay processes' exit", WAIT)
 
 
 def test_without_a_node_service_the_mount_replays_itself(env, mounter: Mounter,

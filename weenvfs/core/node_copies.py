@@ -138,23 +138,6 @@ def load_manifest(repo: Repository, digest: str, cache_dir: Path | None = None) 
     return manifest
 
 
-def node_manifest(cache_dir: Path, digest: str) -> Manifest | None:
-    """Manifest `digest` as this node has it (kept in memory, or its intact node copy),
-    else None: never from the store (for a decision worth no round trip)."""
-    try:
-        check_digest(digest)
-    except FormatError:
-        return None
-    kept = _preloaded.get(("manifest", str(cache_dir), digest))
-    if kept is not None:
-        assert isinstance(kept[0], Manifest)
-        return kept[0]
-    try:
-        return _manifest_copy(cache_dir / MANIFEST_DIR / digest, digest)
-    except FormatError:
-        return None
-
-
 def preload_env(cache_dir: Path, digest: str) -> int:
     """Keep environment `digest`'s manifest and group indexes in this process's memory, from
     their node copies in `cache_dir` (verified and checked as `load_index` does; never from

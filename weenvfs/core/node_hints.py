@@ -53,7 +53,7 @@ from weenvfs.format.refs import DEFAULT_TAG, SEED_TAG, check_tag
 from weenvfs.store.repository import Repository
 
 from .loaded_env import LoadedEnv
-from .node_copies import known_hinted, node_manifest
+from .node_copies import known_hinted
 from .tree import FIRST_INODE, GROUP_SHIFT, split_inode
 
 log = logging.getLogger(__name__)
@@ -355,20 +355,6 @@ def may_have_hint(env: LoadedEnv, spec: str, cache_dir: Path | None = None) -> b
             spec == DEFAULT_TAG and has_hint(repo, env.digest, env.manifest, SEED_TAG))
     except (StoreError, FormatError):
         return True
-
-
-def sure_to_replay(cache_dir: Path, digest: str, spec: str, layer: int | None
-                   ) -> Manifest | None:
-    """The manifest of environment `digest` (a manifest digest) when its mount (of every
-    group, or of group `layer`) is sure to replay hint `spec` without asking the store: the
-    default tag, an environment this node saw a hint of (`known_hinted`), a mount that serves
-    the top group; else None. From the node only (node_copies.py `node_manifest`)."""
-    if spec != DEFAULT_TAG:
-        return None
-    manifest = node_manifest(cache_dir, digest)  # None for a tag: only digests
-    if manifest is None or not known_hinted(cache_dir, digest):
-        return None
-    return manifest if layer in (None, len(manifest.groups) - 1) else None
 
 
 def env_hint_lookup(env: LoadedEnv, spec: str = DEFAULT_TAG) -> Callable[[], FoundHint | None]:

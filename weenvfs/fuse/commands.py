@@ -313,7 +313,7 @@ def _mount_foreground(args: argparse.Namespace) -> int:
         config = _config(args)
         # Nothing is mounted yet: a SIGTERM while the store is read (a stalled store, a
         # Ctrl-C'd `weenv mount`) ends the daemon at once.
-        env, early_replay = load(args.store, args.ref, config)
+        env = load(args.store, args.ref, config.layer, config.cache_dir)
         # The loaded indexes live as long as the daemon: keep them out of every collection
         # (as the node service does with its modules before it forks this process).
         gc.freeze()
@@ -334,7 +334,7 @@ def _mount_foreground(args: argparse.Namespace) -> int:
         pipe.ready()
 
     try:
-        final = trio.run(serve, env, config, ready, early_replay)
+        final = trio.run(serve, env, config, ready)
         stats_channel.send_exit_report(final)
     except Exception as error:
         pipe.failed(str(error) or type(error).__name__)

@@ -76,12 +76,6 @@ class KernelLayer:
 
 def kernel_unavailable(env: LoadedEnv, config: MountConfig) -> str | None:
     """Why this mount cannot take the kernel path here, or None when it can."""
-    return kernel_unavailable_for(1 if env.layer is not None else len(env.tree.groups), config)
-
-
-def kernel_unavailable_for(layers: int, config: MountConfig) -> str | None:
-    """`kernel_unavailable` of a mount of `layers` EROFS layers (known before its indexes
-    are: a mount launches its hint replay first, replay_process.py `launch_early`)."""
     if config.path == "fuse":
         return "the FUSE tree path was asked for (--path fuse)"
     if os.geteuid() != 0:
@@ -97,6 +91,7 @@ def kernel_unavailable_for(layers: int, config: MountConfig) -> str | None:
     for feature in ("chunked_file", "device_table"):
         if features.is_dir() and not (features / feature).exists():
             return f"the kernel's EROFS lacks {feature}"
+    layers = 1 if env.layer is not None else len(env.tree.groups)
     if layers > 1 and "overlay" not in filesystems:
         return "the kernel has no overlayfs to stack the groups"
     if layers > MAX_OVERLAY_LAYERS:

@@ -69,25 +69,20 @@ STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}  # end the main loop; blocked unt
 READAHEAD_BYTES = 1 << 20
 
 
-def load(store_url: str, ref: str, config: MountConfig) -> tuple[LoadedEnv, int | None]:
-    """Open the store at `store_url` and load environment `ref`, or its group `config.layer`
-    as an overlayfs lower layer (see `open_environment`); indexes through the node's copies
-    in `config.cache_dir` (core/node_copies.py). Where the mount is sure to replay a hint,
-    the replay is launched first (replay_process.py `launch_early`): the read end of its
-    report pipe, for `serve`, else None."""
+def load(store_url: str, ref: str, layer: int | None = None,
+         cache_dir: Path | None = None) -> LoadedEnv:
+    """Open the store at `store_url` and load environment `ref`, or its group `layer` as an
+    overlayfs lower layer (see `open_environment`); indexes through the node's copies in
+    `cache_dir` (core/node_copies.py)."""
     store = open_store(store_url)
-    replay_fd = None
     try:
-        replay_fd = replay_process.launch_early(ref, store.url, config)
-        env = open_environment(store, ref, config.layer, config.cache_dir)
+        env = open_environment(store, ref, layer, cache_dir)
     except BaseException:
-        if replay_fd is not None:
-            os.close(replay_fd)  # the replay stops at its next report
         store.close()
         raise
-    # What the node service preloads for the next mount of `ref`.
-    note_resolved(config.cache_dir, store_url, ref, env.digest)
-    return env, replay_fd
+    if cache_dir is not None:  # what the node service preloads for the next mount of `ref`
+        note_resolved(cache_dir, store_url, ref, env.digest)
+    return env
 
 
 def mount_options(allow_other: bool) -> set[str]:
@@ -119,12 +114,11 @@ def stats_document(
     }
 
 
-async def serve(env: LoadedEnv, config: MountConfig, ready: Callable[[], None],
-                early_replay: int | None = None) -> dict[str, Any]:
+async def serve(env: LoadedEnv, config: MountConfig,
+                ready: Callable[[], None]) -> dict[str, Any]:
     """Mount `env` at `config.mountpoint` and serve it until unmounted or signalled: on the
-    kernel path where it can run (kernel_mount.py), else as a tree over FUSE; a hint replay
-    `load` launched already reports on `early_replay`. Returns the final statistics
-    document (taken once unmounted: nothing counts after it)."""
+    kernel path where it can run (kernel_mount.py), else as a tree over FUSE. Returns the
+    final statistics document (taken once unmounted: nothing counts after it)."""
     from .kernel_mount import kernel_unavailable
 
     reason = kernel_unavailable(env, config)
@@ -145,18 +139,15 @@ async def serve(env: LoadedEnv, config: MountConfig, ready: Callable[[], None],
     # it runs beside the making of the kernel path's images (two store round trips on a cold
     # node, ~35 ms each from SeaweedFS, which used to follow each other). The hint's replay
     # runs in a process of its own where the node service can start one, launched as soon
-    # as the listing answers, so it too runs while the images are made, or even before the
-    # indexes loaded where `load` was sure of it (fuse/replay_process.py `launch_early`).
+    # as the listing answers, so it too runs while the images are made (fuse/replay_process.py).
     layers: list[Any] = []
     failed: list[Exception] = []
     async with trio.open_nursery() as nursery:
         if reason is None:
             nursery.start_soon(_prepare_layers, env, config, reader, layers, failed)
-        hinted = early_replay is not None or (env.serves_top and await trio.to_thread.run_sync(
-            may_have_hint, env, config.hint, config.cache_dir))
-        replay_fd = early_replay
-        if replay_fd is None and hinted:
-            replay_fd = replay_process.launch(env, config, pages=reason is None)
+        hinted = env.serves_top and await trio.to_thread.run_sync(
+            may_have_hint, env, config.hint, config.cache_dir)
+        replay_fd = replay_process.launch(env, config, pages=reason is None) if hinted else None
     if failed:  # raised here, as it is: a nursery would wrap it in an exception group
         if replay_fd is not None:
             os.close(replay_fd)

@@ -43,36 +43,12 @@ def launch(env: LoadedEnv, config: MountConfig, pages: bool = False) -> int | No
     mount into the page cache (core/page_warm.py): those of every group for a merged
     mount, of its own group for a layer, and those of the groups `config.page_roots`
     names through their mounts."""
-    return _launch(env.digest, env.store.url, env.layer, config, pages)
-
-
-def launch_early(ref: str, store_url: str, config: MountConfig) -> int | None:
-    """`launch`, before the mount loads its indexes, for a mount of environment `ref` (a
-    manifest digest: what `weenv run` passes) that is sure to replay `latest`: this node
-    saw its hint (node_copies.py `known_hinted`: `weenv run` marks it before it mounts)
-    and the mount serves its top group. The replay then starts while the daemon loads the
-    indexes and makes the images (~50-100 ms sooner on a cold node). None when it is not
-    sure (the mount then asks `may_have_hint` as usual) or nothing launched it."""
-    from weenvfs.core.node_hints import sure_to_replay
-
-    from .kernel_mount import kernel_unavailable_for
-
-    manifest = sure_to_replay(config.cache_dir, ref, config.hint, config.layer)
-    if manifest is None:
-        return None
-    layers = 1 if config.layer is not None else len(manifest.groups)
-    return _launch(ref, store_url, config.layer, config,
-                   kernel_unavailable_for(layers, config) is None)
-
-
-def _launch(digest: str, store_url: str, layer: int | None, config: MountConfig,
-            pages: bool) -> int | None:
-    argv = [*mountd.log_args(), "cache", "warm", digest,
-            "--store", store_url, "--cache", str(config.cache_dir), "--hint", config.hint,
+    argv = [*mountd.log_args(), "cache", "warm", env.digest,
+            "--store", env.store.url, "--cache", str(config.cache_dir), "--hint", config.hint,
             *(["--all"] if config.fetch_all else [])]
     if pages:
-        at = "" if layer is None else f"{layer}="
-        argv += ["--pages-through", f"{at}{config.mountpoint.absolute()}"]
+        layer = "" if env.layer is None else f"{env.layer}="
+        argv += ["--pages-through", f"{layer}{config.mountpoint.absolute()}"]
         for group, root in sorted(config.page_roots.items()):
             argv += ["--pages-through", f"{group}={root}"]
     read_fd, write_fd = os.pipe()
@@ -86,7 +62,7 @@ def _launch(digest: str, store_url: str, layer: int | None, config: MountConfig,
     if not launched:
         os.close(read_fd)
         return None
-    log.info("hint replay of %s runs in a process of the node service", digest[:12])
+    log.info("hint replay of %s runs in a process of the node service", env.digest[:12])
     return read_fd
 
 
