@@ -100,8 +100,9 @@ def test_a_damaged_cached_image_is_made_again(tmp_path: Path, mounter: Mounter) 
 
 
 def test_an_image_that_cannot_be_kept_fails_the_mount_in_one_line(tmp_path: Path) -> None:
-    """The images are made beside the hint lookup (fuse/mount.py): a failure there still
-    reaches the user as one line (not an exception group), and nothing stays mounted."""
+    """A node cache that cannot keep the images fails the mount with one line naming it
+    (not a traceback, not an exception group from the daemon's event loop), and nothing
+    stays mounted."""
     store_dir, _ = _publish(tmp_path)
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "erofs").write_bytes(b"")  # the node's image folder cannot be made

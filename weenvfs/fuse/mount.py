@@ -124,6 +124,14 @@ async def serve(env: LoadedEnv, config: MountConfig,
     reason = kernel_unavailable(env, config)
     if reason is not None and config.path == "kernel":
         raise WeenvError(f"the kernel path cannot mount here: {reason}")
+    # The hint's replay in a process of its own where the node service can start one (first:
+    # it runs while the image is made), else in this one (fuse/replay_process.py says why).
+    # One listing says whether there may be a hint at all: without one, nothing looks again;
+    # none when this node knows the environment has `latest` (node_hints.py `may_have_hint`).
+    # (Listing beside the images' making instead saved ~20 ms of the daemon's set-up but
+    # nothing measurable end to end: 10 alternating pairs, docs/design-notes.md.)
+    hinted = env.serves_top and may_have_hint(env, config.hint, config.cache_dir)
+    replay_fd = replay_process.launch(env, config, pages=reason is None) if hinted else None
     cache = ChunkCache(config.cache_dir, config.cache_size)
     stats = Stats()
     no_merge = {} if config.coalesce else {"coalesce_gap": -1}  # -1: never merge chunks
@@ -135,23 +143,6 @@ async def serve(env: LoadedEnv, config: MountConfig,
         fetcher.neighbours = Neighbours(env.tree.groups).around
     reader = Reader(env.tree, fetcher)
     recorder = reader.recorder = HintRecorder() if config.record_tag is not None else None
-    # One listing says whether there may be a hint at all (without one, nothing looks again);
-    # it runs beside the making of the kernel path's images (two store round trips on a cold
-    # node, ~35 ms each from SeaweedFS, which used to follow each other). The hint's replay
-    # runs in a process of its own where the node service can start one, launched as soon
-    # as the listing answers, so it too runs while the images are made (fuse/replay_process.py).
-    layers: list[Any] = []
-    failed: list[Exception] = []
-    async with trio.open_nursery() as nursery:
-        if reason is None:
-            nursery.start_soon(_prepare_layers, env, config, reader, layers, failed)
-        hinted = env.serves_top and await trio.to_thread.run_sync(
-            may_have_hint, env, config.hint, config.cache_dir)
-        replay_fd = replay_process.launch(env, config, pages=reason is None) if hinted else None
-    if failed:  # raised here, as it is: a nursery would wrap it in an exception group
-        if replay_fd is not None:
-            os.close(replay_fd)
-        raise failed[0]
     replay: Prefetcher | replay_process.ReplayProcess
     if replay_fd is not None:
         replay = replay_process.ReplayProcess(replay_fd, fetcher)
@@ -181,9 +172,7 @@ async def serve(env: LoadedEnv, config: MountConfig,
 
     try:
         if reason is None:
-            from .kernel_mount import serve_kernel
-
-            await serve_kernel(layers, config, run, document, ready, helper)
+            await _serve_kernel(env, config, reader, run, document, ready, helper)
         else:
             log.info("serving the tree over FUSE: %s", reason)
             await _serve_tree(env, config, reader, run, document, ready)
@@ -195,16 +184,14 @@ async def serve(env: LoadedEnv, config: MountConfig,
     return final
 
 
-async def _prepare_layers(env: LoadedEnv, config: MountConfig, reader: Reader,
-                          layers: list[Any], failed: list[Exception]) -> None:
-    """The kernel path's layers (images fetched or built, verified) into `layers`, or why
-    not into `failed`."""
-    from .kernel_mount import prepare_layers
+async def _serve_kernel(env: LoadedEnv, config: MountConfig, reader: Reader,
+                        run: Callable[..., Awaitable[None]],
+                        document: Callable[[], dict[str, Any]],
+                        ready: Callable[[], None], helper: str | None) -> None:
+    from .kernel_mount import prepare_layers, serve_kernel
 
-    try:
-        layers += await trio.to_thread.run_sync(prepare_layers, env, config, reader)
-    except Exception as error:
-        failed.append(error)
+    layers = await trio.to_thread.run_sync(prepare_layers, env, config, reader)
+    await serve_kernel(layers, config, run, document, ready, helper)
 
 
 async def _serve_tree(env: LoadedEnv, config: MountConfig, reader: Reader,
