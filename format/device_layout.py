@@ -66,9 +66,7 @@ class DeviceLayout:
         # runs at every mount of the kernel path (100k files: 110 ms as a loop over decoded
         # records). Records are validated where they are used (the image
         # builder and the reader decode them through `GroupIndex.inode`).
-        h = index.header
-        table = memoryview(index.raw)[h.inode_offset:h.inode_offset + h.inode_count * INODE.size]
-        modes, sizes = _modes_and_sizes(table)
+        modes, sizes = _modes_and_sizes(index.inode_table())
         self._inos = [ino for ino, (mode, size) in enumerate(zip(modes, sizes, strict=True))
                       if size and mode & 0o170000 == 0o100000]
         self._sizes = [sizes[ino] for ino in self._inos]

@@ -255,11 +255,24 @@ class GroupIndex:
         """Every chunk record as unpacked fields (digest, blob, flags, offset, clen, ulen), in
         one C-level pass and NOT validated: for scans that only select records (a reader
         validates each one it uses through `chunk`). FormatError if the table is short."""
+        return C.CHUNK.iter_unpack(self.chunk_table())
+
+    def inode_table(self) -> memoryview:
+        """The inode records as stored (SPEC.md 6.4), NOT validated: for column scans and
+        readers that take fields in place. FormatError if the table is short."""
         h = self.header
-        table = memoryview(self._buf)[h.chunk_offset:h.chunk_offset + h.chunk_count * C.CHUNK.size]
-        if len(table) != h.chunk_count * C.CHUNK.size:
-            raise FormatError("chunk table", "shorter than chunk_count")
-        return C.CHUNK.iter_unpack(table)
+        return self._table("inode", h.inode_offset, h.inode_count, C.INODE.size)
+
+    def chunk_table(self) -> memoryview:
+        """The chunk records as stored (SPEC.md 6.6), NOT validated (see `inode_table`)."""
+        h = self.header
+        return self._table("chunk", h.chunk_offset, h.chunk_count, C.CHUNK.size)
+
+    def _table(self, what: str, offset: int, count: int, size: int) -> memoryview:
+        table = memoryview(self._buf)[offset:offset + count * size]
+        if len(table) != count * size:
+            raise FormatError(f"{what} table", f"shorter than {what}_count")
+        return table
 
     def blob_digest(self, n: int) -> str:
         """Hex digest of blob `n` of the blob table."""

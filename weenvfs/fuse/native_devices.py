@@ -67,9 +67,6 @@ _XATTR_SIZE = struct.Struct("<II")  # fuse_getxattr_out
 # fuse_kstatfs: blocks, bfree, bavail, files, ffree, bsize, namelen, frsize, padding, spare
 _STATFS = struct.Struct("<5Q4I6I")
 _COUNTERS = struct.Struct("<7Q")  # reads, bytes, hits, zero chunks, forwarded, open, held
-# The index's inode and chunk records (SPEC.md 6.4, 6.6; format/constants.py INODE, CHUNK),
-# passed to the server as they are: it reads their fields in place.
-_INODE_RECORD, _CHUNK_RECORD = 72, 56
 _MAX_HANDOVER = 64  # chunk descriptors in one message (the C side's receive buffer)
 _STOP_WAIT = 5.0  # seconds the native server gets to end after its folder is unmounted
 assert _RECORD.size == 32 and _MAP_DEVICE.size == 64
@@ -100,10 +97,10 @@ def device_map(devices: Mapping[bytes, DeviceReader]) -> list[bytes | memoryview
     for name in sorted(devices):
         device = devices[name]
         index = device.reader.tree.groups[device.group]
-        h, raw = index.header, memoryview(index.raw)
+        h = index.header
         layout = device.layout.to_bytes()
-        inodes = raw[h.inode_offset:h.inode_offset + h.inode_count * _INODE_RECORD]
-        chunks = raw[h.chunk_offset:h.chunk_offset + h.chunk_count * _CHUNK_RECORD]
+        # The index's records as stored (SPEC.md 6.4, 6.6): the server reads them in place.
+        inodes, chunks = index.inode_table(), index.chunk_table()
         heads.append(_MAP_DEVICE.pack(name, device.size, h.chunk_size, h.inode_count,
                                       h.chunk_count, 0, at, at + len(layout),
                                       at + len(layout) + len(inodes)))
