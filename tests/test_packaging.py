@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import textwrap
 import tomllib
 import zipfile
@@ -198,8 +199,6 @@ def test_the_sdist_carries_the_server_s_source(tmp_path: Path) -> None:
     _copy_sources(src)
     _run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", tmp_path, src])
     (sdist,) = tmp_path.glob("weenv-*.tar.gz")
-    import tarfile
-
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     assert {"native/weenv-devserve.c", "setup.py"} <= names
