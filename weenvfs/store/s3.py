@@ -8,7 +8,9 @@ Owns: one boto3 client per store, built in the constructor from an explicit
 `boto3.session.Session()` (clients are thread-safe, sessions are not), or taken over from the
 node service that forked this process (`prebuild`) or from an earlier store of this process
 (s3_clients.py keeps both kinds); translating botocore's
-errors into the store errors (s3_common.py); credential renewal. Must not: retry (botocore's
+errors into the store errors (s3_common.py); credential renewal. Ranged GETs go through
+s3_direct.py where the client allows it (a plain-http endpoint: SeaweedFS, MinIO), which
+answers as botocore would, so everything here treats both alike. Must not: retry (botocore's
 own retries are off, `total_max_attempts=1`, so that RetryingStore alone decides and its
 counters are the truth), cache, or know what the objects mean, except which key prefixes
 hold content-addressed objects (`create_only_prefixes`, for conditional create).
@@ -52,6 +54,7 @@ from weenvfs.store.s3_common import (
     parse_s3_url,
     translate,
 )
+from weenvfs.store.s3_direct import DirectGetter, HandBack
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -134,6 +137,10 @@ class S3Store(Store):
         else:
             self._client, self._credentials = self._new_client()
             self._remember_client()
+        # Ranged GETs (a cold start's many small reads) skip botocore where they can.
+        self._direct = DirectGetter.for_(
+            self._client, self.location.endpoint, self.location.addressing, self.bucket,
+            self._timeouts)
 
     def _remember_client(self) -> None:
         """Let this process's later stores of the same URL and environment take this
@@ -292,6 +299,11 @@ class S3Store(Store):
         from botocore.exceptions import ClientError
 
         try:
+            if self._direct is not None and "Range" in params and self._direct.usable:
+                try:
+                    return self._direct.get_object(client, **params)
+                except HandBack:
+                    pass
             return client.get_object(**params)
         except ClientError as e:
             if error_code(e) == "InvalidRange" or http_status(e) == 416:
@@ -459,8 +471,10 @@ class S3Store(Store):
             self._call("check", "", lambda c: c.delete_object(Bucket=self.bucket, Key=probe))
 
     def close(self) -> None:
-        """Close the client's connection pool."""
+        """Close the client's connection pool (and the ranged GETs' connections)."""
         self._client.close()
+        if self._direct is not None:
+            self._direct.close()
 
 
 def _read_body(

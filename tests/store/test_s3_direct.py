@@ -1,0 +1,147 @@
+"""Ranged GETs of an S3 store without botocore (weenvfs/store/s3_direct.py), against a real
+SeaweedFS: the same bytes and the same errors as botocore's requests, signatures botocore
+would make, and botocore kept wherever the getter does not apply."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import botocore.auth
+import botocore.awsrequest
+import botocore.credentials
+import pytest
+from fault_proxy import FaultProxy
+
+from weenvfs.errors import ObjectMissing, StoreError, StoreUnavailable
+from weenvfs.store import RetryingStore, RetryPolicy
+from weenvfs.store.s3_direct import EMPTY_SHA256, DirectGetter
+
+DATA = random.Random(7).randbytes(200_000)
+
+
+def test_ranges_come_from_the_getter_with_the_right_bytes(open_s3: Any) -> None:
+    store = open_s3("direct-bytes")
+    store.put("blobs/a", DATA)
+    for offset, length in ((0, 1), (0, len(DATA)), (12_345, 70_000), (len(DATA) - 1, 1)):
+        assert store.get_range("blobs/a", offset, length) == DATA[offset:offset + length]
+    assert store._direct.requests == 4
+
+
+def test_whole_objects_stay_with_botocore_which_checks_their_checksum(open_s3: Any) -> None:
+    store = open_s3("direct-get")
+    store.put("blobs/a", DATA)
+    assert store.get("blobs/a") == DATA
+    assert store.get_range("blobs/a", 5, 5) == DATA[5:10]
+    assert store._direct.requests == 1
+
+
+def test_keys_with_every_allowed_character_are_found(open_s3: Any) -> None:
+    store = open_s3("direct-keys")
+    keys = ["refs/~a.b-c_d", "refs/A..B~~", "blobs/x/y/z.1", "refs/-.-_~"]
+    for key in keys:
+        store.put(key, key.encode() * 3)
+    for key in keys:
+        assert store.get_range(key, 1, 4) == (key.encode() * 3)[1:5]
+    assert store._direct.requests == len(keys)
+
+
+def test_one_connection_per_thread_is_kept_between_requests(open_s3: Any) -> None:
+    store = open_s3("direct-kept")
+    store.put("blobs/a", DATA)
+    store.get_range("blobs/a", 0, 10)
+    first = store._direct._local.kept[1]
+    store.get_range("blobs/a", 10, 10)
+    assert store._direct._local.kept[1] is first
+    store._direct.close()  # as if the server had closed it: the next request reconnects
+    assert store.get_range("blobs/a", 20, 10) == DATA[20:30]
+    assert store._direct._local.kept[1] is not first
+
+
+def test_a_forked_child_never_uses_its_parents_connection(open_s3: Any) -> None:
+    store = open_s3("direct-fork")
+    store.put("blobs/a", DATA)
+    store.get_range("blobs/a", 0, 10)
+    parent = store._direct._local.kept[1]
+    pid = os.fork()
+    if pid == 0:  # the child: a fresh connection, and the parent's left open
+        ok = (store.get_range("blobs/a", 5, 10) == DATA[5:15]
+              and store._direct._local.kept[1] is not parent and parent.sock is not None)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store.get_range("blobs/a", 30, 10) == DATA[30:40]
+    assert store._direct._local.kept[1] is parent
+
+
+def test_errors_are_the_ones_botocore_requests_give(open_s3: Any, seaweed: Any) -> None:
+    store = open_s3("direct-errors")
+    store.put("blobs/a", DATA)
+    with pytest.raises(ObjectMissing):
+        store.get_range("blobs/missing", 0, 10)
+    with pytest.raises(StoreError, match="shorter than the requested range"):
+        store.get_range("blobs/a", len(DATA) + 10, 10)
+    assert store._direct.requests == 2
+    wrong = open_s3(seaweed.url("direct-errors"))
+    wrong._client._request_signer._credentials = botocore.credentials.Credentials(
+        seaweed.env()["AWS_ACCESS_KEY_ID"], "not-the-secret")
+    with pytest.raises(StoreUnavailable, match="secret key does not match") as raised:
+        wrong.get_range("blobs/a", 0, 10)
+    assert not raised.value.temporary and wrong._direct.requests == 1
+
+
+@pytest.fixture
+def proxy(seaweed: Any) -> Iterator[FaultProxy]:
+    with FaultProxy(seaweed.endpoint, stall=3.0) as p:
+        yield p
+
+
+@pytest.mark.parametrize("code", "5trc")
+def test_a_fault_is_temporary_and_the_next_request_works(
+        open_s3: Any, proxy: FaultProxy, code: str) -> None:
+    open_s3("direct-faults").put("blobs/a", DATA)
+    inner = open_s3(f"s3://weenv/direct-faults?endpoint={proxy.url}", read_timeout=1.0)
+    store = RetryingStore(inner, RetryPolicy(max_attempts=1))
+    assert store.get_range("blobs/a", 0, 10) == DATA[:10]  # a kept connection
+    proxy.set_script(code)
+    with pytest.raises(StoreUnavailable) as raised:
+        store.get_range("blobs/a", 100, 50_000)
+    assert raised.value.temporary
+    assert store.get_range("blobs/a", 100, 50_000) == DATA[100:50_100]
+    assert inner._direct.requests >= 2 and proxy.requests("GET") == 3
+
+
+@pytest.mark.parametrize("query", [
+    "endpoint=https://127.0.0.1:9", "endpoint=http://127.0.0.1:9&addressing=virtual", "",
+])
+def test_botocore_keeps_what_the_getter_does_not_redo(open_s3: Any, query: str) -> None:
+    store = open_s3(f"s3://weenv/p?{query}&region=us-east-1")
+    assert store._direct is None
+
+
+def test_a_proxy_in_the_environment_keeps_botocore(
+        open_s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    monkeypatch.setenv("no_proxy", "")
+    assert open_s3("direct-proxy")._direct is None
+
+
+@pytest.mark.parametrize("token", [None, "a-session-token"])
+def test_the_signature_is_the_one_botocore_makes(
+        monkeypatch: pytest.MonkeyPatch, token: str | None) -> None:
+    when = datetime.datetime(2026, 12, 4, 1, 2, 3)
+    getter = DirectGetter("http://127.0.0.1:8333", "my-bucket", "eu-west-3", (1.0, 1.0))
+    path = "/my-bucket/blobs/a~b.c-d_e"
+    ours = getter.signed_headers(path, ("AKID", "SECRET/+=", token),
+                                 when.replace(tzinfo=datetime.UTC))
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: when)
+    request = botocore.awsrequest.AWSRequest(
+        method="GET", url="http://127.0.0.1:8333" + path,
+        headers={"X-Amz-Content-SHA256": EMPTY_SHA256})
+    credentials = botocore.credentials.Credentials("AKID", "SECRET/+=", token)
+    botocore.auth.S3SigV4Auth(credentials, "s3", "eu-west-3").add_auth(request)
+    assert ours["authorization"] == request.headers["Authorization"]
+    assert ours["x-amz-date"] == request.headers["X-Amz-Date"]
