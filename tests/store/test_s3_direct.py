@@ -5,8 +5,11 @@ would make, and botocore kept wherever the getter does not apply."""
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import random
+import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,6 +62,22 @@ def test_one_connection_per_thread_is_kept_between_requests(open_s3: Any) -> Non
     store._direct.close()  # as if the server had closed it: the next request reconnects
     assert store.get_range("blobs/a", 20, 10) == DATA[20:30]
     assert store._direct._local.kept[1] is not first
+
+
+def test_a_connection_goes_with_the_thread_that_kept_it(open_s3: Any) -> None:
+    store = open_s3("direct-threads")
+    store.put("blobs/a", DATA)
+    kept: list[Any] = []
+
+    def read() -> None:
+        assert store.get_range("blobs/a", 0, 10) == DATA[:10]
+        kept.append(weakref.ref(store._direct._local.kept[1]))
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    thread.join()
+    gc.collect()
+    assert kept and kept[0]() is None and not list(store._direct._open)
 
 
 def test_a_forked_child_never_uses_its_parents_connection(open_s3: Any) -> None:

@@ -30,6 +30,7 @@ import select
 import threading
 import urllib.parse
 import urllib.request
+import weakref
 from typing import Any
 from xml.etree import ElementTree
 
@@ -61,7 +62,9 @@ class DirectGetter:
         self._region = region
         self._timeouts = timeouts
         self._local = threading.local()
-        self._open: set[http.client.HTTPConnection] = set()
+        # Every thread's connection, for `close`; weak, so that a connection goes (and its
+        # socket closes) with the thread that kept it (trio's idle worker threads end).
+        self._open: weakref.WeakSet[http.client.HTTPConnection] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._signing_key: tuple[str, str, bytes] = ("", "", b"")  # secret, day, key
         self.requests = 0  # sent by this getter (tests read it)
@@ -181,7 +184,7 @@ class DirectGetter:
     def close(self) -> None:
         """Close every kept connection (their threads make new ones if they send again)."""
         with self._lock:
-            connections, self._open = self._open, set()
+            connections, self._open = list(self._open), weakref.WeakSet()
         for connection in connections:
             connection.close()
 
