@@ -5,12 +5,11 @@ would make, and botocore kept wherever the getter does not apply."""
 from __future__ import annotations
 
 import datetime
-import gc
 import os
 import random
 import threading
-import weakref
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import botocore.auth
@@ -52,48 +51,67 @@ def test_keys_with_every_allowed_character_are_found(open_s3: Any) -> None:
     assert store._direct.requests == len(keys)
 
 
-def test_one_connection_per_thread_is_kept_between_requests(open_s3: Any) -> None:
+def test_a_connection_is_kept_for_the_next_request_of_any_thread(open_s3: Any) -> None:
     store = open_s3("direct-kept")
     store.put("blobs/a", DATA)
     store.get_range("blobs/a", 0, 10)
-    first = store._direct._local.kept[1]
-    store.get_range("blobs/a", 10, 10)
-    assert store._direct._local.kept[1] is first
-    store._direct.close()  # as if the server had closed it: the next request reconnects
-    assert store.get_range("blobs/a", 20, 10) == DATA[20:30]
-    assert store._direct._local.kept[1] is not first
-
-
-def test_a_connection_goes_with_the_thread_that_kept_it(open_s3: Any) -> None:
-    store = open_s3("direct-threads")
-    store.put("blobs/a", DATA)
-    kept: list[Any] = []
-
-    def read() -> None:
-        assert store.get_range("blobs/a", 0, 10) == DATA[:10]
-        kept.append(weakref.ref(store._direct._local.kept[1]))
-
-    thread = threading.Thread(target=read)
+    [first] = store._direct._idle
+    thread = threading.Thread(target=store.get_range, args=("blobs/a", 10, 10))
     thread.start()
     thread.join()
-    gc.collect()
-    assert kept and kept[0]() is None and not list(store._direct._open)
+    assert store._direct._idle == [first]
+    first.sock.close()  # as if the server had closed it: the next request reconnects
+    assert store.get_range("blobs/a", 20, 10) == DATA[20:30]
+    assert store._direct._idle[0] is not first and store._direct.requests == 3
+
+
+def test_requests_at_once_each_have_a_connection(open_s3: Any) -> None:
+    store = open_s3("direct-parallel")
+    store.put("blobs/a", DATA)
+    with ThreadPoolExecutor(4) as pool:
+        parts = list(pool.map(lambda i: store.get_range("blobs/a", i * 1000, 50_000), range(8)))
+    assert parts == [DATA[i * 1000:i * 1000 + 50_000] for i in range(8)]
+    assert 1 <= len(store._direct._idle) <= 4
+
+
+def test_a_body_left_unread_closes_its_connection(open_s3: Any) -> None:
+    store = open_s3("direct-unread")
+    store.put("blobs/a", DATA)
+    direct = store._direct
+    response = direct.get_object(store._client, Bucket=store.bucket, Key=store._key("blobs/a"),
+                                 Range="bytes=0-99999")
+    response["Body"].read(10)
+    response["Body"].close()
+    assert direct._idle == []
+    assert store.get_range("blobs/a", 0, 10) == DATA[:10]
 
 
 def test_a_forked_child_never_uses_its_parents_connection(open_s3: Any) -> None:
     store = open_s3("direct-fork")
     store.put("blobs/a", DATA)
     store.get_range("blobs/a", 0, 10)
-    parent = store._direct._local.kept[1]
+    [parent] = store._direct._idle
     pid = os.fork()
     if pid == 0:  # the child: a fresh connection, and the parent's left open
         ok = (store.get_range("blobs/a", 5, 10) == DATA[5:15]
-              and store._direct._local.kept[1] is not parent and parent.sock is not None)
+              and store._direct._idle[0] is not parent and parent.sock is not None)
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert store.get_range("blobs/a", 30, 10) == DATA[30:40]
-    assert store._direct._local.kept[1] is parent
+    assert store._direct._idle == [parent]
+
+
+def test_close_closes_idle_connections_and_busy_ones_when_done(open_s3: Any) -> None:
+    store = open_s3("direct-close")
+    store.put("blobs/a", DATA)
+    busy = store._direct.get_object(store._client, Bucket=store.bucket,
+                                    Key=store._key("blobs/a"), Range="bytes=0-9")
+    store.get_range("blobs/a", 0, 10)  # on a second connection, then idle
+    [idle] = store._direct._idle
+    store.close()
+    assert idle.sock is None and busy["Body"].read() == DATA[:10]
+    assert store._direct._idle == []
 
 
 def test_errors_are_the_ones_botocore_requests_give(open_s3: Any, seaweed: Any) -> None:

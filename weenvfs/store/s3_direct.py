@@ -1,5 +1,5 @@
 """Ranged GETs of an S3 store without botocore's request pipeline: signed here (SigV4), sent
-on a kept-alive connection per thread.
+on kept-alive connections the store's threads share.
 
 Why: a cold start with no hint makes ~90 ranged GETs, four at a time, in the mount daemon
 whose one Python core also answers the kernel's reads. botocore spends ~2 ms of CPU per
@@ -15,8 +15,8 @@ not redone here), building the request (URL, SigV4 headers with the client's cre
 the moment), and answering like botocore's `get_object`: a dict with ContentLength,
 ContentRange and Body, or a botocore ClientError built from the S3 error answer, so s3.py
 translates and renews credentials exactly as for a request botocore sent.
-Must not: retry (RetryingStore does), interpret ranges (s3.py checks them), or share a
-connection between threads or across a fork.
+Must not: retry (RetryingStore does), interpret ranges (s3.py checks them), use a
+connection for two requests at once, or use one a forked parent opened.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import select
 import threading
 import urllib.parse
 import urllib.request
-import weakref
 from typing import Any
 from xml.etree import ElementTree
 
@@ -40,6 +39,8 @@ from botocore.exceptions import ClientError
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _SAFE = "-_.~/"  # S3 keys are URI-encoded once, "/" kept (also the canonical URI)
 _ERROR_BODY_LIMIT = 64 << 10
+# Idle connections kept for the next requests (botocore's pool keeps up to 32 in all).
+MAX_IDLE = 16
 # Answers after which botocore does something of its own (region redirects, a malformed
 # authorization for the region): the store goes back to botocore for good.
 _HAND_BACK = frozenset({301, 302, 307, 400})
@@ -61,10 +62,12 @@ class DirectGetter:
         self._base = parts.path.rstrip("/") + "/" + urllib.parse.quote(bucket, safe="") + "/"
         self._region = region
         self._timeouts = timeouts
-        self._local = threading.local()
-        # Every thread's connection, for `close`; weak, so that a connection goes (and its
-        # socket closes) with the thread that kept it (trio's idle worker threads end).
-        self._open: weakref.WeakSet[http.client.HTTPConnection] = weakref.WeakSet()
+        # Idle connections, the last returned on top: any thread takes one (a new worker
+        # thread then needs no handshake, and a remote store's TCP window stays open), a
+        # request holds it until its body is read to the end. Only this process's: `_pid`.
+        self._idle: list[http.client.HTTPConnection] = []
+        self._pid = os.getpid()
+        self._closed = False
         self._lock = threading.Lock()
         self._signing_key: tuple[str, str, bytes] = ("", "", b"")  # secret, day, key
         self.requests = 0  # sent by this getter (tests read it)
@@ -100,12 +103,12 @@ class DirectGetter:
         path = self._base + urllib.parse.quote(Key, safe=_SAFE)
         headers = self.signed_headers(path, credentials, _now())
         headers["range"] = Range
-        connection = self._connection()
+        connection = self._take()
         try:
             connection.request("GET", path, headers=headers)
             response = connection.getresponse()
         except BaseException:
-            self._discard(connection)
+            connection.close()
             raise
         self.requests += 1
         if response.status in (200, 206):
@@ -116,7 +119,7 @@ class DirectGetter:
             body = response.read(_ERROR_BODY_LIMIT)
         finally:
             response.close()
-            self._discard(connection)
+            connection.close()
         if response.status in _HAND_BACK:
             self.usable = False
             raise HandBack
@@ -156,60 +159,76 @@ class DirectGetter:
 
     # -- connections ---------------------------------------------------------------------
 
-    def _connection(self) -> http.client.HTTPConnection:
-        """This thread's connection, kept alive between requests; a new one after a fork or
-        when the server closed the kept one (as urllib3 checks before reusing)."""
-        kept = getattr(self._local, "kept", None)
-        if kept is not None:
-            pid, connection = kept
-            if pid == os.getpid() and not _dropped(connection):
-                return connection
-            self._discard(connection, pid == os.getpid())
-        connection = http.client.HTTPConnection(self._netloc, timeout=self._timeouts[0])
-        connection.connect()
-        connection.sock.settimeout(self._timeouts[1])
-        self._local.kept = (os.getpid(), connection)
+    def _take(self) -> http.client.HTTPConnection:
+        """An idle connection the server has not closed (as urllib3 checks before reusing
+        one), else a new one."""
         with self._lock:
-            self._open.add(connection)
+            if self._pid != os.getpid():  # a forked child: the parent's sockets stay its own
+                self._idle, self._pid = [], os.getpid()
+            while self._idle:
+                connection = self._idle.pop()
+                if not _dropped(connection):
+                    return connection
+                connection.close()
+        connection = http.client.HTTPConnection(self._netloc, timeout=self._timeouts[0])
+        try:
+            connection.connect()
+            connection.sock.settimeout(self._timeouts[1])
+        except BaseException:
+            connection.close()
+            raise
         return connection
 
-    def _discard(self, connection: http.client.HTTPConnection, close: bool = True) -> None:
-        """Forget a connection (closing it, unless it is a forked parent's socket)."""
-        self._local.kept = None
+    def _give_back(self, connection: http.client.HTTPConnection) -> None:
+        """A connection whose last answer was read to its end, for the next request."""
         with self._lock:
-            self._open.discard(connection)
-        if close:
-            connection.close()
+            if (not self._closed and self._pid == os.getpid() and connection.sock is not None
+                    and len(self._idle) < MAX_IDLE):
+                self._idle.append(connection)
+                return
+        connection.close()
 
     def close(self) -> None:
-        """Close every kept connection (their threads make new ones if they send again)."""
+        """Close the idle connections, and each busy one when its request ends."""
         with self._lock:
-            connections, self._open = list(self._open), weakref.WeakSet()
-        for connection in connections:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for connection in idle:
             connection.close()
 
 
 class _Body:
     """A response body as s3.py reads botocore's: `read()` then `close()`. A body read to
-    its end leaves the connection for the next request; one closed early closes it."""
+    its end gives the connection back for the next request; one closed early closes it."""
 
     def __init__(self, response: http.client.HTTPResponse, getter: DirectGetter,
                  connection: http.client.HTTPConnection) -> None:
         self._response = response
         self._getter = getter
-        self._connection = connection
+        self._connection: http.client.HTTPConnection | None = connection
 
     def read(self, amount: int | None = None) -> bytes:
         try:
-            return self._response.read(amount)
+            data = self._response.read(amount)
         except BaseException:
-            self._getter._discard(self._connection)
+            self._end(reusable=False)
             raise
+        if self._response.isclosed():  # read to its end
+            self._end(reusable=True)
+        return data
 
     def close(self) -> None:
-        if not self._response.isclosed():  # not read to its end: the connection is unusable
-            self._response.close()
-            self._getter._discard(self._connection)
+        self._end(reusable=self._response.isclosed())
+        self._response.close()
+
+    def _end(self, reusable: bool) -> None:
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        if reusable:
+            self._getter._give_back(connection)
+        else:
+            connection.close()
 
 
 def _credentials(client: Any) -> tuple[str, str, str | None] | None:
@@ -231,7 +250,7 @@ def _proxied(endpoint: str) -> bool:
 
 def _dropped(connection: http.client.HTTPConnection) -> bool:
     """Whether a kept connection was closed by the server (readable while idle: EOF)."""
-    if connection.sock is None:
+    if connection.sock is None or connection.sock.fileno() < 0:
         return True
     poller = select.poll()
     poller.register(connection.sock, select.POLLIN)
