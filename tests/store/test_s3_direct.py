@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import os
 import random
+import signal
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -91,11 +92,14 @@ def test_a_forked_child_never_uses_its_parents_connection(open_s3: Any) -> None:
     store.put("blobs/a", DATA)
     store.get_range("blobs/a", 0, 10)
     [parent] = store._direct._idle
+    store._direct._lock.acquire()  # as if another thread held it at the fork
     pid = os.fork()
     if pid == 0:  # the child: a fresh connection, and the parent's left open
+        signal.alarm(30)  # a deadlock fails the test instead of hanging it
         ok = (store.get_range("blobs/a", 5, 10) == DATA[5:15]
               and store._direct._idle[0] is not parent and parent.sock is not None)
         os._exit(0 if ok else 1)
+    store._direct._lock.release()
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert store.get_range("blobs/a", 30, 10) == DATA[30:40]

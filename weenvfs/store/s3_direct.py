@@ -162,9 +162,10 @@ class DirectGetter:
     def _take(self) -> http.client.HTTPConnection:
         """An idle connection the server has not closed (as urllib3 checks before reusing
         one), else a new one."""
+        if self._pid != os.getpid():  # a forked child: the parent's sockets stay its own,
+            # and its lock may have been held by a thread the fork left behind
+            self._lock, self._idle, self._pid = threading.Lock(), [], os.getpid()
         with self._lock:
-            if self._pid != os.getpid():  # a forked child: the parent's sockets stay its own
-                self._idle, self._pid = [], os.getpid()
             while self._idle:
                 connection = self._idle.pop()
                 if not _dropped(connection):
