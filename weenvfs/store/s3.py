@@ -299,7 +299,7 @@ class S3Store(Store):
         from botocore.exceptions import ClientError
 
         try:
-            if self._direct is not None and "Range" in params and self._direct.usable:
+            if self._direct is not None and "Range" in params:
                 try:
                     return self._direct.get_object(client, **params)
                 except HandBack:
