@@ -274,6 +274,10 @@ class OciCliLauncher(Launcher):
     def _base(self) -> list[str]:
         return [self.binary, "--root", str(self.root)]
 
+    def _config(self, spec: LaunchSpec) -> dict[str, Any]:
+        """config.json of `spec` for this runtime (crun adds its compiled filter)."""
+        return runtime_spec(spec)
+
     def _run(self, *args: str, output: IO[Any] | None = None) -> tuple[int, str]:
         """Run `RUNTIME ARGS`; (status, stderr). With `output`, stdout and stderr go there."""
         proc = subprocess.Popen(
@@ -286,7 +290,7 @@ class OciCliLauncher(Launcher):
 
     def start(self, spec: LaunchSpec) -> int:
         spec.bundle.mkdir(parents=True, exist_ok=True)
-        _write_json(spec.bundle / "config.json", runtime_spec(spec))
+        _write_json(spec.bundle / "config.json", self._config(spec))
         pid_file = spec.bundle / "init.pid"
         # The detached init inherits runc's stdout and stderr: a pipe would never reach EOF,
         # so both go to a file, which also keeps what the init may say later.
@@ -304,7 +308,7 @@ class OciCliLauncher(Launcher):
             stdout: int | IO[Any] | None, stderr: int | IO[Any] | None
             ) -> subprocess.Popen[bytes]:
         spec.bundle.mkdir(parents=True, exist_ok=True)
-        _write_json(spec.bundle / "config.json", runtime_spec(spec))
+        _write_json(spec.bundle / "config.json", self._config(spec))
         # In the foreground without a terminal, the runtime hands its own stdio to the init,
         # which the command inherits, and forwards the signals it gets to the init.
         return subprocess.Popen(
@@ -343,19 +347,7 @@ class OciCliLauncher(Launcher):
             pid, start = self._init_record(sandbox_id)
         except (OSError, ValueError, KeyError, TypeError):
             return
-        if _start_time(pid) != start:
-            return  # gone already, or the pid was reused: not ours to kill
-        try:
-            pidfd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            return
-        try:
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            select.select([pidfd], [], [], timeout)  # readable once the process has exited
-        except ProcessLookupError:
-            pass
-        finally:
-            os.close(pidfd)
+        kill_recorded(pid, start, timeout)
 
     def status(self, sandbox_id: str) -> str | None:
         try:
@@ -419,6 +411,24 @@ def wait_exit(proc: subprocess.Popen[Any], timeout: float | None, what: str) -> 
         proc.wait()
         raise WeenvError(f"{what} did not finish within {timeout:g} s")
     return None
+
+
+def kill_recorded(pid: int, start: int, timeout: float = 10.0) -> None:
+    """SIGKILL process `pid` if it is still the one that started at `start` (clock ticks, as
+    a runtime records its init) and wait up to `timeout` seconds for its end."""
+    if _start_time(pid) != start:
+        return  # gone already, or the pid was reused: not ours to kill
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        select.select([pidfd], [], [], timeout)  # readable once the process has exited
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(pidfd)
 
 
 def _start_time(pid: int) -> int | None:
