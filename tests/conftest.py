@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -276,6 +277,17 @@ def assert_logs(_log_hygiene: _LogChecker) -> AssertLogs:
 def require_or_skip_fixture() -> Callable[[object, str], None]:
     """`require_or_skip(condition, reason)` as a fixture, for tests in any folder."""
     return require_or_skip
+
+
+@pytest.fixture(scope="session")
+def launcher(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """native/weenv-launch.c built for this run's interpreter (tests/support/launcher.py)."""
+    from support.launcher import build_launcher
+
+    built = build_launcher(tmp_path_factory.mktemp("launcher"))
+    require_or_skip(built, "no C compiler for native/weenv-launch.c (Debian gcc)")
+    assert built is not None
+    return built
 
 
 @pytest.fixture(name="requires_fuse")

@@ -201,7 +201,7 @@ def test_the_sdist_carries_the_server_s_source(tmp_path: Path) -> None:
     (sdist,) = tmp_path.glob("weenv-*.tar.gz")
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
-    assert {"native/weenv-devserve.c", "setup.py"} <= names
+    assert {"native/weenv-devserve.c", "native/weenv-launch.c", "setup.py"} <= names
 
 
 # --- the entry point contract ---------------------------------------------------------------

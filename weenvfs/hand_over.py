@@ -27,6 +27,10 @@ shutting grpc down after its last, of a cold pull's ~0.55 s; where containerd is
 the service has those modules loaded (cli.service_modules) and its child ends with
 `os._exit`. Only `weenv run` names an owner (`--owner-pid`): a pull leaves no sandbox.
 
+native/weenv-launch.c (the `weenv` of a setup.sh install) does what `delegate` does for `weenv
+run`, in C, before any Python starts: the same request, byte for byte, the same descriptors,
+signal relay and exit status (tests/test_launcher.py compares them); a change here goes there.
+
 Must not: import anything but fuse/node_socket.py at start-up (the point is not to: a test
 lists what a handed-over run imports), or interpret the arguments beyond finding the
 command's name (cli.py does that).

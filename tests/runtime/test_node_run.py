@@ -3,20 +3,25 @@ the command gets this process's stdin, stdout, stderr, working folder and exit s
 option is reported as before; a client killed with SIGKILL leaves nothing behind; with
 WEENV_NODE_RUN=off the client runs it itself. (SIGTERM and Ctrl-C relayed to the service's
 process are the tests of test_cleanup.py and test_interrupts.py, which now go this way.)
+Every test runs with both clients a user's `weenv` may be: the Python entry point and the
+native launcher setup.sh installs (native/weenv-launch.c; its own tests: test_launcher.py).
 
 Real sandboxes, mounts and the session's node service (tests/conftest.py)."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from rt_support import EnvRef
+from support.launcher import clients
 
 from weenvfs.fuse import daemon
 from weenvfs.runtime import sandbox_state
@@ -26,10 +31,25 @@ WAIT = 60.0  # a safety bound, not a timing
 SCRIPT = "read line; echo \"out:$line\"; echo err >&2; exit 7"
 
 
-def _weenv(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-           stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "weenvfs", *args], input=stdin,
-                          capture_output=True, cwd=cwd, env=env, timeout=WAIT, check=False)
+Run = Callable[..., subprocess.CompletedProcess[bytes]]
+
+
+@pytest.fixture(params=["python", "native"])
+def client(request: pytest.FixtureRequest) -> list[str]:
+    """`weenv` as the user starts it: the Python entry point or the native launcher."""
+    if request.param == "python":
+        return [sys.executable, "-m", "weenvfs"]
+    return clients(request.getfixturevalue("launcher"))[request.param]
+
+
+@pytest.fixture
+def _weenv(client: list[str]) -> Run:
+    def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+            stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([*client, *args], input=stdin, capture_output=True, cwd=cwd,
+                              env=env, timeout=WAIT, check=False)
+
+    return run
 
 
 def _by_service(stderr: bytes) -> bool:
@@ -37,7 +57,7 @@ def _by_service(stderr: bytes) -> bool:
 
 
 def test_the_node_service_runs_it_with_this_processs_stdio_folder_and_status(
-    env_ref: EnvRef,
+    env_ref: EnvRef, _weenv: Run,
 ) -> None:
     # A relative --store: the service's process works in this process's folder.
     done = _weenv("-v", "run", "--store", env_ref.store.name, "--cache", str(env_ref.cache),
@@ -49,7 +69,7 @@ def test_the_node_service_runs_it_with_this_processs_stdio_folder_and_status(
     assert _by_service(done.stderr)
 
 
-def test_switched_off_the_client_runs_it_itself(env_ref: EnvRef) -> None:
+def test_switched_off_the_client_runs_it_itself(env_ref: EnvRef, _weenv: Run) -> None:
     env = {**os.environ, "WEENV_NODE_RUN": "off"}
     done = _weenv("-v", "run", "--store", str(env_ref.store), "--cache", str(env_ref.cache),
                   env_ref.ref, "/bin/sh", "-c", SCRIPT, env=env, stdin=b"hello\n")
@@ -57,7 +77,7 @@ def test_switched_off_the_client_runs_it_itself(env_ref: EnvRef) -> None:
     assert not _by_service(done.stderr)
 
 
-def test_a_bad_option_is_reported_as_before(env_ref: EnvRef) -> None:
+def test_a_bad_option_is_reported_as_before(env_ref: EnvRef, _weenv: Run) -> None:
     done = _weenv("run", "--store", str(env_ref.store), "--no-such-option", env_ref.ref,
                   "true")
     assert done.returncode == 2
@@ -65,11 +85,11 @@ def test_a_bad_option_is_reported_as_before(env_ref: EnvRef) -> None:
     assert b"Traceback" not in done.stderr
 
 
-def test_a_client_killed_with_sigkill_leaves_nothing(env_ref: EnvRef) -> None:
+def test_a_client_killed_with_sigkill_leaves_nothing(env_ref: EnvRef, client: list[str]) -> None:
     """The service's process sees the client's end of its alive pipe close and cleans up
     as for SIGTERM: sandbox, its processes and its mount go."""
     child = subprocess.Popen(
-        [sys.executable, "-m", "weenvfs", "run", "--store", str(env_ref.store), "--cache",
+        [*client, "run", "--store", str(env_ref.store), "--cache",
          str(env_ref.cache), env_ref.ref, "/bin/sh", "-c", "echo started; sleep 1000"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -96,10 +116,11 @@ def test_a_client_killed_with_sigkill_leaves_nothing(env_ref: EnvRef) -> None:
         time.sleep(0.05)
 
 
-def test_signals_reach_the_command_through_the_client(env_ref: EnvRef) -> None:
+def test_signals_reach_the_command_through_the_client(env_ref: EnvRef,
+                                                     client: list[str]) -> None:
     """SIGHUP to the client ends the run as it would in-process (exit 129, sandbox gone)."""
     child = subprocess.Popen(
-        [sys.executable, "-m", "weenvfs", "run", "--store", str(env_ref.store), "--cache",
+        [*client, "run", "--store", str(env_ref.store), "--cache",
          str(env_ref.cache), env_ref.ref, "/bin/sh", "-c", "echo started; sleep 1000"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -116,7 +137,7 @@ def test_signals_reach_the_command_through_the_client(env_ref: EnvRef) -> None:
                 if Sandbox.load(i).state["owner"]["pid"] == child.pid]
 
 
-def test_a_missing_store_is_one_clear_line(tmp_path: Path) -> None:
+def test_a_missing_store_is_one_clear_line(tmp_path: Path, _weenv: Run) -> None:
     """Checked only when the reference does not resolve (environment.py): the store's own
     error, not "no such environment", on the client's stderr."""
     done = _weenv("run", "--store", str(tmp_path / "no-store"), "env:1", "true")
@@ -126,10 +147,11 @@ def test_a_missing_store_is_one_clear_line(tmp_path: Path) -> None:
         f"{tmp_path / 'no-store'} does not exist"]
 
 
-def test_a_deleted_working_folder_runs_it_here(env_ref: EnvRef, tmp_path: Path) -> None:
+def test_a_deleted_working_folder_runs_it_here(env_ref: EnvRef, tmp_path: Path,
+                                               client: list[str]) -> None:
     """The service's process could not enter it: the client runs the command itself."""
     script = (f"mkdir {tmp_path}/gone && cd {tmp_path}/gone && rmdir {tmp_path}/gone && "
-              f"exec {sys.executable} -m weenvfs -v run --store {env_ref.store} "
+              f"exec {shlex.join(client)} -v run --store {env_ref.store} "
               f"--cache {env_ref.cache} {env_ref.ref} /bin/echo ok")
     done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, timeout=WAIT,
                           check=False)
@@ -139,7 +161,8 @@ def test_a_deleted_working_folder_runs_it_here(env_ref: EnvRef, tmp_path: Path) 
 
 @pytest.mark.parametrize("switch", ["on", "off"])
 def test_names_that_are_not_utf8_reach_the_service_unchanged(env_ref: EnvRef, tmp_path: Path,
-                                                            switch: str) -> None:
+                                                            switch: str, client: list[str]
+                                                            ) -> None:
     """Arguments, working folder and environment go to the service as JSON text (surrogate
     escapes) and must come back as the same bytes: a store found by a name that is not UTF-8,
     relative to a folder whose name is not UTF-8 either."""
@@ -148,7 +171,7 @@ def test_names_that_are_not_utf8_reach_the_service_unchanged(env_ref: EnvRef, tm
     os.symlink(os.fsencode(env_ref.store), os.path.join(folder, b"store-\xfe"))
     env = {**os.environb, b"WEENV_TEST_RAW": b"v\xff\xfe", b"WEENV_NODE_RUN": switch.encode()}
     done = subprocess.run(
-        [os.fsencode(sys.executable), b"-m", b"weenvfs", b"-v", b"run", b"--store",
+        [*map(os.fsencode, client), b"-v", b"run", b"--store",
          b"store-\xfe", b"--cache", os.fsencode(env_ref.cache), env_ref.ref.encode(),
          b"/bin/echo", b"ok"],
         cwd=folder, env=env, capture_output=True, timeout=WAIT, check=False)

@@ -11,6 +11,9 @@ A request is one JSON line (`request_line`), the descriptors it passes ride alon
 SCM_RIGHTS; the answer is one line: `ok`, or why not (`stale: ...`, `declined: ...`,
 `refused: ...`, `busy: ...`, `error: ...`).
 
+native/weenv-launch.c writes the same request for `weenv run` (tests/test_launcher.py checks
+it byte for byte): a change of `request_line`, `fingerprint` or `ask` goes there too.
+
 Must not: import anything beyond the cheap standard modules above (a test checks), or start
 or serve anything.
 """

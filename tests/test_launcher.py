@@ -1,0 +1,238 @@
+"""The native launcher (native/weenv-launch.c, `.venv/bin/weenv` of a setup.sh install): for a
+`weenv run` by root it sends the node service exactly the request the Python entry point sends
+(node_socket.request_line, byte for byte), with the same descriptors; it relays signals and
+passes the exit status on (hand_over.py `_wait`); everything Python would decide, it hands to
+Python unchanged, with the same output.
+
+A fake service on a socket of the test's own (WEENV_MOUNTD_SOCKET) records what arrives and
+answers as each test says; runs through the real service are test_node_run.py's, which runs
+each of its tests with both clients.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from weenvfs.fuse import node_socket
+
+WAIT = 30.0  # a safety bound, not a timing
+HOSTILE = (b"q\"\\\n\t\x7f\x1f \xff\xed\xa0\x80\xc0\xaf\xe2\x82\xf4\x90\x80\x80"
+           b"\xf0\x9f\x98\x80 e\xcc\x81")  # quotes, controls, bad UTF-8, an emoji
+
+
+class FakeService:
+    """A listener at `path` that answers each request with `answer(fds)` (the descriptors
+    the client passed, closed after it returns) and keeps what arrived."""
+
+    def __init__(self, path: Path, answer: Callable[[list[int]], bytes]) -> None:
+        self.path, self.answer = path, answer
+        self.requests: list[bytes] = []
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with node_socket.addressable(path) as address:
+            self.listener.bind(address)
+        self.listener.listen(8)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                data, fds = b"", array.array("i")
+                while not data.endswith(b"\n"):
+                    part, ancillary, _, _ = conn.recvmsg(1 << 20, socket.CMSG_SPACE(64))
+                    if not part:
+                        break
+                    data += part
+                    for _, _, payload in ancillary:
+                        fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+                self.requests.append(data)
+                try:
+                    conn.sendall(self.answer(list(fds)) + b"\n")
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+
+    def close(self) -> None:
+        self.listener.close()
+        self.path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[..., FakeService]]:
+    made: list[FakeService] = []
+
+    def start(answer: Callable[[list[int]], bytes], name: str = "service.sock") -> FakeService:
+        made.append(FakeService(tmp_path / name, answer))
+        return made[-1]
+
+    yield start
+    for service in made:
+        service.close()
+
+
+def _env(service: FakeService, **extra: str) -> dict[bytes, bytes]:
+    return {**os.environb, b"LC_ALL": b"C.UTF-8", b"HOSTILE": HOSTILE,
+            b"WEENV_MOUNTD_SOCKET": os.fsencode(service.path),
+            **{k.encode(): v.encode() for k, v in extra.items()}}
+
+
+def _status(fds: list[int], text: bytes) -> None:
+    os.write(fds[3], text)
+
+
+def test_a_run_sends_the_python_clients_request_byte_for_byte(
+        launcher: Path, serve: Callable[..., FakeService], tmp_path: Path) -> None:
+    service = serve(lambda fds: (_status(fds, b"exit 7\n"), b"ok")[1])
+    folder = os.path.join(os.fsencode(tmp_path), b"work-\xff \xc3\xa9")
+    os.mkdir(folder)
+    words = [b"-v", b"--log-file", b"/dev/null", b"run", b"--store", b"st\xc3\xb6re-\xfe",
+             b"ref:1", b"sh", b"-c", b"echo \"$x\" \\ \t\n\x7f\x01", HOSTILE]
+    env = _env(service)
+    done = subprocess.run([os.fsencode(launcher), *words], env=env, cwd=folder,
+                          capture_output=True, timeout=WAIT, check=False)
+    assert done.returncode == 7, done.stderr
+    [sent] = service.requests
+    argv = json.loads(sent)["argv"]
+    owner = argv[argv.index("--owner-pid") + 1]
+    assert argv.index("--owner-pid") == 4  # right after `run`
+    python = ("import os, sys\n"
+              "from weenvfs.fuse import node_socket as n\n"
+              "owner, *words = sys.argv[1:]\n"
+              "argv = [*words[:4], '--owner-pid', owner, *words[4:]]\n"
+              "sys.stdout.buffer.write(n.request_line(argv, n.ATTACHED, cwd=os.getcwd()))\n")
+    expected = subprocess.run([os.fsencode(sys.executable), b"-c", python.encode(),
+                               owner.encode(), *words], env=env, cwd=folder,
+                              capture_output=True, timeout=WAIT, check=True).stdout
+    assert sent == expected
+
+
+def test_signals_are_relayed_and_the_status_passed_on(
+        launcher: Path, serve: Callable[..., FakeService]) -> None:
+    """SIGINT before the command's pid arrived reaches it once it does; SIGTERM after, at
+    once; the command's exit status is the launcher's."""
+    asked = threading.Event()
+    held: list[int] = []
+
+    def answer(fds: list[int]) -> bytes:
+        held.append(os.dup(fds[3]))
+        asked.set()
+        return b"ok"
+
+    service = serve(answer)
+    client = subprocess.Popen([launcher, "run", "--store", "s", "ref", "true"],
+                              env=_env(service), stderr=subprocess.PIPE)
+    command = subprocess.Popen(["sleep", "60"])
+    try:
+        assert asked.wait(WAIT)
+        client.send_signal(signal.SIGINT)  # no pid yet: kept until one arrives
+        os.write(held[0], f"pid {command.pid}\n".encode())
+        assert command.wait(WAIT) == -signal.SIGINT
+        os.write(held[0], b"exit 130\n")
+        assert client.wait(WAIT) == 130
+    finally:
+        for process in (client, command):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        for fd in held:
+            os.close(fd)
+
+    held.clear()
+    asked.clear()
+    client = subprocess.Popen([launcher, "run", "--store", "s", "ref", "true"],
+                              env=_env(service), stderr=subprocess.PIPE)
+    command = subprocess.Popen(["sleep", "60"])
+    try:
+        assert asked.wait(WAIT)
+        os.write(held[0], f"pid {command.pid}\n".encode())
+        client.send_signal(signal.SIGTERM)
+        assert command.wait(WAIT) == -signal.SIGTERM
+        os.close(held.pop())  # the command died of it without a status: so does the client
+        assert client.wait(WAIT) == -signal.SIGTERM
+    finally:
+        for process in (client, command):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        for fd in held:
+            os.close(fd)
+
+
+def test_a_run_that_ends_without_a_status_is_one_error_line(
+        launcher: Path, serve: Callable[..., FakeService]) -> None:
+    service = serve(lambda fds: b"ok")  # its status pipe closes with nothing on it
+    done = subprocess.run([launcher, "run", "--store", "s", "ref", "true"], env=_env(service),
+                          capture_output=True, timeout=WAIT, check=False)
+    assert done.returncode == 125
+    assert done.stderr.decode().splitlines() == [
+        "weenv: error: the node service's run of this command ended without an exit status "
+        "(see `weenv mountd --check` and its log)"]
+
+
+@pytest.mark.parametrize(("words", "switch"), [
+    (["version"], None),
+    ([], None),
+    (["--version"], None),
+    (["run", "--help"], None),
+    (["--log-file", "run", "version"], None),
+    (["-v", "run", "--store", "{missing}", "env:1", "true"], "WEENV_NODE_RUN"),
+    (["run", "--store", "{missing}", "env:1", "true"], "WEENV_MOUNTD"),
+    (["mounts", "--no-such-option"], None),
+])
+def test_what_python_decides_goes_to_python_with_the_same_output(
+        launcher: Path, serve: Callable[..., FakeService], tmp_path: Path, words: list[str],
+        switch: str | None) -> None:
+    service = serve(lambda fds: b"refused: this test's service takes nothing")
+    args = [w.format(missing=tmp_path / "missing") for w in words]
+    env = _env(service, **({switch: "off"} if switch else {}))
+    native = subprocess.run([launcher, *args], env=env, capture_output=True, timeout=WAIT,
+                            check=False)
+    python = subprocess.run([sys.executable, "-m", "weenvfs", *args], env=env,
+                            capture_output=True, timeout=WAIT, check=False)
+    assert (native.returncode, native.stdout, native.stderr) == (
+        python.returncode, python.stdout, python.stderr)
+    assert service.requests == []
+
+
+def test_a_service_that_declines_leaves_the_run_to_python(
+        launcher: Path, serve: Callable[..., FakeService], tmp_path: Path) -> None:
+    """Python asks again (the launcher decided nothing) and, declined too, runs it itself."""
+    service = serve(lambda fds: b"stale: the installed weenvfs changed since this server started")
+    args = ["run", "--store", str(tmp_path / "missing"), "env:1", "true"]
+    native = subprocess.run([launcher, *args], env=_env(service), capture_output=True,
+                            timeout=WAIT, check=False)
+    assert len(service.requests) == 2
+    python = subprocess.run([sys.executable, "-m", "weenvfs", *args], env=_env(service),
+                            capture_output=True, timeout=WAIT, check=False)
+    assert len(service.requests) == 3
+    assert (native.returncode, native.stdout, native.stderr) == (
+        python.returncode, python.stdout, python.stderr)
+    assert native.stderr.decode().startswith("weenv: error: store file://")
+
+
+def test_a_socket_path_longer_than_an_address_holds(
+        launcher: Path, serve: Callable[..., FakeService], tmp_path: Path) -> None:
+    folder = tmp_path / ("d" * 60) / ("e" * 60)
+    folder.mkdir(parents=True)
+    service = serve(lambda fds: (_status(fds, b"exit 0\n"), b"ok")[1],
+                    name=str((folder / "service.sock").relative_to(tmp_path)))
+    assert len(os.fsencode(service.path)) > node_socket.SUN_PATH_MAX
+    done = subprocess.run([launcher, "run", "--store", "s", "ref", "true"], env=_env(service),
+                          capture_output=True, timeout=WAIT, check=False)
+    assert done.returncode == 0, done.stderr
+    assert len(service.requests) == 1
