@@ -294,6 +294,34 @@ static const char *socket_path(void) {
     return path && *path ? path : "/run/weenv/mountd.sock"; /* run_base() of root */
 }
 
+/* The service's answer once the request went out (node_socket.ask and read_line): 1 for
+ * `ok`, or when the answer is lost (it may have started the command: the pipes tell), 0 for
+ * anything else, or none at all before the service closed. */
+static int read_answer(int conn) {
+    char answer[4096];
+    size_t have = 0;
+    while (have < sizeof answer - 1 && !memchr(answer, '\n', have)) {
+        ssize_t got = recv(conn, answer + have, sizeof answer - 1 - have, 0);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0)
+            return 1;
+        if (got == 0)
+            break;
+        have += (size_t)got;
+    }
+    answer[have] = '\0';
+    char *line = answer, *end = strchr(answer, '\n');
+    if (end)
+        *end = '\0';
+    while (*line == ' ' || *line == '\t' || *line == '\r' || *line == '\v' || *line == '\f')
+        line++;
+    size_t len = strlen(line);
+    while (len > 0 && strchr(" \t\r\v\f", line[len - 1]))
+        line[--len] = '\0';
+    return strcmp(line, "ok") == 0;
+}
+
 /* Sends the request with `fds`: 1 if the service took it, 0 if it declined or none listens
  * (then nothing was started). */
 static int ask(const struct buf *request, const int *fds, int nfds) {
@@ -334,32 +362,8 @@ static int ask(const struct buf *request, const int *fds, int nfds) {
         cmsg->cmsg_type = SCM_RIGHTS;
         cmsg->cmsg_len = CMSG_LEN(nfds * sizeof(int));
         memcpy(CMSG_DATA(cmsg), fds, nfds * sizeof(int));
-        ssize_t n = sendmsg(conn, &msg, MSG_NOSIGNAL);
-        if (n == (ssize_t)request->len) {
-            char answer[4096];
-            size_t have = 0;
-            while (have < sizeof answer - 1) {
-                ssize_t got = recv(conn, answer + have, sizeof answer - 1 - have, 0);
-                if (got < 0 && errno == EINTR)
-                    continue;
-                if (got <= 0) {
-                    if (got < 0 && have == 0)
-                        taken = 1; /* a lost answer counts as ok (node_socket.ask) */
-                    break;
-                }
-                have += (size_t)got;
-                if (memchr(answer, '\n', have))
-                    break;
-            }
-            answer[have] = '\0';
-            char *end = strchr(answer, '\n');
-            if (end)
-                *end = '\0';
-            if (have > 0)
-                taken = strcmp(answer, "ok") == 0;
-        } else if (n > 0) {
-            taken = 1; /* part of it went out: as node_socket.ask, a lost answer is ok */
-        }
+        if (sendmsg(conn, &msg, MSG_NOSIGNAL) >= 0)
+            taken = read_answer(conn);
     }
     if (conn >= 0)
         close(conn);

@@ -32,10 +32,11 @@ HOSTILE = (b"q\"\\\n\t\x7f\x1f \xff\xed\xa0\x80\xc0\xaf\xe2\x82\xf4\x90\x80\x80"
 
 
 class FakeService:
-    """A listener at `path` that answers each request with `answer(fds)` (the descriptors
-    the client passed, closed after it returns) and keeps what arrived."""
+    """A listener at `path` that answers each request with the line `answer(fds)` returns
+    (the descriptors the client passed, closed after it returns; None: close without an
+    answer) and keeps what arrived."""
 
-    def __init__(self, path: Path, answer: Callable[[list[int]], bytes]) -> None:
+    def __init__(self, path: Path, answer: Callable[[list[int]], bytes | None]) -> None:
         self.path, self.answer = path, answer
         self.requests: list[bytes] = []
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -62,7 +63,9 @@ class FakeService:
                         fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
                 self.requests.append(data)
                 try:
-                    conn.sendall(self.answer(list(fds)) + b"\n")
+                    line = self.answer(list(fds))
+                    if line is not None:
+                        conn.sendall(line + b"\n")
                 finally:
                     for fd in fds:
                         os.close(fd)
@@ -76,7 +79,8 @@ class FakeService:
 def serve(tmp_path: Path) -> Iterator[Callable[..., FakeService]]:
     made: list[FakeService] = []
 
-    def start(answer: Callable[[list[int]], bytes], name: str = "service.sock") -> FakeService:
+    def start(answer: Callable[[list[int]], bytes | None],
+              name: str = "service.sock") -> FakeService:
         made.append(FakeService(tmp_path / name, answer))
         return made[-1]
 
@@ -209,10 +213,14 @@ def test_what_python_decides_goes_to_python_with_the_same_output(
     assert service.requests == []
 
 
+@pytest.mark.parametrize("answer", [
+    b"stale: the installed weenvfs changed since this server started", b"okay", None])
 def test_a_service_that_declines_leaves_the_run_to_python(
-        launcher: Path, serve: Callable[..., FakeService], tmp_path: Path) -> None:
-    """Python asks again (the launcher decided nothing) and, declined too, runs it itself."""
-    service = serve(lambda fds: b"stale: the installed weenvfs changed since this server started")
+        launcher: Path, serve: Callable[..., FakeService], tmp_path: Path,
+        answer: bytes | None) -> None:
+    """Python asks again (the launcher decided nothing) and, declined too, runs it itself;
+    so does a service that closes without answering."""
+    service = serve(lambda fds: answer)
     args = ["run", "--store", str(tmp_path / "missing"), "env:1", "true"]
     native = subprocess.run([launcher, *args], env=_env(service), capture_output=True,
                             timeout=WAIT, check=False)
@@ -223,6 +231,14 @@ def test_a_service_that_declines_leaves_the_run_to_python(
     assert (native.returncode, native.stdout, native.stderr) == (
         python.returncode, python.stdout, python.stderr)
     assert native.stderr.decode().startswith("weenv: error: store file://")
+
+
+def test_ok_is_read_as_python_reads_it(launcher: Path,
+                                       serve: Callable[..., FakeService]) -> None:
+    service = serve(lambda fds: (_status(fds, b"exit 3\n"), b" ok \r")[1])
+    done = subprocess.run([launcher, "run", "--store", "s", "ref", "true"], env=_env(service),
+                          capture_output=True, timeout=WAIT, check=False)
+    assert (done.returncode, len(service.requests)) == (3, 1), done.stderr
 
 
 def test_a_socket_path_longer_than_an_address_holds(
