@@ -1,12 +1,14 @@
-"""Build hook: a wheel carries the kernel path's native device server.
+"""Build hook: a wheel carries the native programs.
 
 Everything else is declared in pyproject.toml. A wheel (or a `pip install` from the source
-tree) compiles native/weenv-devserve.c with the system's C compiler into the package as
-`weenvfs/_native/weenv-devserve`, where mounts look for it (fuse/native_devices.py
-`choose_server`); the wheel is then tagged for this platform. Without a compiler the build
-goes on without it, says so, and mounts serve their data devices from Python (`weenv stats`
-reports why). An editable install (scripts/setup.sh) builds nothing here: setup.sh compiles
-the server next to the venv's python instead.
+tree) compiles with the system's C compiler, into the package's `weenvfs/_native/`, where
+the code looks for them (weenvfs/native_programs.py): native/weenv-devserve.c, the kernel
+path's device server, and native/weenv-cgroup-view.c, the private cgroup view crun runs in
+on a hybrid cgroup host; the wheel is then tagged for this platform. Without a compiler the
+build goes on without them and says so: mounts then serve their data devices from Python
+(`weenv stats` reports why), and crun runs through unshare, sh and umount. An editable
+install (scripts/setup.sh) builds nothing here: setup.sh compiles them next to the venv's
+python instead (and the native `weenv` launcher, which only such an install has).
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
-SOURCE = Path("native") / "weenv-devserve.c"
-TARGET = Path("weenvfs") / "_native" / "weenv-devserve"
+# Each program: its source, and what it is without it (for the warning).
+PROGRAMS = {"weenv-devserve": "mounts will serve their data devices from Python",
+            "weenv-cgroup-view": "crun will run through unshare, sh and umount"}
+SOURCE = Path("native") / "weenv-devserve.c"  # the wheel is native when this one builds
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 
 
@@ -36,24 +40,29 @@ def _compiler() -> str | None:
 
 
 class BuildWithServer(build_py):
-    """build_py, then the native server into the build folder (not for editable installs)."""
+    """build_py, then the native programs into the build folder (not for editable installs)."""
 
     def run(self) -> None:
         super().run()
-        if getattr(self, "editable_mode", False) or not SOURCE.is_file():
+        if getattr(self, "editable_mode", False):
             return
         compiler = _compiler()
-        target = Path(self.build_lib) / TARGET
+        for name, without in PROGRAMS.items():
+            source = Path("native") / f"{name}.c"
+            if source.is_file():
+                self._build(compiler, source, Path("weenvfs") / "_native" / name, without)
+
+    def _build(self, compiler: str | None, source: Path, name: Path, without: str) -> None:
+        target = Path(self.build_lib) / name
         if compiler is None:
-            print(f"warning: no C compiler: {TARGET} is not built; mounts will serve their "
-                  "data devices from Python")
+            print(f"warning: no C compiler: {name} is not built; {without}")
             return
         target.parent.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([compiler, *FLAGS, "-o", str(target), str(SOURCE)],
+        done = subprocess.run([compiler, *FLAGS, "-o", str(target), str(source)],
                               capture_output=True, text=True, check=False)
         if done.returncode != 0:
-            print(f"warning: {compiler} could not build {TARGET} ({done.stderr.strip()}); "
-                  "mounts will serve their data devices from Python")
+            print(f"warning: {compiler} could not build {name} ({done.stderr.strip()}); "
+                  f"{without}")
             target.unlink(missing_ok=True)
             return
         target.chmod(0o755)

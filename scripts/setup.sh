@@ -76,17 +76,22 @@ install_venv() {
     echo "$want" >"$STAMP"
 }
 
-# The kernel path's native server of data devices (native/weenv-devserve.c), installed next
-# to the venv's python, where mounts look for it; built again when its source is newer.
-# Without it mounts serve their devices from Python (`weenv stats`: device_server).
+# The native programs, installed next to the venv's python, where the code looks for them
+# (weenvfs/native_programs.py); each built again when its source is newer: the kernel path's
+# server of data devices (native/weenv-devserve.c; without it mounts serve their devices
+# from Python, `weenv stats`: device_server) and the private cgroup view crun runs in on a
+# hybrid cgroup host (native/weenv-cgroup-view.c; without it, unshare, sh and umount).
 build_native() {
-    local source=native/weenv-devserve.c target=$VENV/bin/weenv-devserve
-    if [[ -x $target && $target -nt $source ]]; then
-        return
-    fi
-    log "building $target"
-    gcc -O2 -Wall -Wextra -Wno-unused-parameter -o "$target.tmp" "$source"
-    mv "$target.tmp" "$target"
+    local name source target
+    for name in weenv-devserve weenv-cgroup-view; do
+        source=native/$name.c target=$VENV/bin/$name
+        if [[ -x $target && $target -nt $source ]]; then
+            continue
+        fi
+        log "building $target"
+        gcc -O2 -Wall -Wextra -Wno-unused-parameter -o "$target.tmp" "$source"
+        mv "$target.tmp" "$target"
+    done
 }
 
 # The `weenv` command itself (native/weenv-launch.c): it hands a `weenv run` to the node

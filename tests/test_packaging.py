@@ -192,6 +192,22 @@ def test_the_wheel_carries_the_native_device_server(wheel: Path, wheel_venv: Pat
 
 
 @pytest.mark.slow
+def test_the_wheel_carries_the_cgroup_view_crun_runs_in(wheel: Path, wheel_venv: Path,
+                                                        tmp_path: Path) -> None:
+    """setup.py compiles native/weenv-cgroup-view.c into the wheel too, and code from that
+    install finds it (`native_programs.find`)."""
+    assert "weenvfs/_native/weenv-cgroup-view" in zipfile.ZipFile(wheel).namelist()
+    proc = _run([wheel_venv / "bin" / "python", "-c",
+                 "from weenvfs import native_programs; "
+                 "print(native_programs.find('weenv-cgroup-view'))"],
+                env=_wheel_env(), cwd=tmp_path)
+    found = proc.stdout.strip()
+    assert Path(found).resolve().is_relative_to(wheel_venv.resolve()), found
+    usage = subprocess.run([found], capture_output=True, text=True, timeout=30, check=False)
+    assert usage.returncode == 125 and "usage" in usage.stderr.lower(), usage.stderr
+
+
+@pytest.mark.slow
 def test_the_sdist_carries_the_server_s_source(tmp_path: Path) -> None:
     """An sdist holds what its wheel build compiles."""
     src = tmp_path / "src"
@@ -201,7 +217,8 @@ def test_the_sdist_carries_the_server_s_source(tmp_path: Path) -> None:
     (sdist,) = tmp_path.glob("weenv-*.tar.gz")
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
-    assert {"native/weenv-devserve.c", "native/weenv-launch.c", "setup.py"} <= names
+    assert {"native/weenv-devserve.c", "native/weenv-launch.c", "native/weenv-cgroup-view.c",
+            "setup.py"} <= names
 
 
 # --- the entry point contract ---------------------------------------------------------------

@@ -19,9 +19,15 @@ from pathlib import Path
 import pytest
 from rt_support import EnvRef, run_weenv
 
+from weenvfs import native_programs
 from weenvfs.errors import UsageError, WeenvError
 from weenvfs.runtime import cgroups, sandbox_state
-from weenvfs.runtime.crun import CRUN_ROOT, CrunLauncher, needs_private_cgroup_view
+from weenvfs.runtime.crun import (
+    CRUN_ROOT,
+    VIEW_HELPER,
+    CrunLauncher,
+    needs_private_cgroup_view,
+)
 from weenvfs.runtime.environment import Environment
 from weenvfs.runtime.launcher import RUNC_ROOT, CgroupSpec, LaunchSpec
 from weenvfs.runtime.runtimes import RUNTIME_ENV, default_launcher, launcher_named
@@ -169,15 +175,42 @@ def test_gc_removes_orphan_containers_of_every_installed_runtime(env_ref: EnvRef
         assert env.exec(["true"]).ok  # the live sandbox is not an orphan
 
 
+@pytest.mark.parametrize("view", ["native", "unshare"])
 def test_crun_on_a_hybrid_host_sees_a_v1_host_and_leaves_the_host_alone(
-        env_ref: EnvRef, monkeypatch: pytest.MonkeyPatch) -> None:
+        env_ref: EnvRef, monkeypatch: pytest.MonkeyPatch, view: str,
+        require_or_skip: Callable[[object, str], None]) -> None:
+    """The private cgroup view crun runs in: native/weenv-cgroup-view.c where installed,
+    else unshare, sh and umount; the same sandbox either way."""
     if not needs_private_cgroup_view():
         pytest.skip("not a hybrid cgroup host with controllers on its cgroup2 mount")
-    assert "unshare" in os.path.basename(CrunLauncher()._base()[0])
+    if view == "native":
+        require_or_skip(native_programs.find(VIEW_HELPER),
+                        f"{VIEW_HELPER} is not installed (scripts/setup.sh builds it)")
+    else:
+        monkeypatch.setattr(native_programs, "find", lambda name, path=None: None)
+    prefix = CrunLauncher()._base()
+    assert os.path.basename(prefix[0]) == (VIEW_HELPER if view == "native" else "unshare")
     monkeypatch.setenv(RUNTIME_ENV, "crun")
     with _open(env_ref) as env:
         assert env.exec(["true"]).ok
+        assert env.exec(["sh", "-c", "exit 3"]).exit_code == 3
     assert os.path.ismount("/sys/fs/cgroup/unified")  # only crun's own namespace lost it
+
+
+def test_the_cgroup_view_fails_in_one_line_before_the_program_runs(
+        tmp_path: Path, require_or_skip: Callable[[object, str], None]) -> None:
+    helper = native_programs.find(VIEW_HELPER)
+    require_or_skip(helper, f"{VIEW_HELPER} is not installed (scripts/setup.sh builds it)")
+    assert helper is not None
+    marker = tmp_path / "ran"
+    done = subprocess.run([helper, str(tmp_path / "not-a-mount"), "/bin/touch", str(marker)],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 125 and not marker.exists()
+    assert done.stderr.splitlines() == [
+        f"weenv-cgroup-view: umount {tmp_path / 'not-a-mount'}: No such file or directory"]
+    done = subprocess.run([helper, "/"], capture_output=True, text=True, timeout=30,
+                          check=False)
+    assert done.returncode == 125 and done.stderr.startswith("usage:")
 
 
 def test_a_plain_folder_is_not_a_hybrid_cgroup_host(tmp_path: Path) -> None:

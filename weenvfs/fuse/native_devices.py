@@ -34,17 +34,16 @@ import json
 import logging
 import mmap
 import os
-import shutil
 import socket
 import struct
 import subprocess
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from weenvfs import native_programs
 from weenvfs.core.device_reader import DeviceReader
 from weenvfs.core.tree import FormatError, make_inode
 
@@ -56,7 +55,6 @@ log = logging.getLogger(__name__)
 HELPER = "weenv-devserve"
 # WEENV_DEVICE_SERVER=python serves the devices with pyfuse3 (device_ops.py) instead.
 SERVER_VARIABLE = "WEENV_DEVICE_SERVER"
-PACKAGED = Path(__file__).resolve().parent.parent / "_native" / HELPER  # a wheel's (setup.py)
 
 _RECORD = struct.Struct("<BBHIQQII")  # type, flags, device, size, unique, offset, inode, pad
 _CHUNK = struct.Struct("<BBHI")  # 'C', 0, device, chunk number (+ one SCM_RIGHTS descriptor)
@@ -79,8 +77,7 @@ def choose_server() -> tuple[str | None, str | None]:
     or not installed."""
     if os.environ.get(SERVER_VARIABLE, "native") == "python":
         return None, f"{SERVER_VARIABLE}=python"
-    places = (Path(sys.executable).parent / HELPER, PACKAGED)
-    found = next((str(p) for p in places if os.access(p, os.X_OK)), None) or shutil.which(HELPER)
+    found = native_programs.find(HELPER)
     if found is None:
         return None, (f"{HELPER} is not installed (scripts/setup.sh builds it; a wheel built "
                       "without a C compiler lacks it)")
