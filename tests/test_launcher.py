@@ -125,56 +125,57 @@ def test_a_run_sends_the_python_clients_request_byte_for_byte(
     assert sent == expected
 
 
-def test_signals_are_relayed_and_the_status_passed_on(
-        launcher: Path, serve: Callable[..., FakeService]) -> None:
-    """SIGINT before the command's pid arrived reaches it once it does; SIGTERM after, at
-    once; the command's exit status is the launcher's."""
-    asked = threading.Event()
-    held: list[int] = []
+class Attached:
+    """A launcher's `weenv run` that a fake service took, and a `sleep` standing in for the
+    command: `status` is the command's status pipe (the service's copy)."""
 
-    def answer(fds: list[int]) -> bytes:
-        held.append(os.dup(fds[3]))
-        asked.set()
-        return b"ok"
+    def __init__(self, launcher: Path, serve: Callable[..., FakeService]) -> None:
+        asked = threading.Event()
+        self.held: list[int] = []
 
-    service = serve(answer)
-    client = subprocess.Popen([launcher, "run", "--store", "s", "ref", "true"],
-                              env=_env(service), stderr=subprocess.PIPE)
-    command = subprocess.Popen(["sleep", "60"])
-    try:
+        def answer(fds: list[int]) -> bytes:
+            self.held.append(os.dup(fds[3]))
+            asked.set()
+            return b"ok"
+
+        self.client = subprocess.Popen([launcher, "run", "--store", "s", "ref", "true"],
+                                       env=_env(serve(answer)), stderr=subprocess.PIPE)
+        self.command = subprocess.Popen(["sleep", "60"])
         assert asked.wait(WAIT)
-        client.send_signal(signal.SIGINT)  # no pid yet: kept until one arrives
-        os.write(held[0], f"pid {command.pid}\n".encode())
-        assert command.wait(WAIT) == -signal.SIGINT
-        os.write(held[0], b"exit 130\n")
-        assert client.wait(WAIT) == 130
-    finally:
-        for process in (client, command):
+        self.status = self.held[0]
+
+    def close(self) -> None:
+        for process in (self.client, self.command):
             if process.poll() is None:
                 process.kill()
                 process.wait()
-        for fd in held:
+        for fd in self.held:
             os.close(fd)
 
-    held.clear()
-    asked.clear()
-    client = subprocess.Popen([launcher, "run", "--store", "s", "ref", "true"],
-                              env=_env(service), stderr=subprocess.PIPE)
-    command = subprocess.Popen(["sleep", "60"])
-    try:
-        assert asked.wait(WAIT)
-        os.write(held[0], f"pid {command.pid}\n".encode())
-        client.send_signal(signal.SIGTERM)
-        assert command.wait(WAIT) == -signal.SIGTERM
-        os.close(held.pop())  # the command died of it without a status: so does the client
-        assert client.wait(WAIT) == -signal.SIGTERM
-    finally:
-        for process in (client, command):
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-        for fd in held:
-            os.close(fd)
+
+@pytest.fixture
+def attached(launcher: Path, serve: Callable[..., FakeService]) -> Iterator[Attached]:
+    run = Attached(launcher, serve)
+    yield run
+    run.close()
+
+
+def test_a_signal_before_the_pid_reaches_the_command_once_it_arrives(
+        attached: Attached) -> None:
+    attached.client.send_signal(signal.SIGINT)  # no pid yet: kept until one arrives
+    os.write(attached.status, f"pid {attached.command.pid}\n".encode())
+    assert attached.command.wait(WAIT) == -signal.SIGINT
+    os.write(attached.status, b"exit 130\n")
+    assert attached.client.wait(WAIT) == 130  # the command's status is the launcher's
+
+
+def test_a_signal_after_it_is_relayed_and_a_command_dying_of_it_takes_the_launcher(
+        attached: Attached) -> None:
+    os.write(attached.status, f"pid {attached.command.pid}\n".encode())
+    attached.client.send_signal(signal.SIGTERM)
+    assert attached.command.wait(WAIT) == -signal.SIGTERM
+    os.close(attached.held.pop())  # it died of it without a status: so does the client
+    assert attached.client.wait(WAIT) == -signal.SIGTERM
 
 
 def test_a_run_that_ends_without_a_status_is_one_error_line(
