@@ -20,8 +20,8 @@ def _literal(value: str) -> str:
 
 
 def build_launcher(folder: Path) -> Path | None:
-    """The launcher built into `folder`, or None without a C compiler."""
-    compiler = shutil.which("gcc") or shutil.which("cc")
+    """The launcher built into `folder`, or None without gcc."""
+    compiler = shutil.which("gcc")  # as scripts/setup.sh builds it
     if compiler is None:
         return None
     target = folder / "weenv"
