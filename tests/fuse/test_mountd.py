@@ -25,7 +25,14 @@ from support import trees
 from support.mount_server import mount_server, server_pid
 
 from weenvfs.errors import WeenvError
-from weenvfs.fuse import daemon, mountd, node_socket, service_evictions, service_preload
+from weenvfs.fuse import (
+    daemon,
+    mountd,
+    node_socket,
+    service_evictions,
+    service_forks,
+    service_preload,
+)
 from weenvfs.fuse.commands import mount_args
 from weenvfs.fuse.spawn import spawn as spawn_daemon
 
@@ -599,6 +606,32 @@ def test_evictions_run_one_at_a_time_per_environment_and_once_more_after(
         time.sleep(0.05)
     line = " ".join(service_evictions.HOUSEKEEPING)
     assert sorted(runs.read_text().splitlines()) == [f"a {line}", f"a {line}", f"b {line}"]
+
+
+def test_a_detached_command_is_nobodys_child_and_its_first_parent_is_reaped(
+        tmp_path: Path) -> None:
+    """`detached` returns the grandchild's pid as soon as the first child wrote it (no wait
+    for that child's exit); the grandchild is not this process's child; `reap_forked`
+    collects the first child once it exited."""
+    marker = tmp_path / "ran"
+
+    def body() -> None:
+        time.sleep(0.5)
+        marker.write_text(str(os.getpid()))
+
+    pid = service_forks.detached((), body)
+    assert pid > 0
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
+    assert parent != os.getpid()
+    deadline = time.monotonic() + 30
+    while service_forks.reap_forked():
+        assert time.monotonic() < deadline, "the first child was never reaped"
+        time.sleep(0.01)
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the detached body never ran"
+        time.sleep(0.01)
+    assert marker.read_text() == str(pid)
 
 
 def test_request_eviction_needs_a_running_server(monkeypatch: pytest.MonkeyPatch,

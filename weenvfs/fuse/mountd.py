@@ -82,7 +82,7 @@ from .node_socket import (
 )
 from .node_socket import namespaces as node_namespaces
 from .service_evictions import HOUSEKEEPING, Evictions
-from .service_forks import fork_attached, fork_daemon, fork_task
+from .service_forks import fork_attached, fork_daemon, fork_task, reap_forked
 from .service_preload import prebuild_clients, preload_envs
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ MAX_FDS = 8  # room for descriptors in a request (more are discarded by the kern
 MAX_REPLAYS = max(1, (os.cpu_count() or 1) // 2)
 AUTO_IDLE = 600.0  # seconds an auto-started server lingers with no request and no daemon
 HOUSEKEEPING_EVERY = 60.0  # seconds between two runs of HOUSEKEEPING while the server runs
-EVICTION_POLL = 0.05  # seconds between two checks whether an asked-for eviction may start
+EVICTION_POLL = 0.05  # seconds between two checks for a waiting eviction or child to reap
 # Imported before the first fork: what `weenv mount --foreground` needs for any store.
 PRELOAD = ("weenvfs.fuse.commands", "weenvfs.fuse.mount", "weenvfs.fuse.kernel_mount",
            "weenvfs.core.node_hints", "weenvfs.store.s3", "weenvfs.store.http",
@@ -388,6 +388,7 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
     last = time.monotonic()
     chores = last + HOUSEKEEPING_EVERY
     while True:
+        unreaped = reap_forked()
         if exporter is not None:
             exporter.poll((listener, lock))
         now = time.monotonic()
@@ -395,7 +396,7 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
             fork_task(list(HOUSEKEEPING), held, run)
             chores = now + HOUSEKEEPING_EVERY
         waits = [chores - now]
-        if evictions.poll():
+        if evictions.poll() or unreaped:
             waits.append(EVICTION_POLL)
         if idle > 0:
             waits.append(last + idle - now)

@@ -3,9 +3,12 @@ resident node daemon ... no Python start-up or imports on the hot path").
 
 Every child is forked twice (`detached`): the first child starts a session, forks the second
 and exits at once, so the command runs as nobody's child (as with `setsid --fork`) and the
-server never waits for it. The command then takes its client's arguments, environment and
-umask (`take_over`) and runs `weenv ARGV` in-process through the `run` the server was given
-(the CLI's `main`: fuse may not import the CLI):
+server never waits for it. Nor for the first child's exit (tearing down a copy of the whole
+server takes it ~7-9 ms, during which the server used to serve no one): the server reads the
+grandchild's pid and goes on; `reap_forked` collects the first children later. The command
+then takes its client's arguments, environment and umask (`take_over`) and runs `weenv ARGV`
+in-process through the `run` the server was given (the CLI's `main`: fuse may not import
+the CLI):
 - `fork_daemon`: a mount daemon, its readiness pipe and log file passed by the client;
 - `fork_attached`: a command with the client's stdin, stdout, stderr and working folder
   (`weenv run` hands itself over: hand_over.py), its pid and exit status on a status pipe;
@@ -26,6 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+_forked: list[int] = []  # first children of `detached` not reaped yet (`reap_forked`)
 
 
 def fork_daemon(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
@@ -75,22 +80,24 @@ def fork_task(argv: list[str], held: tuple[Any, ...], run: Callable[[list[str]],
 
 
 def detached(held: tuple[Any, ...], body: Callable[[], None]) -> int:
-    """Fork; the child starts a session, forks `body` and exits at once (reaped here), so
-    the grandchild is nobody's child. Returns the grandchild's pid (0 if unknown)."""
+    """Fork; the child starts a session, forks `body` and exits at once (reaped by
+    `reap_forked`), so the grandchild is nobody's child. Returns the grandchild's pid (0 if
+    unknown)."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid:
         os.close(write_end)
         with os.fdopen(read_end, "rb") as pipe:
-            told = pipe.read()
-        os.waitpid(pid, 0)
+            told = pipe.readline()  # written before the child exits: no wait for its exit
+        _forked.append(pid)
+        reap_forked()
         return int(told) if told.strip().isdigit() else 0
     try:
         os.close(read_end)
         os.setsid()
         grandchild = os.fork()
         if grandchild:
-            os.write(write_end, str(grandchild).encode())
+            os.write(write_end, b"%d\n" % grandchild)
             os._exit(0)
         os.close(write_end)
         for thing in held:  # the server's socket, connection and lock
@@ -99,6 +106,20 @@ def detached(held: tuple[Any, ...], body: Callable[[], None]) -> int:
     except BaseException:  # noqa: BLE001 - a forked child must never return into the loop
         pass
     os._exit(70)
+
+
+def reap_forked() -> bool:
+    """Reap the first children of `detached` that have exited (the server's loop calls this;
+    a first child is a zombie for a few ms until then, never the command itself); whether
+    any is still to be reaped."""
+    for pid in list(_forked):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            _forked.remove(pid)
+    return bool(_forked)
 
 
 def _become_daemon(argv: list[str], env: dict[str, str], umask: int,
