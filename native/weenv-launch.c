@@ -482,6 +482,18 @@ int main(int argc, char **argv) {
     char *cwd = getcwd(NULL, 0);
     if (cwd == NULL)
         python(argv);
+    /* hand_over.open_standard_fds: a closed stdin, stdout or stderr becomes /dev/null, else
+     * the pipes below would take its number and be passed on as the command's stdio. */
+    for (int fd = 0; fd <= 2; fd++) {
+        struct stat st;
+        if (fstat(fd, &st) != 0 && errno == EBADF) {
+            int opened = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+            if (opened >= 0 && opened != fd) {
+                dup2(opened, fd);
+                close(opened);
+            }
+        }
+    }
 
     struct sigaction action = {.sa_handler = relay};
     sigemptyset(&action.sa_mask);

@@ -80,6 +80,7 @@ def delegate(argv: Sequence[str], at: int) -> int | None:
     waits for."""
     owner = ["--owner-pid", str(os.getpid())] if argv[at] == "run" else []
     argv = [*argv[:at + 1], *owner, *argv[at + 1:]]
+    open_standard_fds()
     status_read, status_write = os.pipe()
     alive_read, alive_write = os.pipe()
     try:
@@ -94,6 +95,21 @@ def delegate(argv: Sequence[str], at: int) -> int | None:
     finally:
         os.close(status_read)
         os.close(alive_write)  # the command's watch ends here: it has exited, or must
+
+
+def open_standard_fds() -> None:
+    """Open /dev/null on whichever of stdin, stdout and stderr is closed (read-only for
+    stdin), as the command would see a closed one: else the pipes made next would take those
+    numbers and be passed on as the command's stdio (its `cat` then read the status pipe, and
+    the run hung)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            if opened != fd:  # a lower one was closed too: it is filled in its own turn
+                os.dup2(opened, fd)
+                os.close(opened)
 
 
 def _attach(argv: list[str], fds: list[int]) -> bool:

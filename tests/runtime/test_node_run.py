@@ -159,6 +159,23 @@ def test_a_deleted_working_folder_runs_it_here(env_ref: EnvRef, tmp_path: Path,
     assert not _by_service(done.stderr)
 
 
+def test_a_closed_stdin_is_an_empty_one_and_never_hangs(env_ref: EnvRef,
+                                                       client: list[str]) -> None:
+    """A client started with stdin (or stdout) closed: the command reads EOF (writes go
+    nowhere) as in-process, instead of being handed the client's own status pipe."""
+    run = [*client, "run", "--store", str(env_ref.store), "--cache", str(env_ref.cache),
+           env_ref.ref, "/bin/sh", "-c"]
+
+    def closed(which: str, script: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(["/bin/sh", "-c", f'exec "$@" {which}&-', "sh", *run, script],
+                              capture_output=True, timeout=WAIT, check=False)
+
+    done = closed("<", "cat; echo read:$?; exit 5")
+    assert (done.returncode, done.stdout) == (5, b"read:0\n"), done.stderr
+    done = closed(">", "echo lost; exit 6")
+    assert done.returncode == 6, done.stderr
+
+
 @pytest.mark.parametrize("switch", ["on", "off"])
 def test_names_that_are_not_utf8_reach_the_service_unchanged(env_ref: EnvRef, tmp_path: Path,
                                                             switch: str, client: list[str]
