@@ -110,6 +110,20 @@ static size_t utf8_len(const unsigned char *s, size_t n, unsigned *code) {
     return len;
 }
 
+/* json.dumps' two-character escape of `code`, or NULL when it has none. */
+static const char *short_escape(unsigned code) {
+    switch (code) {
+    case '"': return "\\\"";
+    case '\\': return "\\\\";
+    case '\n': return "\\n";
+    case '\r': return "\\r";
+    case '\t': return "\\t";
+    case '\b': return "\\b";
+    case '\f': return "\\f";
+    default: return NULL;
+    }
+}
+
 /* A JSON string as json.dumps writes the str Python makes of these bytes (the file system
  * encoding, UTF-8 with surrogateescape): printable ASCII as is, the rest escaped. */
 static void put_quoted(struct buf *b, const char *text) {
@@ -119,23 +133,12 @@ static void put_quoted(struct buf *b, const char *text) {
     while (n > 0) {
         unsigned code;
         size_t len = utf8_len(s, n, &code);
+        const char *escape = len ? short_escape(code) : NULL;
         if (len == 0) { /* surrogateescape: the byte as U+DC80..U+DCFF */
             put_u16(b, 0xdc00 | s[0]);
             len = 1;
-        } else if (code == '"') {
-            put(b, "\\\"", 2);
-        } else if (code == '\\') {
-            put(b, "\\\\", 2);
-        } else if (code == '\n') {
-            put(b, "\\n", 2);
-        } else if (code == '\r') {
-            put(b, "\\r", 2);
-        } else if (code == '\t') {
-            put(b, "\\t", 2);
-        } else if (code == '\b') {
-            put(b, "\\b", 2);
-        } else if (code == '\f') {
-            put(b, "\\f", 2);
+        } else if (escape) {
+            put(b, escape, 2);
         } else if (code >= 0x20 && code < 0x7f) {
             char c = (char)code;
             put(b, &c, 1);
