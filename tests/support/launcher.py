@@ -1,7 +1,5 @@
 """`build_launcher(folder)`: native/weenv-launch.c compiled for this test run's interpreter and
-code folders, as scripts/setup.sh builds `.venv/bin/weenv`; `clients(launcher)`: the two ways
-a user's `weenv` starts, by name (the Python entry point and the native launcher), as argv
-prefixes."""
+code folders, as scripts/setup.sh builds `.venv/bin/weenv` (tests/conftest.py's `launcher`)."""
 
 from __future__ import annotations
 
@@ -33,7 +31,3 @@ def build_launcher(folder: Path) -> Path | None:
          "-o", str(target), str(SOURCE)], check=True, capture_output=True)
     return target
 
-
-def clients(launcher: Path) -> dict[str, list[str]]:
-    """Name -> the argv prefix that starts `weenv` that way."""
-    return {"python": [sys.executable, "-m", "weenvfs"], "native": [str(launcher)]}

@@ -96,7 +96,7 @@ MAX_FDS = 8  # room for descriptors in a request (more are discarded by the kern
 MAX_REPLAYS = max(1, (os.cpu_count() or 1) // 2)
 AUTO_IDLE = 600.0  # seconds an auto-started server lingers with no request and no daemon
 HOUSEKEEPING_EVERY = 60.0  # seconds between two runs of HOUSEKEEPING while the server runs
-EVICTION_POLL = 0.05  # seconds between two checks for a waiting eviction or child to reap
+PENDING_POLL = 0.05  # seconds between two checks while an eviction waits or a fork is unreaped
 # Imported before the first fork: what `weenv mount --foreground` needs for any store.
 PRELOAD = ("weenvfs.fuse.commands", "weenvfs.fuse.mount", "weenvfs.fuse.kernel_mount",
            "weenvfs.core.node_hints", "weenvfs.store.s3", "weenvfs.store.http",
@@ -397,7 +397,7 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
             chores = now + HOUSEKEEPING_EVERY
         waits = [chores - now]
         if evictions.poll() or unreaped:
-            waits.append(EVICTION_POLL)
+            waits.append(PENDING_POLL)
         if idle > 0:
             waits.append(last + idle - now)
         readable, _, _ = select.select([listener], [], [], max(0.0, min(waits)))
