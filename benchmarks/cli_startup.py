@@ -9,7 +9,10 @@ alone: the format names no field, so it does not wait for the daemon's answer to
 Each weenv row runs twice: without PYTHONDONTWRITEBYTECODE (Python writes and then reads
 .pyc files) and with it set to 1 (nothing written: what a user whose environment sets it pays
 when setup.sh did not compile the project, every run recompiling every module imported).
-Contenders take turns each round (measure_interleaved).
+Contenders take turns each round (measure_interleaved). Where the interpreter's folder holds an
+installed `weenv` (scripts/setup.sh's native launcher, native/weenv-launch.c, or pip's
+console script), `weenv version` and `weenv run --help` also run through it: the path a user
+types, which for these commands execs `python -m weenvfs` after the launcher.
 
 Must not: assert anything about the numbers; it reports them (table on stdout, JSON file).
 """
@@ -55,6 +58,10 @@ def contenders() -> dict[str, Callable[[], None]]:
         "weenv run --help (PYTHONDONTWRITEBYTECODE=1)": _runner([*weenv, "run", "--help"], no_pyc),
         "python3 -c pass": _runner([sys.executable, "-c", "pass"], env),
     }
+    installed = os.path.join(os.path.dirname(sys.executable), "weenv")
+    if os.access(installed, os.X_OK):
+        fns["installed weenv version"] = _runner([installed, "version"], env)
+        fns["installed weenv run --help"] = _runner([installed, "run", "--help"], env)
     docker = shutil.which("docker")
     if docker is not None:
         fns["docker version --format x"] = _runner([docker, "version", "--format", "x"], env)
