@@ -10,6 +10,7 @@ from support.runtime import (  # noqa: F401  (re-exported for the runtime tests)
     force_cleanup,
     leaks,
     loop_devices,
+    owned_by,
     pid_visible,
     run_weenv,
     runtime_unavailable,

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rt_support import EnvRef, controller, pid_visible, run_weenv
+from rt_support import EnvRef, controller, owned_by, pid_visible, run_weenv
 
 from weenvfs.fuse import daemon
 from weenvfs.runtime import cgroups, sandbox_state
@@ -89,10 +89,7 @@ def test_weenv_run_terminated_removes_its_sandbox(env_ref: EnvRef) -> None:
     try:
         assert child.stdout is not None
         assert child.stdout.readline() == b"started\n"
-        running = [
-            i for i in sandbox_state.list_ids()
-            if Sandbox.load(i).state["owner"]["pid"] == child.pid
-        ]
+        running = owned_by(child.pid)
         assert len(running) == 1
         box = Sandbox.load(running[0])
         pids = box.processes()

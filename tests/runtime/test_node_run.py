@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from rt_support import EnvRef
+from rt_support import EnvRef, owned_by
 
 from weenvfs.fuse import daemon
 from weenvfs.runtime import sandbox_state
@@ -94,8 +94,7 @@ def test_a_client_killed_with_sigkill_leaves_nothing(env_ref: EnvRef, client: li
     try:
         assert child.stdout is not None
         assert child.stdout.readline() == b"started\n"
-        owned = [i for i in sandbox_state.list_ids()
-                 if Sandbox.load(i).state["owner"]["pid"] == child.pid]
+        owned = owned_by(child.pid)
         assert len(owned) == 1  # owned by the client, the process its user sees
         box = Sandbox.load(owned[0])
         pids = box.processes()
@@ -132,8 +131,7 @@ def test_signals_reach_the_command_through_the_client(env_ref: EnvRef,
         if child.poll() is None:
             child.kill()
             child.wait()
-    assert not [i for i in sandbox_state.list_ids()
-                if Sandbox.load(i).state["owner"]["pid"] == child.pid]
+    assert not owned_by(child.pid)
 
 
 def test_a_missing_store_is_one_clear_line(tmp_path: Path, _weenv: Run) -> None:

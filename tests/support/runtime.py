@@ -25,7 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from weenvfs.runtime import cgroups, mounts, sandbox
+from weenvfs.errors import UsageError
+from weenvfs.runtime import cgroups, mounts, sandbox, sandbox_state
 from weenvfs.runtime.crun import CRUN_ROOT
 from weenvfs.runtime.launcher import RUNC_ROOT
 
@@ -49,6 +50,20 @@ def run_weenv(
             f"{done.stderr.decode(errors='replace')}"
         )
     return done
+
+
+def owned_by(pid: int) -> list[str]:
+    """Ids of the sandboxes process `pid` owns (detached ones, `sandbox create`d or spares,
+    have no owner; one removed meanwhile is skipped)."""
+    found = []
+    for sandbox_id in sandbox_state.list_ids():
+        try:
+            owner = sandbox.Sandbox.load(sandbox_id).state.get("owner")
+        except UsageError:
+            continue
+        if owner is not None and owner.get("pid") == pid:
+            found.append(sandbox_id)
+    return found
 
 
 def _names(folder: Path) -> set[str]:

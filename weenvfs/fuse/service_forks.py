@@ -12,6 +12,9 @@ the CLI):
 - `fork_daemon`: a mount daemon, its readiness pipe and log file passed by the client;
 - `fork_attached`: a command with the client's stdin, stdout, stderr and working folder
   (`weenv run` hands itself over: hand_over.py), its pid and exit status on a status pipe;
+  what it asked to do after its answer (`when_answered`: `weenv run` makes the next run's
+  spare sandbox, runtime/spares.py) runs once the status is out, with the client's stdio
+  closed, signals ignored and its title saying so (ANSWERED_TITLE);
 - `fork_task`: a chore of the server's own (housekeeping, an eviction).
 
 Must not: return into the server's loop from a child (every path ends in `os._exit`), or
@@ -31,6 +34,11 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 _forked: list[int] = []  # first children of `detached` not reaped yet (`reap_forked`)
+# What an attached command asked to do once its client has its exit status (`when_answered`);
+# None in any process that is not such a command.
+_after_answer: list[Callable[[], None]] | None = None
+# Appended to its title (`ps`) by such a command before it answers, if it has work after.
+ANSWERED_TITLE = " (answered: tidying up)"
 
 
 def fork_daemon(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
@@ -161,6 +169,38 @@ def take_over(argv: list[str], env: dict[str, str], umask: int) -> None:
         root.removeHandler(handler)
 
 
+def when_answered(action: Callable[[], None]) -> bool:
+    """In a command the server forked for an attached client: run `action` in this process
+    after the client got the exit status, with the client's stdio closed (no pipe waits
+    for it) and no signal relayed; True. Anywhere else: False, and nothing is done."""
+    if _after_answer is None:
+        return False
+    _after_answer.append(action)
+    return True
+
+
+def _run_after_answer(actions: list[Callable[[], None]]) -> None:
+    """The actions of `when_answered`, after the status line went out."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(devnull, target)
+    os.close(devnull)
+    for action in actions:
+        try:
+            action()
+        except Exception as error:  # noqa: BLE001 - the client has its answer already
+            log.warning("after the command's answer: %s", error)
+
+
+def _title_answered() -> None:
+    """Say in the title, before the answer goes out, that what runs now is after it: so
+    whoever has the answer can tell (and wait for) this process's tidying up."""
+    import setproctitle
+
+    with contextlib.suppress(Exception):
+        setproctitle.setproctitle(setproctitle.getproctitle() + ANSWERED_TITLE)
+
+
 def _become_attached(argv: list[str], env: dict[str, str], umask: int, cwd: str,
                      run: Callable[[list[str]], int], fds: list[int]) -> None:
     """In the forked command: the client's stdio, folder, umask and environment, then `weenv
@@ -177,6 +217,8 @@ def _become_attached(argv: list[str], env: dict[str, str], umask: int, cwd: str,
     for fd in (status, alive):
         os.set_inheritable(fd, False)
     os.write(status, b"pid %d\n" % os.getpid())
+    global _after_answer
+    _after_answer = []
     code = 125
     try:
         take_over(argv, env, umask)
@@ -196,6 +238,14 @@ def _become_attached(argv: list[str], env: dict[str, str], umask: int, cwd: str,
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
+        if _after_answer:  # the client relays no signal meant for the command past this
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_IGN)
+            _title_answered()
         with contextlib.suppress(OSError):
             os.write(status, b"exit %d\n" % code)
+    if _after_answer:
+        for fd in (status, alive):
+            os.close(fd)
+        _run_after_answer(_after_answer)
     os._exit(code)

@@ -349,11 +349,22 @@ def evict_over_bounds(policy: WarmPolicy | None = None) -> None:
     """`evict_idle`, run by the node service when it answers (a process it forks with this
     one's environment: a closing sandbox does not wait for the evicted mounts' daemons to
     exit, ~0.6 s per close when 32 sandboxes closed at once), else here. A policy that keeps
-    nothing warm evicts here: it rarely finds anything, and a fork per close would cost more."""
+    nothing warm evicts here: it rarely finds anything, and a fork per close would cost more.
+    In a command the node service runs for a client (`weenv run`), the request goes out once
+    the client has its answer: an eviction is the node's housekeeping, not the command's
+    (~2-4 ms of a warm run's end)."""
+    from weenvfs.fuse.service_forks import when_answered
+
     policy = policy or WarmPolicy.from_env()
-    if policy.seconds > 0 and policy.max_idle > 0 and mountd.request_eviction():
+    if policy.seconds > 0 and policy.max_idle > 0 and (
+            when_answered(lambda: _request_or_evict(policy)) or mountd.request_eviction()):
         return
     evict_idle(policy)
+
+
+def _request_or_evict(policy: WarmPolicy) -> None:
+    if not mountd.request_eviction():
+        evict_idle(policy)
 
 
 def _node_service_answers() -> bool:

@@ -190,15 +190,18 @@ class Sandbox:
         return bool(self.state.get("limits", {}).get("elastic"))
 
     def status(self) -> str:
-        """'creating', 'running', 'stopped' (init gone), 'orphaned' (owner gone) or 'broken'
-        (an environment mount under it is gone)."""
+        """'creating', 'running', 'spare' (made ahead for the next `weenv run`: spares.py),
+        'stopped' (init gone), 'orphaned' (owner gone) or 'broken' (an environment mount
+        under it is gone)."""
         if not owner_alive(self.state.get("owner")):
             return "orphaned"
         if self.state.get("status") != "running":
             return str(self.state.get("status"))
         if self.launcher.status(self.id) != "running":
             return "stopped"
-        return "broken" if self.mount_problem() else "running"
+        if self.mount_problem():
+            return "broken"
+        return "spare" if self.state.get("spare") else "running"
 
     def mount_problem(self) -> str | None:
         """Why a shared mount under the sandbox no longer serves it, or None. A FUSE mount
@@ -350,6 +353,7 @@ class Sandbox:
                           self.state["network"], self.id, self.seccomp.profile, one_shot)
 
     def _start(self) -> None:
+        cgroups.prime_migrations()
         spec = self._launch_spec(self.process, one_shot=False)
         self.state["init_pid"] = self.launcher.start(spec)
         self.state["status"] = "running"
@@ -364,6 +368,7 @@ class Sandbox:
         require_root()
         if self.state.get("status") != "created":
             raise WeenvError(f"sandbox {self.id} has started already: use exec")
+        cgroups.prime_migrations()
         launch = self._launch_spec(spec, one_shot=True)
         self.state["status"] = "running"
         self.save()
@@ -505,6 +510,7 @@ class Sandbox:
         """Start `spec` in the sandbox; returns the launcher process and the pid file of the
         command (gone by the time `forget_exec` ran)."""
         require_root()
+        cgroups.prime_migrations()
         pid_file = self.bundle / "exec" / f"{secrets.token_hex(6)}.pid"
         proc = self.launcher.exec(self.id, self.bundle, spec, pid_file=pid_file, stdin=stdin,
                                   stdout=stdout, stderr=stderr)
