@@ -14,8 +14,7 @@ Owns:
   server the first mount of the session starts there (mounts start one when none answers) is
   stopped by pid when the session ends; tests of the server start their own
   (tests/fuse/test_mountd.py). $WEENV_KEEP_WARM is 0 unless set: a shared mount is unmounted
-  when its last sandbox goes, as tests of sandboxes expect (tests of warm mounts opt in),
-  and $WEENV_SPARES is off: a run leaves no spare sandbox (tests of spares opt in).
+  when its last sandbox goes, as tests of sandboxes expect (tests of warm mounts opt in).
   $WEENV_METRICS and $WEENV_SNAPSHOTTER_METRICS are off: no server of the tests exports
   metrics unless its test asks.
 It must not start servers or build fixtures of any area; those live in tests/<area>/conftest.py.
@@ -56,9 +55,6 @@ WATCHED_LOGGER = "weenvfs"
 os.environ["WEENV_MOUNTD_SOCKET"] = os.path.join(
     tempfile.mkdtemp(prefix="weenv-tests-mountd-"), "mountd.sock")
 os.environ.setdefault("WEENV_KEEP_WARM", "0")
-# No spare sandboxes (runtime/spares.py): tests check that a run leaves nothing behind;
-# tests/runtime/test_spares.py turns them on.
-os.environ["WEENV_SPARES"] = "off"
 # The servers the tests' mounts start export no metrics (the node's port is not theirs);
 # tests of the metrics choose an address (tests/fuse/test_metrics.py); so do the
 # snapshotter's (tests/support/containerd.py).

@@ -75,6 +75,24 @@ def test_idle_mounts_over_the_bound_are_evicted_least_recently_used_first(
     assert not daemon.is_mounted(mounts.mountpoint(second.digest))
 
 
+def test_a_run_the_node_service_carries_out_asks_for_the_eviction_after_its_answer(
+        warm_root: Path, make_env: Callable[..., EnvRef],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`weenv run` in the node service's process asks for the eviction once its client has
+    the status (service_forks.when_answered): it still happens. The service runs before the
+    bound is set, so its own housekeeping keeps the default bound: only the runs' request
+    can evict."""
+    run_weenv("mountd", "--detach")
+    monkeypatch.setenv(mounts.WARM_MAX_ENV, "1")
+    first, second = make_env(), make_env()
+    for env in (first, second):
+        run_weenv("run", "--store", str(env.store), "--cache", str(env.cache), "--lower",
+                  "merged", env.ref, "true")
+    wait_for(lambda: {m.key for m in mounts.list_mounts() if m.idle} == {second.digest},
+             "the eviction the second run asked for", 60.0)
+    assert not daemon.is_mounted(mounts.mountpoint(first.digest))
+
+
 def test_without_the_node_service_a_close_evicts_itself(
         warm_root: Path, make_env: Callable[..., EnvRef],
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,9 +12,10 @@ the CLI):
 - `fork_daemon`: a mount daemon, its readiness pipe and log file passed by the client;
 - `fork_attached`: a command with the client's stdin, stdout, stderr and working folder
   (`weenv run` hands itself over: hand_over.py), its pid and exit status on a status pipe;
-  what it asked to do after its answer (`when_answered`: `weenv run` makes the next run's
-  spare sandbox, runtime/spares.py) runs once the status is out, with the client's stdio
-  closed, signals ignored and its title saying so (ANSWERED_TITLE);
+  what it asked to do after its answer (`when_answered`: a closing `weenv run` asks for the
+  eviction of idle mounts over the node's bounds, runtime/mounts.py) runs once the status
+  is out, with the client's stdio closed, signals ignored and its title saying so
+  (ANSWERED_TITLE);
 - `fork_task`: a chore of the server's own (housekeeping, an eviction).
 
 Must not: return into the server's loop from a child (every path ends in `os._exit`), or

@@ -1,10 +1,9 @@
 """The `weenv run` and `weenv sandbox create|exec|reset|rm|ls|gc` commands.
 
 Owns: their arguments, defaults and output. `run` makes a sandbox owned by itself (or by the
-`weenv run` it runs for, in a process of the node service: weenvfs/hand_over.py), or claims the
-spare made for it (spares.py), runs one command with this terminal's stdin/stdout/stderr,
-removes the sandbox (also on SIGTERM, SIGHUP or Ctrl-C) and exits with the command's status;
-in the node service it then makes the next run's spare. `sandbox create` makes a detached sandbox
+`weenv run` it runs for, in a process of the node service: weenvfs/hand_over.py), runs one command
+with this terminal's stdin/stdout/stderr, removes the sandbox (also on SIGTERM, SIGHUP or
+Ctrl-C) and exits with the command's status. `sandbox create` makes a detached sandbox
 that lives until `sandbox rm`; the other subcommands find it by id through its state folder,
 from any process. Must not: build sandboxes or capture output itself (sandbox.py,
 environment.py).
@@ -42,7 +41,7 @@ from .lower_modes import DEFAULT_LOWER, LOWER_MODES
 
 if TYPE_CHECKING:
     from .elastic import NodeView
-    from .sandbox import EnvSource, Sandbox, SandboxOptions
+    from .sandbox import Sandbox
 
 Sub = argparse._SubParsersAction  # type: ignore[type-arg]
 
@@ -140,10 +139,7 @@ def _register_run(subparsers: Sub) -> None:
             "exit (--keep keeps the writable layer for inspection). As root, the node service\n"
             "(`weenv mountd`, started when missing) carries the run out with this process's\n"
             "stdio, folder and environment; this process passes on signals and the exit\n"
-            "status (WEENV_NODE_RUN=off: everything in this process). After answering, it\n"
-            "makes a spare sandbox of the same kind, which the next run of the same\n"
-            "environment and options runs in (WEENV_SPARES=N: at most N on the node, off:\n"
-            "none; `weenv sandbox ls` shows them; they go with their mounts' keep-warm)."
+            "status (WEENV_NODE_RUN=off: everything in this process)."
         ),
         examples=[
             "weenv run --store /srv/weenv debian:12 cat /etc/os-release",
@@ -394,49 +390,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
         command = list(source.command)
     if not command:
         raise UsageError("no command given and the environment has no entrypoint or cmd")
-    options = _options(args, keep_upper=args.keep)
-    owner = args.owner_pid or os.getpid()
     with _signals_interrupt():
-        spare, key = _claim_spare(source, options, owner)
-        if spare is None:
-            with _provisioner_notice(args.elastic):
-                box = Sandbox.create(source, options, owner_pid=owner, start=False)
-        else:
-            box = spare
+        with _provisioner_notice(args.elastic):
+            box = Sandbox.create(source, _options(args, keep_upper=args.keep),
+                                 owner_pid=args.owner_pid or os.getpid(), start=False)
         try:
-            if spare is not None:
-                return _run_attached(box, command, {}, None, None)
             return _run_once(box, command)
         finally:
-            if key is not None:
-                _spare_after_answer(source, options, key)
             with _signals_ignored():
                 box.destroy()
             _say_hint(box)
             if args.keep:
                 print(f"weenv: upper layer kept in {box.upper_root / 'upper'}",
                       file=sys.stderr)
-
-
-def _claim_spare(source: EnvSource, options: SandboxOptions,
-                 owner: int) -> tuple[Sandbox | None, str | None]:
-    """A spare sandbox made for exactly this run (spares.py), now owned by `owner`, or
-    None; and the kind of sandbox this run makes (None: never kept as a spare)."""
-    from . import spares
-    from .runtimes import default_launcher
-
-    key = spares.spare_key(source, options, default_launcher().name)
-    return (spares.claim(key, owner) if key is not None else None), key
-
-
-def _spare_after_answer(source: EnvSource, options: SandboxOptions, key: str) -> None:
-    """When the node service runs this command: once the client has its status, make the
-    next run's spare (spares.py); a run in the caller's own process makes none."""
-    from weenvfs.fuse.service_forks import when_answered
-
-    from . import spares
-
-    when_answered(lambda: spares.make(source, options, key))
 
 
 def _say_hint(box: Sandbox) -> None:

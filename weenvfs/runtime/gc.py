@@ -5,8 +5,7 @@ Owns the rules for what is an orphan, and their removal:
   detached one (`weenv sandbox create`) whose init is gone (the node rebooted, or someone
   killed it): `Sandbox.destroy` kills its
   processes, unmounts its overlay and tmpfs, removes its cgroup and upper dir and drops its
-  hold on the environment's shared mounts; so does a spare sandbox (spares.py) past its time
-  or whose making or claim was cut short;
+  hold on the environment's shared mounts;
 - registrations with the node's provisioner of sandboxes that are gone (elastic.py), then
   containers of any installed OCI runtime (crun, runc) and cgroups under `/weenv/` with no
   sandbox folder (a crash between steps of create or destroy);
@@ -29,7 +28,7 @@ from pathlib import Path
 
 from weenvfs.errors import UsageError, WeenvError
 
-from . import cgroups, elastic, mounts, sandbox, sandbox_state, spares
+from . import cgroups, elastic, mounts, sandbox, sandbox_state
 from .cgroups import CGROUP_PARENT
 from .launcher import Launcher
 from .runtimes import installed_launchers
@@ -77,7 +76,6 @@ def collect(*, mounts_only: bool = False, launcher: Launcher | None = None) -> G
     sandbox.require_root()
     report = GcReport()
     if not mounts_only:
-        report.sandboxes.extend(spares.sweep())
         _sandboxes(report, launcher)
         report.registrations.extend(elastic.drop_orphans(sandbox_state.exists))
         for each in [launcher] if launcher else installed_launchers():

@@ -102,13 +102,10 @@ def _until(when: float | None) -> str:
 
 
 def _cmd_evict(args: argparse.Namespace) -> int:
-    from . import mounts, sandbox_state, spares
+    from . import mounts, sandbox_state
 
-    root = _is_root()
     if args.expired:
-        if root:
-            spares.sweep()  # a spare past its time releases its mounts first
-        evicted = mounts.evict_idle(is_live=sandbox_state.exists if root else None)
+        evicted = mounts.evict_idle(is_live=sandbox_state.exists if _is_root() else None)
     else:
         listed = mounts.list_mounts()
         if args.key is not None:
@@ -118,11 +115,7 @@ def _cmd_evict(args: argparse.Namespace) -> int:
             if len(chosen) > 1:
                 raise UsageError(f"key prefix {args.key!r} names {len(chosen)} mounts")
         else:
-            # A mount only spares hold counts as idle: spares are the node's warm state too.
-            spare_ids = spares.ids() if root else set()
-            chosen = [m for m in listed if args.all or not set(m.holders) - spare_ids]
-        if root:
-            spares.discard(m.key for m in chosen)  # they give way to an eviction
+            chosen = [m for m in listed if args.all or not m.holders]
         evicted = [m.key for m in chosen if mounts.evict(m.key, force=args.force)]
     if not args.quiet:
         for key in evicted:

@@ -190,18 +190,15 @@ class Sandbox:
         return bool(self.state.get("limits", {}).get("elastic"))
 
     def status(self) -> str:
-        """'creating', 'running', 'spare' (made ahead for the next `weenv run`: spares.py),
-        'stopped' (init gone), 'orphaned' (owner gone) or 'broken' (an environment mount
-        under it is gone)."""
+        """'creating', 'running', 'stopped' (init gone), 'orphaned' (owner gone) or 'broken'
+        (an environment mount under it is gone)."""
         if not owner_alive(self.state.get("owner")):
             return "orphaned"
         if self.state.get("status") != "running":
             return str(self.state.get("status"))
         if self.launcher.status(self.id) != "running":
             return "stopped"
-        if self.mount_problem():
-            return "broken"
-        return "spare" if self.state.get("spare") else "running"
+        return "broken" if self.mount_problem() else "running"
 
     def mount_problem(self) -> str | None:
         """Why a shared mount under the sandbox no longer serves it, or None. A FUSE mount

@@ -55,7 +55,6 @@ class SandboxState(TypedDict, total=False):
     mounts: list[str]  # keys of the shared mounts under the overlay (mounts.py)
     cgroup: dict[str, Any]  # {"path", "resources"} once the init started
     init_pid: int
-    spare: dict[str, Any]  # {"key", "until"} while a spare nobody claimed (spares.py)
 
 
 def process_start(pid: int) -> int | None:
