@@ -53,8 +53,8 @@ def run_weenv(
 
 
 def owned_by(pid: int) -> list[str]:
-    """Ids of the sandboxes process `pid` owns (detached ones, `sandbox create`d or spares,
-    have no owner; one removed meanwhile is skipped)."""
+    """Ids of the sandboxes process `pid` owns (a detached one, `sandbox create`d, has no
+    owner; one removed meanwhile is skipped)."""
     found = []
     for sandbox_id in sandbox_state.list_ids():
         try:

@@ -4,7 +4,9 @@ Owns: `Limits` (what `--cpus/--memory/--pids` ask for), their OCI form (`oci_res
 hook every sandbox start goes through (`cgroup_factory`, replaced by `set_cgroup_factory`),
 and the few cgroup file operations the runtime needs whatever the version: the directories
 of a cgroup in every mounted hierarchy (`cgroup_dirs`; v1 has one per controller, v2 one),
-its pids, killing one session in it, and forced removal (kill what is left, rmdir).
+its pids, killing one session in it, and forced removal (kill what is left, rmdir); and
+`prime_migrations`, which has the kernel's cgroup lock warm before the OCI runtime moves a
+sandbox's process.
 
 The hook runs at every start of a sandbox's init (create and reset), since a reset kills the
 init and runc removes the cgroup with it. The default, `create_cgroup`, names `/weenv/ID`
