@@ -73,10 +73,10 @@ RULES: dict[str, Rule] = {
     # node service and, above the runtime, the containerd snapshotter serve.
     "fuse": _rule(
         {"pyfuse3", "trio", "setproctitle", "prometheus_client"},
-        {"core", "store", "errors", "units", "native"}, store={"weenvfs.store"},
+        {"core", "store", "errors", "units", "native", "cgroups"}, store={"weenvfs.store"},
     ),
     "runtime": _rule({"trio"}, {"core", "fuse", "store", "provision", "errors", "units",
-                                "native"}),
+                                "native", "cgroups"}),
     # The build side; it publishes each group's EROFS image over the groups below it exactly
     # as a node derives it (SPEC.md 15.9), so it uses the node's derivation, and nothing else
     # of the core (docs/design-notes.md).
@@ -92,6 +92,7 @@ RULES: dict[str, Rule] = {
     "errors": _rule(set(), set()),
     "units": _rule(set(), set()),  # byte sizes for humans: stdlib only, shared by every room
     "native": _rule(set(), set()),  # where the native programs are: stdlib only, for any room
+    "cgroups": _rule(set(), set()),  # where this process's cgroups are: stdlib only
     # weenvfs/__init__.py: the version only; importing it must not pull in anything.
     "package": _rule(set(), set()),
     # The `weenv` entry point and its shared argument helpers: they load command modules by
@@ -118,6 +119,7 @@ TOP_FILES = {
     "errors.py": "errors",
     "units.py": "units",
     "native_programs.py": "native",
+    "cgroup_places.py": "cgroups",
     "hint_commands.py": "top",
     "dev_commands.py": "top",
     "demo.py": "top",

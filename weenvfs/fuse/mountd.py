@@ -420,31 +420,17 @@ def leave_caller_cgroups() -> None:
     """Move this process to the root cgroup of each cgroup v1 hierarchy and of cgroup2
     (those it can write), so the node's server and its mount daemons outlive, and are not
     limited or killed with, the sandbox, job or session that happened to start it first."""
-    mounts: dict[frozenset[str], Path] = {}
-    unified: Path | None = None
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            fields = line.split()
-            tail = fields[fields.index("-") + 1:]
-            if tail[0] == "cgroup2":
-                unified = unified or Path(fields[4])
-            elif tail[0] == "cgroup":
-                names = frozenset(o for o in tail[2].split(",") if o not in ("rw", "ro"))
-                mounts.setdefault(names, Path(fields[4]))
+    from weenvfs.cgroup_places import own_cgroups
+
     moved, failed = [], []
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, where = line.split(":", 2)
+    for hierarchy, root, where in own_cgroups():
         if where == "/":
-            continue
-        root = unified if not controllers else next(
-            (m for names, m in mounts.items() if set(controllers.split(",")) <= names), None)
-        if root is None:
             continue
         try:
             (root / "cgroup.procs").write_text(f"{os.getpid()}\n")
-            moved.append(controllers or "cgroup2")
+            moved.append(hierarchy)
         except OSError as error:
-            failed.append(f"{controllers or 'cgroup2'} ({error.strerror})")
+            failed.append(f"{hierarchy} ({error.strerror})")
     if moved:
         log.info("mount server left its starter's cgroups: %s", ", ".join(moved))
     if failed:

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from weenvfs.cgroup_places import own_cgroups
+
 from .launcher import CgroupSpec
 
 log = logging.getLogger(__name__)
@@ -100,30 +102,9 @@ def prime_migrations() -> None:
 
 
 def _write_own_cgroup() -> None:
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, where = line.split(":", 2)
-            for folder in _hierarchy_dirs(controllers, where):
-                (folder / "cgroup.procs").write_text(f"{os.getpid()}\n")
-                return
-
-
-def _hierarchy_dirs(controllers: str, where: str) -> list[Path]:
-    """The folder of cgroup `where` in the hierarchy of `controllers` (/proc/self/cgroup's
-    fields; empty: cgroup2)."""
-    wanted = set(controllers.split(",")) if controllers else set()
-    found = []
-    with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) < 4 or fields[2] not in ("cgroup", "cgroup2"):
-                continue
-            if (fields[2] == "cgroup2") != (not wanted):
-                continue
-            if wanted and not wanted <= set(fields[3].split(",")):
-                continue
-            found.append(Path(fields[1]) / where.lstrip("/"))
-    return found
+    with contextlib.suppress(OSError):
+        for _, root, where in own_cgroups()[:1]:  # one hierarchy: the lock is node-wide
+            (root / where.lstrip("/") / "cgroup.procs").write_text(f"{os.getpid()}\n")
 
 
 def set_cgroup_factory(factory: CgroupFactory) -> CgroupFactory:
