@@ -14,8 +14,7 @@ the CLI):
   (`weenv run` hands itself over: hand_over.py), its pid and exit status on a status pipe;
   what it asked to do after its answer (`when_answered`: a closing `weenv run` asks for the
   eviction of idle mounts over the node's bounds, runtime/mounts.py) runs once the status
-  is out, with the client's stdio closed, signals ignored and its title saying so
-  (ANSWERED_TITLE);
+  is out, with the client's stdio closed and signals ignored;
 - `fork_task`: a chore of the server's own (housekeeping, an eviction).
 
 Must not: return into the server's loop from a child (every path ends in `os._exit`), or
@@ -38,8 +37,6 @@ _forked: list[int] = []  # first children of `detached` not reaped yet (`reap_fo
 # What an attached command asked to do once its client has its exit status (`when_answered`);
 # None in any process that is not such a command.
 _after_answer: list[Callable[[], None]] | None = None
-# Appended to its title (`ps`) by such a command before it answers, if it has work after.
-ANSWERED_TITLE = " (answered: tidying up)"
 
 
 def fork_daemon(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
@@ -193,15 +190,6 @@ def _run_after_answer(actions: list[Callable[[], None]]) -> None:
             log.warning("after the command's answer: %s", error)
 
 
-def _title_answered() -> None:
-    """Say in the title, before the answer goes out, that what runs now is after it: so
-    whoever has the answer can tell (and wait for) this process's tidying up."""
-    import setproctitle
-
-    with contextlib.suppress(Exception):
-        setproctitle.setproctitle(setproctitle.getproctitle() + ANSWERED_TITLE)
-
-
 def _become_attached(argv: list[str], env: dict[str, str], umask: int, cwd: str,
                      run: Callable[[list[str]], int], fds: list[int]) -> None:
     """In the forked command: the client's stdio, folder, umask and environment, then `weenv
@@ -242,7 +230,6 @@ def _become_attached(argv: list[str], env: dict[str, str], umask: int, cwd: str,
         if _after_answer:  # the client relays no signal meant for the command past this
             for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 signal.signal(signum, signal.SIG_IGN)
-            _title_answered()
         with contextlib.suppress(OSError):
             os.write(status, b"exit %d\n" % code)
     if _after_answer:
