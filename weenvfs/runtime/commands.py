@@ -380,7 +380,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .environment import resolve_source
     from .sandbox import Sandbox
 
-    prime_migrations()  # as early as can be: the run's own work hides its wait
+    # As early as can be, so the run's own work hides the wait; the only priming of a run
+    # (`Sandbox.run_once` has no other caller; a second one there gained nothing, 24 rounds).
+    prime_migrations()
     command = split_command(args, "ref", store=True)
     if args.owner_pid:
         log.info("run by the node service for process %d", args.owner_pid)

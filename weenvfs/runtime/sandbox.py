@@ -365,7 +365,6 @@ class Sandbox:
         require_root()
         if self.state.get("status") != "created":
             raise WeenvError(f"sandbox {self.id} has started already: use exec")
-        cgroups.prime_migrations()
         launch = self._launch_spec(spec, one_shot=True)
         self.state["status"] = "running"
         self.save()
