@@ -18,8 +18,11 @@ import trio
 
 from weenvfs.cli import main
 from weenvfs.core.cache import (
+    CHEAP,
+    HASHES,
     LOG_FOLDER,
     LOG_KEEP,
+    MISSING,
     TRUST_XATTR,
     ChunkCache,
     current_boot_id,
@@ -183,14 +186,34 @@ def test_chunks_verified_in_this_boot_are_trusted_by_later_processes(
     boot = os.getxattr(path, TRUST_XATTR)
     assert boot == current_boot_id() != b""
     later = ChunkCache(chunk_cache.root)  # another mount, same boot: no need to hash again
-    assert later.is_trusted(digest) and not later.is_verified(digest)
+    assert later.open_cost(digest) == CHEAP and not later.is_verified(digest)
     with later.open(digest, CHUNK) as handle:
         assert handle.read() == plain
     after_reboot = ChunkCache(chunk_cache.root, boot_id=b"the-next-boot")
-    assert not after_reboot.is_trusted(digest)
+    assert after_reboot.open_cost(digest) == HASHES
     with after_reboot.open(digest, CHUNK) as handle:  # verified, then marked for that boot
         assert handle.read() == plain
     assert os.getxattr(path, TRUST_XATTR) == b"the-next-boot"
+
+
+def test_open_cost_says_what_open_would_do(chunk_cache: ChunkCache, pattern) -> None:
+    plain = pattern(5, CHUNK)
+    digest = digest_bytes(plain)
+    assert chunk_cache.open_cost(digest) == MISSING
+    assert chunk_cache.open(digest, CHUNK) is None
+    _insert(chunk_cache, plain)
+    assert chunk_cache.open_cost(digest) == CHEAP  # written, so verified, by this process
+    path = chunk_cache.path(digest)
+    assert ChunkCache(chunk_cache.root).open_cost(digest) == CHEAP  # marked in this boot
+    assert ChunkCache(chunk_cache.root, boot_id=b"").open_cost(digest) == HASHES  # no trust
+    os.removexattr(path, TRUST_XATTR)
+    unmarked = ChunkCache(chunk_cache.root)
+    assert unmarked.open_cost(digest) == HASHES
+    with unmarked.open(digest, CHUNK) as handle:  # hashed, then marked again
+        assert handle.read() == plain
+    path.unlink()
+    assert ChunkCache(chunk_cache.root).open_cost(digest) == MISSING
+    assert ChunkCache(chunk_cache.root, boot_id=b"").open_cost(digest) == MISSING
 
 
 def test_a_damaged_file_from_an_earlier_boot_is_not_marked(

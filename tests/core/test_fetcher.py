@@ -10,6 +10,7 @@ tests use trio's MockClock, so "within the deadline" is checked in virtual time.
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -22,9 +23,10 @@ import pytest
 import trio
 import trio.testing
 
-from weenvfs.core.cache import ChunkCache
+from weenvfs.core.cache import TRUST_XATTR, ChunkCache
 from weenvfs.core.chunk_plan import ChunkLoc, plan_requests
 from weenvfs.core.fetcher import Fetcher
+from weenvfs.core.range_fetch import INLINE_CODEC_BYTES
 from weenvfs.errors import ChunkCorrupt, ChunkUnavailable
 from weenvfs.format.digest import digest_bytes
 from weenvfs.store.faulty import FaultyStore
@@ -190,6 +192,30 @@ def test_four_adjacent_chunks_are_one_request(put_blob, local_store, chunk_cache
     assert store.calls["get_range"] == 1
 
 
+def test_a_miss_opens_nothing_in_a_thread(put_blob, local_store, chunk_cache, pattern,
+                                         monkeypatch) -> None:
+    # A chunk that is not cached costs no thread hop to find that out (before and after its
+    # lock): on a cold start that is every miss. A file that must be hashed still opens in one.
+    plains = _plains(pattern, 2, size=INLINE_CODEC_BYTES + CHUNK)
+    locs = put_blob(plains)
+    opened_in: list[str] = []
+    real_open = ChunkCache.open
+
+    def recording_open(self, digest, ulen, **kwargs):
+        opened_in.append(threading.current_thread().name)
+        return real_open(self, digest, ulen, **kwargs)
+
+    monkeypatch.setattr(ChunkCache, "open", recording_open)
+    assert _read_all(Fetcher(local_store, chunk_cache), locs[:1]) == plains[0]
+    main = threading.main_thread().name
+    assert all(name == main for name in opened_in), opened_in
+    _read_all(Fetcher(local_store, chunk_cache), locs[1:])
+    opened_in.clear()
+    os.removexattr(chunk_cache.path(locs[1].digest), TRUST_XATTR)  # as if from another boot
+    assert _read_all(Fetcher(local_store, ChunkCache(chunk_cache.root)), locs[1:]) == plains[1]
+    assert len(opened_in) == 1 and opened_in[0] != main
+
+
 @pytest.mark.parametrize(("gap", "requests"), [(0, 2), (1 << 20, 1)])
 def test_a_gap_above_the_threshold_splits_the_request(
     put_blob, local_store, chunk_cache, pattern, gap: int, requests: int
@@ -256,9 +282,10 @@ def test_concurrent_readers_share_one_fetch(put_blob, local_store, chunk_cache, 
 WORKER = """
 import hashlib, json, os, sys, time
 import trio
-from weenvfs.core.cache import ChunkCache
+from weenvfs.core.cache import TRUST_XATTR, ChunkCache
 from weenvfs.core.chunk_plan import ChunkLoc
 from weenvfs.core.fetcher import Fetcher
+from weenvfs.core.range_fetch import INLINE_CODEC_BYTES
 from weenvfs.store.faulty import FaultyStore
 from weenvfs.store.local import LocalStore
 

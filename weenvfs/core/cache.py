@@ -85,6 +85,8 @@ DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 LOG_FOLDER = "logs"  # the mount daemons' logs: removed once untouched for LOG_KEEP seconds
 LOG_KEEP = 7 * 86400
 TRUST_XATTR = "user.weenv.verified"  # value: the boot id of the boot that verified the file
+# `ChunkCache.open_cost` answers: no file, no data read, or the whole file read and hashed.
+MISSING, CHEAP, HASHES = "missing", "cheap", "hashes"
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _CACHEDIR_TAG = (
     "Signature: 8a477f597d28d172789f06886806bc55\n"
@@ -233,15 +235,22 @@ class ChunkCache(CacheBound):
         """True if this process already verified (or wrote) `digest`, so `open` is cheap."""
         return digest in self._verified
 
-    def is_trusted(self, digest: bytes) -> bool:
-        """True if `digest` is cached and was verified in this boot (by any process), so `open`
-        reads no data (one getxattr: for deciding whether to open in a thread)."""
+    def open_cost(self, digest: bytes) -> str:
+        """What `open(digest)` would do, for deciding whether to run it in a thread: MISSING
+        (no file: it returns None at once), CHEAP (verified by this process, or in this boot
+        by any process: it reads no data) or HASHES (it reads and hashes the whole file). One
+        getxattr at most; the file may come or go right after, which `open` handles."""
+        if digest in self._verified:
+            return CHEAP
+        path = self._chunk_path(digest.hex())
         if not self._boot:
-            return False
+            return HASHES if os.path.exists(path) else MISSING
         try:
-            return os.getxattr(self._chunk_path(digest.hex()), TRUST_XATTR) == self._boot
+            return CHEAP if os.getxattr(path, TRUST_XATTR) == self._boot else HASHES
+        except FileNotFoundError:
+            return MISSING
         except OSError:
-            return False
+            return HASHES
 
     def contains(self, digest: bytes) -> bool:
         """Whether a file for `digest` exists (not verified: a hint for prefetch only)."""
@@ -267,7 +276,7 @@ class ChunkCache(CacheBound):
         pinned (not evicted by this process while open) unless `pin` is False.
 
         The first use of a file not verified in this boot reads and hashes the whole file (run
-        it in a thread for big chunks, unless `is_trusted`); a damaged file is removed, logged
+        it in a thread for big chunks, when `open_cost` says HASHES); a damaged file is removed, logged
         and reported as None.
         """
         path = self._chunk_path(digest.hex())
