@@ -33,6 +33,21 @@ def test_take_returns_each_frame_once_and_frees_the_response_when_all_are_taken(
     trio.run(main)
 
 
+def test_holds_and_at_edge_say_where_an_arrived_frame_lies_in_its_response() -> None:
+    frames = [_loc(n, 100 + 10 * n) for n in range(6)]  # bytes 100..160, ten each
+    stash = FrameStash()
+    event = stash.begin(frames)
+    assert not stash.holds(frames[0].digest)  # on its way only
+    assert not stash.at_edge(frames[0].digest, 1.0)
+    stash.land(frames, event, bytes(60), 100)
+    assert all(stash.holds(loc.digest) for loc in frames)
+    # Within a quarter of the response (15 bytes) of either end: the first two and the last
+    # two frames.
+    assert [stash.at_edge(loc.digest, 0.25) for loc in frames] == [True, True, False, False,
+                                                                  True, True]
+    assert not stash.at_edge(_loc(9, 0).digest, 1.0)  # never fetched
+
+
 def test_a_frame_outside_the_response_is_not_held() -> None:
     inside, beyond = _loc(1, 0), _loc(2, 15)
     stash = FrameStash()

@@ -117,6 +117,39 @@ def test_a_demand_miss_fetches_the_neighbourhood_undecoded_in_the_background(
         frames[2].offset + frames[2].clen - frames[1].offset)
 
 
+def test_a_stashed_miss_widens_the_neighbourhood_only_near_its_ends(
+        repo, build_group, tmp_path, pattern) -> None:
+    specs = [file(f"f{i:02d}", pattern(450 + i, CHUNK)) for i in range(14)]
+    group = build_group(repo, specs, "row")
+    frames = _frames(group.index)
+    cache = ChunkCache(tmp_path / "cache")
+    store = FaultyStore(repo.store)
+    fetcher = Fetcher(store, cache)
+    reach = 3 * CHUNK + 200  # three frames on each side
+    fetcher.neighbours = Neighbours([group.index], reach).around
+    fetcher.near_reach = reach
+
+    async def body() -> None:
+        await fetcher.read([(frames[6], 0, frames[6].ulen)])  # brings frames 3..9
+        await _landed(fetcher, 1)
+        calls = store.calls["get_range"]
+        # Frame 5 lies in the middle of that response: read from it, no request at all.
+        assert await fetcher.read([(frames[5], 0, frames[5].ulen)]) == pattern(455, CHUNK)
+        await trio.sleep(0.05)  # room for a background request to start (none must)
+        assert store.calls["get_range"] == calls and fetcher.stats.neighbour_requests == 1
+        # Frame 8 lies in the response's last quarter: the next stretch (10, 11) comes.
+        assert await fetcher.read([(frames[8], 0, frames[8].ulen)]) == pattern(458, CHUNK)
+        await _landed(fetcher, 2)
+        assert store.calls["get_range"] == calls + 1
+        assert fetcher._stash.holds(frames[10].digest) and fetcher._stash.holds(frames[11].digest)
+        assert not fetcher._stash.covers(frames[12].digest)
+
+    _serve_reads(fetcher, body)
+    assert fetcher.stats.neighbour_hits == 2 and fetcher.stats.cache_misses == 3
+    assert fetcher.stats.read_waits.count == 3
+    assert [cache.contains(loc.digest) for loc in frames] == [i in (5, 6, 8) for i in range(14)]
+
+
 def test_a_reader_waits_for_the_neighbourhood_already_fetching_its_chunk(
         repo, build_group, tmp_path, pattern) -> None:
     specs = [file(f"f{i:02d}", pattern(600 + i, CHUNK)) for i in range(8)]

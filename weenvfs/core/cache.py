@@ -276,8 +276,8 @@ class ChunkCache(CacheBound):
         pinned (not evicted by this process while open) unless `pin` is False.
 
         The first use of a file not verified in this boot reads and hashes the whole file (run
-        it in a thread for big chunks, when `open_cost` says HASHES); a damaged file is removed, logged
-        and reported as None.
+        it in a thread for big chunks, when `open_cost` says HASHES); a damaged file is
+        removed, logged and reported as None.
         """
         path = self._chunk_path(digest.hex())
         try:

@@ -67,6 +67,22 @@ class FrameStash:
         """Whether `digest`'s frame is held or on its way."""
         return digest in self._frames or digest in self._pending
 
+    def holds(self, digest: bytes) -> bool:
+        """Whether `digest`'s frame has arrived (`take` returns it without waiting)."""
+        return digest in self._frames
+
+    def at_edge(self, digest: bytes, share: float) -> bool:
+        """Whether `digest`'s frame has arrived and starts or ends within `share` of the
+        length of the response that brought it from that response's ends (where a reader
+        walking on through the blob leaves what was fetched)."""
+        held = self._frames.get(digest)
+        if held is None:
+            return False
+        response, frame = held
+        margin = share * len(response.data)
+        return (frame.offset - response.start < margin
+                or response.start + len(response.data) - (frame.offset + frame.clen) < margin)
+
     def begin(self, run: Sequence[ChunkLoc]) -> trio.Event:
         """Mark the chunks of `run` as on their way; `land` or `fail` must follow."""
         event = trio.Event()
