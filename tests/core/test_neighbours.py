@@ -150,6 +150,38 @@ def test_a_stashed_miss_widens_the_neighbourhood_only_near_its_ends(
     assert [cache.contains(loc.digest) for loc in frames] == [i in (5, 6, 8) for i in range(14)]
 
 
+def test_a_stashed_chunk_another_process_is_fetching_is_left_to_that_process(
+        repo, build_group, tmp_path, pattern) -> None:
+    specs = [file(f"f{i:02d}", pattern(470 + i, CHUNK)) for i in range(8)]
+    group = build_group(repo, specs, "row")
+    frames = _frames(group.index)
+    cache = ChunkCache(tmp_path / "cache")
+    store = FaultyStore(repo.store)
+    fetcher = Fetcher(store, cache)
+    fetcher.neighbours = Neighbours([group.index], 2 * CHUNK + 100).around
+    elsewhere = ChunkCache(tmp_path / "cache")  # another holder of the chunk locks
+
+    async def body() -> None:
+        await fetcher.read([(frames[4], 0, frames[4].ulen)])
+        await _landed(fetcher, 1)
+        assert fetcher._stash.holds(frames[5].digest)
+        lock = elsewhere.lock(frames[5].digest)
+        calls = store.calls["get_range"]
+        async with trio.open_nursery() as nursery:
+            async def reader() -> None:
+                assert await fetcher.read([(frames[5], 0, frames[5].ulen)]) == pattern(475,
+                                                                                       CHUNK)
+            nursery.start_soon(reader)
+            await trio.sleep(0.1)
+            assert not cache.contains(frames[5].digest)  # the reader waits for that lock
+            lock.release()  # ... which let go without caching it: the reader fetches it
+        assert store.calls["get_range"] >= calls + 1
+        assert fetcher._stash.holds(frames[5].digest)  # the short path left the frame alone
+
+    _serve_reads(fetcher, body)
+    assert cache.contains(frames[5].digest) and fetcher.stats.neighbour_hits == 0
+
+
 def test_a_reader_waits_for_the_neighbourhood_already_fetching_its_chunk(
         repo, build_group, tmp_path, pattern) -> None:
     specs = [file(f"f{i:02d}", pattern(600 + i, CHUNK)) for i in range(8)]
