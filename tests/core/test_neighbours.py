@@ -82,15 +82,22 @@ async def _landed(fetcher, requests: int) -> None:
             await trio.sleep(0.005)
 
 
-def test_a_demand_miss_fetches_the_neighbourhood_undecoded_in_the_background(
-        repo, build_group, tmp_path, pattern) -> None:
-    specs = [file(f"f{i:02d}", pattern(400 + i, CHUNK)) for i in range(10)]
-    group = build_group(repo, specs, "row")
-    frames = _frames(group.index)
+def _row_fetcher(repo, build_group, tmp_path, pattern, seed: int, n: int,
+                 reach: int = 2 * CHUNK + 100):
+    """`n` one-chunk files (contents `pattern(seed + i)`) in one blob, and a fetcher of them
+    with neighbourhoods of `reach` bytes: (frames in blob order, cache, store, fetcher)."""
+    group = build_group(repo, [file(f"f{i:02d}", pattern(seed + i, CHUNK)) for i in range(n)],
+                        "row")
     cache = ChunkCache(tmp_path / "cache")
     store = FaultyStore(repo.store)
     fetcher = Fetcher(store, cache)
-    fetcher.neighbours = Neighbours([group.index], 2 * CHUNK + 100).around
+    fetcher.neighbours = Neighbours([group.index], reach).around
+    return _frames(group.index), cache, store, fetcher
+
+
+def test_a_demand_miss_fetches_the_neighbourhood_undecoded_in_the_background(
+        repo, build_group, tmp_path, pattern) -> None:
+    frames, cache, store, fetcher = _row_fetcher(repo, build_group, tmp_path, pattern, 400, 10)
     target = frames[5]
 
     async def body() -> None:
@@ -119,14 +126,9 @@ def test_a_demand_miss_fetches_the_neighbourhood_undecoded_in_the_background(
 
 def test_a_stashed_miss_widens_the_neighbourhood_only_near_its_ends(
         repo, build_group, tmp_path, pattern) -> None:
-    specs = [file(f"f{i:02d}", pattern(450 + i, CHUNK)) for i in range(14)]
-    group = build_group(repo, specs, "row")
-    frames = _frames(group.index)
-    cache = ChunkCache(tmp_path / "cache")
-    store = FaultyStore(repo.store)
-    fetcher = Fetcher(store, cache)
     reach = 3 * CHUNK + 200  # three frames on each side
-    fetcher.neighbours = Neighbours([group.index], reach).around
+    frames, cache, store, fetcher = _row_fetcher(repo, build_group, tmp_path, pattern, 450, 14,
+                                                 reach)
     fetcher.near_reach = reach
 
     async def body() -> None:
@@ -152,13 +154,7 @@ def test_a_stashed_miss_widens_the_neighbourhood_only_near_its_ends(
 
 def test_a_stashed_chunk_another_process_is_fetching_is_left_to_that_process(
         repo, build_group, tmp_path, pattern) -> None:
-    specs = [file(f"f{i:02d}", pattern(470 + i, CHUNK)) for i in range(8)]
-    group = build_group(repo, specs, "row")
-    frames = _frames(group.index)
-    cache = ChunkCache(tmp_path / "cache")
-    store = FaultyStore(repo.store)
-    fetcher = Fetcher(store, cache)
-    fetcher.neighbours = Neighbours([group.index], 2 * CHUNK + 100).around
+    frames, cache, store, fetcher = _row_fetcher(repo, build_group, tmp_path, pattern, 470, 8)
     elsewhere = ChunkCache(tmp_path / "cache")  # another holder of the chunk locks
 
     async def body() -> None:
