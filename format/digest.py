@@ -14,8 +14,11 @@ import blake3
 from .errors import DigestMismatch, FormatError
 
 _HEX = re.compile(r"[0-9a-f]{64}")
-# Above this size hashing uses blake3's own threads (it releases the GIL either way).
-_THREADED_HASH_MIN = 1 << 20
+# Above this size hashing uses blake3's own threads (it releases the GIL either way). Chunks
+# (1 MiB by default) hash on one thread: on a node whose cores the workload and the store
+# keep busy, waking the pool for one chunk costs more than it saves (0.41 ms against 0.29 ms
+# per chunk), and the README's first run was ~2% faster (docs/design-notes.md).
+_THREADED_HASH_MIN = 2 << 20
 # blake3's threads come from a pool made at the first threaded hash. A process that forks
 # must never make it: a forked child inherits the pool without its threads, and its first
 # threaded hash waits forever. `fork_server()` keeps such a process to one thread (its
