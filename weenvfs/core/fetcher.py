@@ -403,8 +403,8 @@ class Fetcher:
         of a cold start with no hint (~150 of ~180 on the reference workload), without the
         tasks of `_load`: claim it, take its cross-process lock, then decode, verify and cache
         it in one thread hop (`_from_stash`, which falls back to the store for a bad frame).
-        Measured on the README's first run: ~1 ms less per such miss. False, having done
-        nothing, for any other chunk (cached, in flight, not stashed, locked elsewhere)."""
+        With `_widen`, ~5% off the README's first run (docs/design-notes.md). False, having
+        done nothing, for any other chunk (cached, in flight, not stashed, locked elsewhere)."""
         if (loc.blob is None or loc.digest in self._flights or not self._stash.holds(loc.digest)
                 or self.cache.open_cost(loc.digest) != MISSING):
             return False
