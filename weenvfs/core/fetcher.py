@@ -75,6 +75,9 @@ NEAR_RETRY = RetryPolicy(max_attempts=1)
 # where it starts (a 100 Mbit/s link measured 30% slower starting at 2 MiB).
 NEAR_SECONDS = 0.05
 NEAR_MIN_REACH = 256 << 10
+# A chunk a neighbourhood brought asks for its own only from this share of that response at
+# either end (`_widen`): where a reader walking on through the blob leaves what was fetched.
+WIDEN_FROM_SHARE = 0.25
 # Verified cached chunks `read_cached` keeps open between reads: a kernel reading a file
 # page by page asks for the same chunk many times, and an open, fstat and close per request
 # was a third of the daemon's time on a cached read. Held files are not pinned (the cache's
@@ -300,8 +303,10 @@ class Fetcher:
         the next stretch on its way. From the middle of a response a neighbourhood asks for
         little but its edges, a request each: on the reference workload 25 of 57
         neighbourhood requests, for no fewer waits (docs/design-notes.md)."""
-        missed = [loc for loc in claimed
-                  if not self._stash.covers(loc.digest) or self._stash.at_edge(loc.digest, 0.25)]
+        if self.neighbours is None:
+            return
+        missed = [loc for loc in claimed if not self._stash.covers(loc.digest)
+                  or self._stash.at_edge(loc.digest, WIDEN_FROM_SHARE)]
         if missed:
             self._fetch_neighbours(missed)
 
@@ -384,7 +389,7 @@ class Fetcher:
                 waits.append((loc, self._flights[loc.digest]))
             else:
                 claims.append(self._claim(loc, priority))
-        if count and claims and self.neighbours is not None:
+        if count and claims:
             self._widen([loc for loc, _flight in claims])
         if not claims and not waits:
             return False
@@ -414,8 +419,7 @@ class Fetcher:
         self._count_lookup(loc, False)
         claim = self._claim(loc, Priority.DEMAND)
         try:
-            if self.neighbours is not None:
-                self._widen([loc])
+            self._widen([loc])
             await self._from_stash(loc, Priority.DEMAND, out)
         finally:
             self._settle([claim], out)

@@ -356,10 +356,10 @@ def evict_over_bounds(policy: WarmPolicy | None = None) -> None:
     from weenvfs.fuse.service_forks import when_answered
 
     policy = policy or WarmPolicy.from_env()
-    if policy.seconds > 0 and policy.max_idle > 0 and (
-            when_answered(lambda: _request_or_evict(policy)) or mountd.request_eviction()):
-        return
-    evict_idle(policy)
+    if policy.seconds <= 0 or policy.max_idle <= 0:
+        evict_idle(policy)
+    elif not when_answered(lambda: _request_or_evict(policy)):
+        _request_or_evict(policy)
 
 
 def _request_or_evict(policy: WarmPolicy) -> None:
