@@ -5,8 +5,10 @@ environment in an S3 store (SeaweedFS on 127.0.0.1, its data kept in BENCH_DIR/s
 a sandbox around the command, the node service (`weenv mountd`, started by this benchmark
 with its own socket, as a node keeps it running) forking the mount daemons. Contenders:
 
-- `weenv run`, cold, first run: no hint in the store; the run records one and publishes it
-  (the default) and the recording is removed again afterwards;
+- `weenv run`, cold, first run: no hint in the store; the run records one, which the node
+  service publishes once the run has its answer (the default; not timed, as the packing after
+  it: the benchmark waits for both before the next contender) and the recording is removed
+  again afterwards;
 - `weenv run`, cold, first run, seed hint: the same, the environment's only hint the seed
   `weenv convert` records from a Python image's own command (`python3` with no input: the
   interpreter's start-up; tools/hint_command.py), recorded once at setup;
@@ -150,6 +152,7 @@ class ReadmeRuns:
         self._cold()
         seconds = self._time(self._run_argv())
         name = "weenv run (README), cold, first run"
+        wait_for_recordings()
         fetched = self.fetched()  # the recording mount is gone by now: 0 if nothing else
         wait_for_packing()  # the hint it published is packed in the background: not timed
         self._set_hint(False)  # what this run published: the next first run finds none
@@ -162,6 +165,7 @@ class ReadmeRuns:
         try:
             self._cold()
             seconds = self._time(self._run_argv())
+            wait_for_recordings()
             wait_for_packing()
         finally:
             self._set_hint(False)  # what this run published
@@ -184,6 +188,8 @@ class ReadmeRuns:
         self._cold()
         seconds = self._time([sys.executable, "-c", API_SCRIPT, self.ref, self.url,
                               str(self.cache), self.code])
+        wait_for_recordings()
+        wait_for_packing()
         self._set_hint(False)
         return {"Python API, cold, first run": seconds}
 
@@ -191,6 +197,17 @@ class ReadmeRuns:
         """Bytes the node's shared mounts fetched so far (their `weenv stats`)."""
         return sum(int(read_stats(str(mount.mountpoint))["fetch"]["bytes_fetched"])
                    for mount in list_mounts())
+
+
+def wait_for_recordings(timeout: float = 120.0) -> None:
+    """Wait until no recording mount is left (a first run leaves its own to the node
+    service, which unmounts it after the run's answer and its daemon publishes then)."""
+    deadline = time.monotonic() + timeout
+    while any(m.record for m in list_mounts()):
+        if time.monotonic() > deadline:
+            print("warning: a recording mount is still publishing", file=sys.stderr)
+            return
+        time.sleep(0.05)
 
 
 def wait_for_packing(timeout: float = 120.0) -> None:

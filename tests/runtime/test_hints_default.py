@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 from rt_support import EnvRef, compose_and_record, run_weenv
+from support.polling import wait_for
 from support.runtime_fixtures import GROUP
 from test_stacked_lowers import task_env
 
 from weenvfs.core.node_copies import known_hinted, resolve_env
 from weenvfs.errors import RefNotFound
+from weenvfs.fuse import daemon
 from weenvfs.fuse.commands import read_stats
 from weenvfs.runtime import mounts, recording
 from weenvfs.runtime.environment import Environment
@@ -214,3 +216,89 @@ def test_a_node_that_saw_a_hint_does_not_ask_the_store_again(env_ref: EnvRef) ->
         assert not recording.decide(store, digest, manifest, None, env_ref.cache)
         assert recording.decide(store, digest, manifest, True, env_ref.cache)
         assert recording.decide(store, digest, manifest, None, None)  # no node: the store
+
+
+@pytest.fixture
+def node_keeps_warm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Mounts kept warm as on a node (the node service evicts them), in a folder of the
+    test's own; every mount in it is evicted after the test."""
+    root = tmp_path / "envs"
+    monkeypatch.setenv(mounts.ROOT_ENV, str(root))
+    monkeypatch.setenv(mounts.KEEP_WARM_ENV, "600")
+    try:
+        yield root
+    finally:
+        for mount in mounts.list_mounts():
+            mounts.evict(mount.key, force=True)
+
+
+def _no_recording_mount() -> bool:
+    return not any(m.record for m in mounts.list_mounts())
+
+
+def test_a_first_run_leaves_the_publish_to_the_node_service(
+    env_ref: EnvRef, node_keeps_warm: Path
+) -> None:
+    """Nobody reads a default recording's hint next: `close` leaves the recording mount,
+    idle and due, to the node service's eviction, whose unmount has the daemon publish."""
+    with Environment.open(env_ref.ref, store=env_ref.store, cache=env_ref.cache) as env:
+        assert env.exec(["/bin/sh", "-c", READ]).ok
+    assert env.hint_outcome == {"pending": True, "manifest": env_ref.digest, "tag": "latest"}
+    wait_for(_no_recording_mount, "the node service's unmount of the recording mount", 60.0)
+    hint = _hint_tag(env_ref)
+    assert hint is not None
+    with open_store(str(env_ref.store)) as store:
+        assert Repository(store).get_hint(hint).records
+
+
+def test_weenv_run_says_the_node_service_publishes_its_hint(
+    env_ref: EnvRef, node_keeps_warm: Path
+) -> None:
+    done = run_weenv("run", "--store", str(env_ref.store), "--cache", str(env_ref.cache),
+                     env_ref.ref, "/bin/sh", "-c", READ)
+    lines = [ln for ln in done.stderr.decode().splitlines() if "prefetch hint" in ln]
+    assert len(lines) == 1 and "the node service publishes it" in lines[0], done.stderr
+    wait_for(_no_recording_mount, "the node service's unmount of the recording mount", 60.0)
+    assert _hint_tag(env_ref) is not None
+
+
+def test_an_explicit_recording_is_published_before_close_returns(
+    env_ref: EnvRef, node_keeps_warm: Path
+) -> None:
+    """`record_hint=True` (`--record-hint`, what `weenv convert` runs): its caller reads the
+    hint next, so the close waits for the publish even where the node service could."""
+    with Environment.open(env_ref.ref, store=env_ref.store, cache=env_ref.cache,
+                          record_hint=True) as env:
+        assert env.exec(["/bin/sh", "-c", READ]).ok
+    outcome = env.hint_outcome
+    assert outcome is not None and not outcome.get("pending") and outcome["hint"]
+    assert _hint_tag(env_ref) == outcome["hint"]
+    assert _no_recording_mount()
+
+
+def test_a_sandbox_that_starts_before_the_publish_joins_the_recording(
+    env_ref: EnvRef, node_keeps_warm: Path
+) -> None:
+    """A recording mount left to the node service is idle, not gone: the next sandbox of the
+    environment takes the same mount (the same daemon), and the hint is published when the
+    last holder leaves. No eviction is asked for here, so nothing races the second acquire."""
+    url = _store_url(env_ref)
+    key = recording_key(env_ref.digest, url, env_ref.cache)
+
+    def take(holder: str) -> Path:
+        return mounts.acquire(key, holder, store_url=url, cache_dir=env_ref.cache,
+                              is_live=lambda _: True, env=env_ref.digest, record="latest")
+
+    mp = take("first")
+    assert (mp / "etc/os-release").read_bytes()
+    pending = mounts.release(key, "first", evict=False, publish_later=True)
+    assert pending is not None and pending["pending"]
+    [left] = mounts.list_mounts()
+    assert left.record and left.idle and left.warm_until is not None
+    assert left.warm_until <= time.time() and daemon.is_mounted(mp)
+    assert take("second") == mp
+    [joined] = mounts.list_mounts()
+    assert joined.pid == left.pid and not joined.idle and joined.warm_until is None
+    outcome = mounts.release(key, "second")  # waited for: unmounted and published now
+    assert outcome is not None and outcome["hint"] and outcome["recorded"] > 0
+    assert _hint_tag(env_ref) == outcome["hint"] and _no_recording_mount()

@@ -102,10 +102,11 @@ def _add_sandbox_options(p: argparse.ArgumentParser, *, store_required: bool) ->
     p.add_argument("--no-record-hint", dest="record_hint", action="store_false", default=None,
                    help="do not record this run as the environment's prefetch hint (by "
                    "default the first run of an environment with no hint records what it "
-                   "reads and publishes it when it ends, if the store is writable)")
+                   "reads, if the store is writable; the node service publishes it as the "
+                   "run ends)")
     p.add_argument("--record-hint", dest="record_hint", action="store_true",
                    help="record this run and merge it into the environment's hint even if it "
-                   "has one (the store must be writable)")
+                   "has one (the store must be writable); published before the run returns")
     p.add_argument("--record-tag", default="latest", metavar="TAG",
                    help="the hint tag a recording publishes (default latest, what mounts "
                    "replay; `weenv convert` records the image's command as `seed`)")

@@ -104,7 +104,7 @@ def resolve_source(ref: str, store: str | Path, cache: str | Path | None,
     config = manifest.config
     return EnvSource(ref, digest, url, cache_dir, tuple(config.env), config.cwd, config.user,
                      (*config.entrypoint, *config.cmd), tuple(g.index for g in manifest.groups),
-                     record_tag if record else None)
+                     record_tag if record else None, record and record_hint is None)
 
 
 # Environments still open when the interpreter exits normally are closed then; after a crash
@@ -158,8 +158,10 @@ class Environment:
         bounds the writable layer in bytes (ENOSPC past it; runtime/disk.py).
         `record_hint`: by default (None) the first run of an environment with no prefetch hint
         records what it reads and publishes it as the hint (tag latest) at `close`, when the
-        store is writable; False opts out, True records even when a hint exists
-        (runtime/recording.py). `hint_outcome` then says what was published."""
+        store is writable (the node service publishes it after `close` returns, when one
+        runs); False opts out, True records even when a hint exists, published before
+        `close` returns (runtime/recording.py). `hint_outcome` then says what was
+        published, or that it is being published (`pending`)."""
         source = resolve_source(ref, store, cache, record_hint)
         limits = Limits(cpus, memory, DEFAULT_PIDS if pids is None else pids, elastic)
         options = SandboxOptions(limits=limits, tmpfs_upper=tmpfs_upper, network=network,
@@ -242,7 +244,9 @@ class Environment:
 
     @property
     def hint_outcome(self) -> dict[str, Any] | None:
-        """After `close`: what its recording published (hint digest, chunks), else None."""
+        """After `close`: what its recording published (hint digest, chunks), or
+        `{"pending": True, "manifest", "tag"}` while the node service publishes it, else
+        None."""
         return self.sandbox.hint_outcome
 
     def close(self) -> None:

@@ -31,7 +31,9 @@ idle, from the node's mount server every minute (fuse/mountd.py HOUSEKEEPING: `w
 evict --expired`) and from `weenv sandbox gc`. Only when no mount server answers does a
 release start a detached `weenv sandbox gc --mounts-only --after SECS` timer instead. A
 recording mount (`record`, runtime/recording.py) is never kept warm: its daemon publishes the
-recorded hint when it is unmounted, and `release` returns what it published. It replays the
+recorded hint when it is unmounted, and `release` returns what it published; or, for a
+recording nobody waits for (`publish_later`), it leaves the mount idle and due at once to the
+node service's eviction, which unmounts it after the run has its answer. It replays the
 environment's seed hint if there is one (RECORD_REPLAY).
 
 Must not: serve the mount (fuse/), or create sandboxes (sandbox.py).
@@ -117,6 +119,7 @@ class MountInfo:
     layer: int | None = None  # the group it serves as an overlay layer (None: merged)
     idle_since: float | None = None  # when its last holder released it (None: held)
     pid: int | None = None  # its daemon
+    record: bool = False  # a recording mount (publishes a hint when unmounted)
 
     @property
     def idle(self) -> bool:
@@ -128,7 +131,7 @@ class MountInfo:
         return {"key": self.key, "mountpoint": str(self.mountpoint),
                 "mounted": self.mounted, "holders": list(self.holders),
                 "warm_until": self.warm_until, "env": self.env, "layer": self.layer,
-                "idle_since": self.idle_since, "pid": self.pid}
+                "idle_since": self.idle_since, "pid": self.pid, "record": self.record}
 
 
 def envs_root() -> Path:
@@ -305,11 +308,12 @@ def _mount(
     log.info("mounted %s at %s in %.0f ms (daemon %d)", what, mp,
              (time.monotonic() - started) * 1000, pid)
     return {"store": store_url, "cache": str(cache_dir), "log_file": str(log_file), "pid": pid,
-            "env": env, "layer": layer, "record": record_result is not None}
+            "env": env, "layer": layer, "record": record_result is not None,
+            **({"record_tag": record_tag} if record_result is not None else {})}
 
 
 def release(key: str, holder: str, keep_warm: float | None = None, *,
-            evict: bool = True) -> dict[str, Any] | None:
+            evict: bool = True, publish_later: bool = False) -> dict[str, Any] | None:
     """Drop `holder`; when no holder is left, keep the mount warm for `keep_warm` seconds
     (None: the node's `WarmPolicy`; 0: unmount now), then evict what is over the node's
     bounds (`evict_over_bounds`; with `evict` False the caller does, once for several
@@ -317,7 +321,9 @@ def release(key: str, holder: str, keep_warm: float | None = None, *,
     A release by a process that does not hold the mount changes nothing (a sandbox whose
     build stopped before taking it must not unmount what others keep warm). Returns what a
     recording mount published when this release unmounted it (its hint.json; a recording
-    mount is never kept warm), else None."""
+    mount is never kept warm), else None. With `publish_later`, a recording mount is left
+    to the node service when one answers (`_publish_later`), and what is returned says so
+    (`pending`)."""
     if not (env_dir(key) / "holders" / holder).exists():
         return None  # not a holder (and `locked` would make the folder of a mount never made)
     policy = WarmPolicy.from_env()
@@ -329,20 +335,42 @@ def release(key: str, holder: str, keep_warm: float | None = None, *,
             return None
         if _holders(folder):
             return None
-        recording = bool(_read_info(folder).get("record"))
-        if (seconds <= 0 or policy.max_idle <= 0 or recording
-                or not daemon.is_mounted(folder / "root")):
-            return _teardown(folder)
         info = _read_info(folder)
-        _stop_timer(info)
-        now = time.time()
-        info["idle_since"], info["warm_until"] = now, now + seconds
-        if not _node_service_answers():
-            info["timer_pid"] = _start_timer(seconds)
-        _write_info(folder, info)
+        recording = bool(info.get("record"))
+        alive = daemon.is_mounted(folder / "root")
+        outcome = None
+        if recording and alive and publish_later and _evicts_by_service(policy):
+            outcome = _publish_later(folder, info)
+        elif seconds <= 0 or policy.max_idle <= 0 or recording or not alive:
+            return _teardown(folder)
+        else:
+            _stop_timer(info)
+            now = time.time()
+            info["idle_since"], info["warm_until"] = now, now + seconds
+            if not _node_service_answers():
+                info["timer_pid"] = _start_timer(seconds)
+            _write_info(folder, info)
     if evict:
         evict_over_bounds(policy)
-    return None
+    return outcome
+
+
+def _evicts_by_service(policy: WarmPolicy) -> bool:
+    """Whether `evict_over_bounds` hands the eviction to the node service (a policy that
+    keeps mounts warm, and a service that answers)."""
+    return policy.seconds > 0 and policy.max_idle > 0 and _node_service_answers()
+
+
+def _publish_later(folder: Path, info: dict[str, Any]) -> dict[str, Any]:
+    """Leave the idle recording mount in `folder` to the node service: idle and due now,
+    so the eviction its release asks for (after the answer, in a command the service runs)
+    unmounts it and its daemon publishes then, off the run's path (~65 ms of a first run
+    from S3: the daemon's notice, the publish, the packer's launch, its exit). A sandbox
+    of the same environment that starts before that joins it, as it would join a mount
+    still recording. Returns the `pending` outcome (runtime/recording.py `outcome_line`)."""
+    info["idle_since"] = info["warm_until"] = time.time()
+    _write_info(folder, info)
+    return {"pending": True, "manifest": info.get("env"), "tag": info.get("record_tag")}
 
 
 def evict_over_bounds(policy: WarmPolicy | None = None) -> None:
@@ -433,8 +461,20 @@ def _evict(key: str, due: Callable[[dict[str, Any]], bool]) -> bool:
     with _locked_if_free(key) as folder:
         if folder is None or _holders(folder) or not due(_read_info(folder)):
             return False
-        _teardown(folder)
-        return True
+        outcome = _teardown(folder)
+    if outcome is not None:  # a recording mount a run left to the node (`_publish_later`)
+        _log_outcome(key, outcome)
+    return True
+
+
+def _log_outcome(key: str, outcome: dict[str, Any]) -> None:
+    """Say in this process's log what a recording mount no run waited for published."""
+    if outcome.get("error"):
+        log.warning("the recording mount %s published no hint: %s", key[:12], outcome["error"])
+    elif outcome.get("hint"):
+        log.info("the recording mount %s published hint %s of environment %s (%s chunks)",
+                 key[:12], str(outcome["hint"])[:12], str(outcome.get("manifest"))[:12],
+                 outcome.get("recorded", 0))
 
 
 # How long a daemon's measured memory is used again by this process. Reading it walks the
@@ -606,7 +646,7 @@ def list_mounts() -> list[MountInfo]:
                              env if isinstance(env, str) else None,
                              layer if isinstance(layer, int) else None,
                              _number(info.get("idle_since")),
-                             pid if isinstance(pid, int) else None))
+                             pid if isinstance(pid, int) else None, info.get("record") is True))
     return out
 
 

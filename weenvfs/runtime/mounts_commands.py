@@ -1,9 +1,9 @@
 """The `weenv mounts` command: the node's shared mounts, listed and evicted.
 
 Owns: its arguments and output. `weenv mounts` lists every shared mount of the node
-(runtime/mounts.py): key, what it serves (environment, group layer), data path (kernel:
-EROFS over a FUSE data device; fuse: the tree served over FUSE), daemon, holders, idle since
-and warm until. `weenv mounts evict KEY|--idle|--all [--force]` unmounts them; `--expired`
+(runtime/mounts.py): key, what it serves (environment, group layer, recording), data path
+(kernel: EROFS over a FUSE data device; fuse: the tree served over FUSE), daemon, holders,
+idle since and warm until. `weenv mounts evict KEY|--idle|--all [--force]` unmounts them; `--expired`
 applies the node's policy (idle timeout, count and memory bounds), as the node's mount server
 does every minute. Must not: mount or unmount itself (mounts.py, fuse/daemon.py).
 """
@@ -87,6 +87,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     for row in rows:
         serves = (row["env"] or "?")[:12] + ("" if row["layer"] is None
                                             else f" layer {row['layer']}")
+        serves += " recording" if row["record"] else ""
         print(f"{row['key'][:12]:<13} {serves:<22} {row['data_path'] or '-':<6} "
               f"{row['pid'] or '-':>7} {len(row['holders']):>7}  "
               f"{_ago(row['idle_since']):<10} {_until(row['warm_until'])}")

@@ -124,7 +124,7 @@ def source_to_json(source: EnvSource) -> dict[str, Any]:
     return {"ref": source.ref, "digest": source.digest, "store_url": source.store_url,
             "cache_dir": str(source.cache_dir), "env": list(source.env), "cwd": source.cwd,
             "user": source.user, "command": list(source.command), "groups": list(source.groups),
-            "record_tag": source.record_tag}
+            "record_tag": source.record_tag, "publish_later": source.publish_later}
 
 
 def source_from_json(document: dict[str, Any]) -> EnvSource:
@@ -139,7 +139,8 @@ def source_from_json(document: dict[str, Any]) -> EnvSource:
     return EnvSource(text["ref"], text["digest"], text["store_url"],
                      Path(str(document["cache_dir"])), strings("env"), text["cwd"],
                      text["user"], strings("command"), strings("groups"),
-                     _tag_or_none(document["record_tag"]))
+                     _tag_or_none(document["record_tag"]),
+                     document.get("publish_later") is True)
 
 
 def _tag_or_none(value: Any) -> str | None:

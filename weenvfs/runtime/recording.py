@@ -12,7 +12,9 @@ lowers.py). Owns:
 - `recording_key`: the key of the private, merged mount a recording sandbox reads through
   (mounts.py). One per environment, store and chunk cache: sandboxes of that environment that
   start while it records join it, and the hint is published when the last of them ends;
-- `outcome_line`: the one line that tells the user a hint was published.
+- `outcome_line`: the one line that tells the user a hint was published (or, for a recording
+  by default, that the node service publishes it: the run does not wait for the publish,
+  mounts.py `_publish_later`; an explicit recording, whose caller reads the hint next, does).
 
 Why a mount of its own (docs/design-notes.md, "Hints by default"): the shared group mounts
 may be warm, and a warm mount never sees the reads the page cache answers, so recording there
@@ -87,8 +89,13 @@ def recording_key(digest: str, store_url: str, cache_dir: Path, tag: str = HINT_
 
 
 def outcome_line(ref: str, outcome: dict[str, Any]) -> str | None:
-    """What to tell the user about a recording mount's outcome (its result file), or None
-    when nothing was published."""
+    """What to tell the user about a recording mount's outcome (its result file, or the
+    `pending` one of a recording the node service publishes after the run), or None when
+    nothing was published."""
+    if outcome.get("pending"):
+        return (f"weenv: recorded what this run read as the prefetch hint of {ref} "
+                f"({str(outcome.get('manifest'))[:12]}:{outcome.get('tag') or HINT_TAG}); "
+                "the node service publishes it now and later runs replay it")
     if outcome.get("error"):
         return f"weenv: the hint recorded for {ref} was not published: {outcome['error']}"
     if not outcome.get("hint"):

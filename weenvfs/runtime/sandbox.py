@@ -113,6 +113,9 @@ class EnvSource:
     groups: tuple[str, ...] = ()  # the groups' index digests, lowest first
     # The hint tag it records into through a recording mount (recording.py); None: none.
     record_tag: str | None = None
+    # A recording by default, which the node service may publish after the run ends (no
+    # caller reads the hint next; an explicit recording is published before `destroy` returns).
+    publish_later: bool = False
 
 
 def require_root() -> None:
@@ -467,7 +470,8 @@ class Sandbox:
                 shutil.rmtree(self.upper_root, ignore_errors=True)
             warm = self.state.get("keep_warm")
             outcomes = release_lowers(self._mount_keys(), self.id,
-                                      None if warm is None else float(warm))
+                                      None if warm is None else float(warm),
+                                      publish_later=bool(self.state.get("publish_later")))
             self.hint_outcome = outcomes[0] if outcomes else None
             (self.dir / "state.json").unlink(missing_ok=True)
         if rootfs.is_mount_point(self.rootfs):  # never delete through a live overlay
@@ -544,4 +548,5 @@ def _record(source: EnvSource, options: SandboxOptions) -> dict[str, Any]:
         "keep_upper": options.keep_upper,
         "keep_warm": options.keep_warm,
         "lower_mode": options.lower,
+        "publish_later": source.publish_later,
     }
