@@ -3,9 +3,9 @@
 Owns: its arguments and output. `weenv mounts` lists every shared mount of the node
 (runtime/mounts.py): key, what it serves (environment, group layer, recording), data path
 (kernel: EROFS over a FUSE data device; fuse: the tree served over FUSE), daemon, holders,
-idle since and warm until. `weenv mounts evict KEY|--idle|--all [--force]` unmounts them; `--expired`
-applies the node's policy (idle timeout, count and memory bounds), as the node's mount server
-does every minute. Must not: mount or unmount itself (mounts.py, fuse/daemon.py).
+idle since and warm until. `weenv mounts evict KEY|--idle|--all [--force]` unmounts them;
+`--expired` applies the node's policy (idle timeout, count and memory bounds), as the node's
+mount server does every minute. Must not: mount or unmount itself (mounts.py, fuse/daemon.py).
 """
 
 from __future__ import annotations
