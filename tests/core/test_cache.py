@@ -72,10 +72,29 @@ def test_opening_a_complete_cache_makes_no_folder_and_a_missing_one_comes_back(
     with ChunkCache(root).open(digest, len(plain)) as f:
         assert f.read() == plain
     assert made == []
-    (root / "ff").rmdir()
+    (root / "locks").rmdir()
     (root / "CACHEDIR.TAG").unlink()
     ChunkCache(root)
-    assert (root / "ff").is_dir() and (root / "CACHEDIR.TAG").is_file() and made
+    assert (root / "locks").is_dir() and (root / "CACHEDIR.TAG").is_file() and made
+
+
+def test_a_chunk_subfolder_is_made_with_its_first_chunk(tmp_path: Path, pattern) -> None:
+    """A new cache makes 3 entries, not 259 (a new node's first mount waited for them);
+    each of the 256 subfolders comes with its first chunk, also after being removed."""
+    root = tmp_path / "cache"
+    cache = ChunkCache(root)
+    assert sorted(p.name for p in root.iterdir()) == ["CACHEDIR.TAG", "locks", "tmp"]
+    plain = pattern(2, 3000)
+    digest = _insert(cache, plain)
+    folder = cache.path(digest).parent
+    assert folder.is_dir() and cache.usage().chunks == 1
+    cache.path(digest).unlink()
+    folder.rmdir()
+    assert cache.open(digest, len(plain)) is None and cache.usage().chunks == 0
+    _insert(cache, plain)
+    with ChunkCache(root).open(digest, len(plain)) as f:
+        assert f.read() == plain
+    assert not list((root / "tmp").iterdir())
 
 
 def test_default_cache_dir_follows_the_environment(monkeypatch, tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ is the one trio-aware entry point.
 
 Layout under `root` (default `DEFAULT_CACHE_DIR`, or $WEENV_CACHE):
 
-    <root>/<2 hex>/<64 hex>   a chunk's plaintext, named by its BLAKE3 digest
+    <root>/<2 hex>/<64 hex>   a chunk's plaintext, named by its BLAKE3 digest (each of the
+                              256 subfolders made with its first chunk)
     <root>/tmp/<hex>.<pid>.<random>   a chunk being written (never read)
     <root>/locks/<hex>        the per-chunk lock file of a chunk being fetched
     <root>/evict.lock         taken by the process that evicts
@@ -151,7 +152,9 @@ class ChunkHandle:
         self.close()
 
 
-_SUBFOLDERS = ("tmp", "locks", *(f"{i:02x}" for i in range(256)))
+# Made with the cache. The 256 chunk subfolders are made as their first chunk comes
+# (`insert`): making them all took a new node's first mount ~20 ms before it could serve.
+_SUBFOLDERS = ("tmp", "locks")
 _CACHE_NAMES = frozenset((*_SUBFOLDERS, "CACHEDIR.TAG"))
 
 
@@ -202,8 +205,8 @@ class ChunkCache(CacheBound):
                 raise WeenvError(f"no chunk cache at {self.root}")
             return
         try:
-            # One listing instead of 258 mkdir calls when the cache is complete already (every
-            # mount daemon opens it: ~10 ms of CPU each).
+            # One listing instead of the mkdir calls when the cache is made already (every
+            # mount daemon opens it).
             with contextlib.suppress(FileNotFoundError):
                 if set(os.listdir(self._root)) >= _CACHE_NAMES:
                     return
@@ -375,7 +378,12 @@ class ChunkCache(CacheBound):
             _write_all(fd, memoryview(plain))
             self._mark(fd)  # the caller verified these bytes, in this boot
             st = os.fstat(fd)
-            os.rename(tmp, self._chunk_path(hexd))
+            path = self._chunk_path(hexd)
+            try:
+                os.rename(tmp, path)
+            except FileNotFoundError:  # the subfolder's first chunk (see _SUBFOLDERS)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                os.rename(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
