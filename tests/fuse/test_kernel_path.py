@@ -10,17 +10,26 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mounts import Mounter, refused_mount, run_weenv
 from support import layers
 from support.trees import dir, file  # noqa: A004
 
+from weenvfs.core.cache import ChunkCache
+from weenvfs.core.fetcher import Fetcher
 from weenvfs.core.kernel_image import stack_image
+from weenvfs.core.loaded_env import open_environment
+from weenvfs.core.reader import Reader
+from weenvfs.core.stats import Stats
 from weenvfs.format.chunk import decompress_object
 from weenvfs.format.constants import MAX_IMAGE_SIZE
 from weenvfs.format.manifest import decode_manifest, encode_manifest
+from weenvfs.fuse import kernel_mount
+from weenvfs.fuse.config import MountConfig
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools.builder import BuildOptions, build_group, open_source
@@ -70,6 +79,33 @@ def test_the_lowest_group_mounts_its_published_image(tmp_path: Path, mounter: Mo
     assert os.listxattr(mp / "etc" / "steer") == ["user.kept"]  # overlayfs' names dropped
     assert os.listxattr(mp / "opaque") == []  # nothing below: no opaque marker either
     run_weenv("verify", "env:t", "--store", str(store_dir))
+
+
+def test_the_published_image_is_fetched_while_the_layout_is_computed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold mount's two set-up steps of a group do not wait for each other: the layout's
+    computation sees the image's fetch start (sequential steps would never, and fail here)."""
+    store_dir, digest = _publish(tmp_path)
+    fetching = threading.Event()
+    real_fetch, real_layout = kernel_mount.fetch_group_image, kernel_mount.cached_layout
+
+    def fetch(store: Any, image: str) -> bytes:
+        fetching.set()
+        return real_fetch(store, image)
+
+    def layout(*args: Any) -> Any:
+        assert fetching.wait(10), "the image's fetch did not start beside the layout"
+        return real_layout(*args)
+
+    monkeypatch.setattr(kernel_mount, "fetch_group_image", fetch)
+    monkeypatch.setattr(kernel_mount, "cached_layout", layout)
+    cache = tmp_path / "cache"
+    with open_store(str(store_dir)) as store:
+        env = open_environment(store, digest)
+        config = MountConfig(tmp_path / "mp", cache, 1 << 30, 10.0)
+        reader = Reader(env.tree, Fetcher(store, ChunkCache(cache), Stats()))
+        [layer] = kernel_mount.prepare_layers(env, config, reader)
+    assert layer.image == cache / "erofs" / f"{env.manifest.groups[0].erofs}.img"
 
 
 def test_a_corrupt_published_image_is_never_mounted(tmp_path: Path, mounter: Mounter) -> None:
