@@ -364,7 +364,7 @@ def _evicts_by_service(policy: WarmPolicy) -> bool:
 def _publish_later(folder: Path, info: dict[str, Any]) -> dict[str, Any]:
     """Leave the idle recording mount in `folder` to the node service: idle and due now,
     so the eviction its release asks for (after the answer, in a command the service runs)
-    unmounts it and its daemon publishes then, off the run's path (~65 ms of a first run
+    unmounts it and its daemon publishes then, off the run's path (~65-100 ms of a first run
     from S3: the daemon's notice, the publish, the packer's launch, its exit). A sandbox
     of the same environment that starts before that joins it, as it would join a mount
     still recording. Returns the `pending` outcome (runtime/recording.py `outcome_line`)."""
