@@ -8,6 +8,7 @@ tests/support/runtime_fixtures.py, shared with tests/security).
   keyed by the test's chunk cache, whatever else runs on the node); returns an `EnvRef`
   (ref, store, digest, cache, mount keys);
 - `env_ref`: one such environment;
+- `warm_root`: shared mounts in a folder of the test's own, kept warm as on a node;
 - autouse `node_clean`: snapshots what sandboxes leave on the node before the test; after it,
   fails the test if anything new of the test's environments is left (mounts, cgroups, runc
   containers, processes, upper dirs, env folders), or anything of a sandbox without state,
@@ -31,5 +32,6 @@ from support.runtime_fixtures import (  # noqa: F401  (pytest finds fixtures by 
     no_default_hint_recording,
     node_clean,
     test_digests,
+    warm_root,
 )
 

@@ -218,26 +218,12 @@ def test_a_node_that_saw_a_hint_does_not_ask_the_store_again(env_ref: EnvRef) ->
         assert recording.decide(store, digest, manifest, None, None)  # no node: the store
 
 
-@pytest.fixture
-def node_keeps_warm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Mounts kept warm as on a node (the node service evicts them), in a folder of the
-    test's own; every mount in it is evicted after the test."""
-    root = tmp_path / "envs"
-    monkeypatch.setenv(mounts.ROOT_ENV, str(root))
-    monkeypatch.setenv(mounts.KEEP_WARM_ENV, "600")
-    try:
-        yield root
-    finally:
-        for mount in mounts.list_mounts():
-            mounts.evict(mount.key, force=True)
-
-
 def _no_recording_mount() -> bool:
     return not any(m.record for m in mounts.list_mounts())
 
 
 def test_a_first_run_leaves_the_publish_to_the_node_service(
-    env_ref: EnvRef, node_keeps_warm: Path
+    env_ref: EnvRef, warm_root: Path
 ) -> None:
     """Nobody reads a default recording's hint next: `close` leaves the recording mount,
     idle and due, to the node service's eviction, whose unmount has the daemon publish."""
@@ -252,7 +238,7 @@ def test_a_first_run_leaves_the_publish_to_the_node_service(
 
 
 def test_weenv_run_says_the_node_service_publishes_its_hint(
-    env_ref: EnvRef, node_keeps_warm: Path
+    env_ref: EnvRef, warm_root: Path
 ) -> None:
     done = run_weenv("run", "--store", str(env_ref.store), "--cache", str(env_ref.cache),
                      env_ref.ref, "/bin/sh", "-c", READ)
@@ -263,7 +249,7 @@ def test_weenv_run_says_the_node_service_publishes_its_hint(
 
 
 def test_an_explicit_recording_is_published_before_close_returns(
-    env_ref: EnvRef, node_keeps_warm: Path
+    env_ref: EnvRef, warm_root: Path
 ) -> None:
     """`record_hint=True` (`--record-hint`, what `weenv convert` runs): its caller reads the
     hint next, so the close waits for the publish even where the node service could."""
@@ -277,7 +263,7 @@ def test_an_explicit_recording_is_published_before_close_returns(
 
 
 def test_a_sandbox_that_starts_before_the_publish_joins_the_recording(
-    env_ref: EnvRef, node_keeps_warm: Path
+    env_ref: EnvRef, warm_root: Path
 ) -> None:
     """A recording mount left to the node service is idle, not gone: the next sandbox of the
     environment takes the same mount (the same daemon), and the hint is published when the

@@ -9,7 +9,7 @@ sets never evict the idle mounts of other jobs on the node, and removes them at 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,20 +19,6 @@ from support.polling import wait_for
 from weenvfs.fuse import daemon
 from weenvfs.runtime import mounts
 from weenvfs.runtime.environment import Environment
-
-
-@pytest.fixture
-def warm_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A private folder of shared mounts kept warm 600 s; every mount in it is evicted after
-    the test (held ones too)."""
-    root = tmp_path / "envs"
-    monkeypatch.setenv(mounts.ROOT_ENV, str(root))
-    monkeypatch.setenv(mounts.KEEP_WARM_ENV, "600")
-    try:
-        yield root
-    finally:
-        for mount in mounts.list_mounts():
-            mounts.evict(mount.key, force=True)
 
 
 def _use(env: EnvRef) -> Path:

@@ -19,6 +19,7 @@ from support.runtime import (
     sample_store,
 )
 from weenvfs.format.manifest import RuntimeConfig
+from weenvfs.runtime import mounts
 from weenvfs.runtime.lower_modes import DEFAULT_LOWER
 from weenvfs.runtime.lowers import plan_lowers
 from weenvfs.runtime.recording import recording_key
@@ -27,7 +28,7 @@ from weenvfs.store.repository import Repository
 from weenvfs.tools.publish import compose_env
 
 __all__ = ["GROUP", "_runtime_requirements", "env_ref", "make_env", "minbase_store",
-           "node_clean", "test_digests"]
+           "node_clean", "test_digests", "warm_root"]
 
 GROUP = "minbase:t"
 
@@ -111,3 +112,18 @@ def no_default_hint_recording(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sandboxes stand on their environments' shared group mounts, not on a first run's
     recording mount (the tests name those mounts); tests of recording turn it back on."""
     monkeypatch.setenv("WEENV_RECORD_HINTS", "off")
+
+
+@pytest.fixture
+def warm_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private folder of shared mounts ($WEENV_ENVS_ROOT) kept warm 600 s, as on a node (the
+    node service evicts them; the bounds a test sets never evict other jobs' mounts); every
+    mount in it is evicted after the test (held ones too)."""
+    root = tmp_path / "envs"
+    monkeypatch.setenv(mounts.ROOT_ENV, str(root))
+    monkeypatch.setenv(mounts.KEEP_WARM_ENV, "600")
+    try:
+        yield root
+    finally:
+        for mount in mounts.list_mounts():
+            mounts.evict(mount.key, force=True)
