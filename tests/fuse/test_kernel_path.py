@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from mounts import Mounter, refused_mount, run_weenv
 from support import layers
-from support.polling import wait_for
 from support.trees import dir, file  # noqa: A004
 
 from weenvfs.core.cache import ChunkCache
@@ -107,22 +106,6 @@ def test_the_published_image_is_fetched_while_the_layout_is_computed(
         reader = Reader(env.tree, Fetcher(store, ChunkCache(cache), Stats()))
         [layer] = kernel_mount.prepare_layers(env, config, reader)
     assert layer.image == cache / "erofs" / f"{env.manifest.groups[0].erofs}.img"
-
-
-def test_the_start_files_are_fetched_before_anything_reads(
-        tmp_path: Path, mounter: Mounter) -> None:
-    """/etc/passwd and /etc/group, which every sandbox start reads (core/start_files.py):
-    the mount's own reads, with nothing reading through the mount point."""
-    passwd, group = b"root:x:0:0:root:/root:/bin/sh\n", b"root:x:0:\n"
-    tar = layers.layer_file(tmp_path / "layer.tar", dir("etc"), file("etc/passwd", passwd),
-                            file("etc/group", group))
-    store_dir = tmp_path / "store"
-    repo = Repository(open_store(str(store_dir), create=True))
-    build_group(open_source(tar), repo, "base", "t", BuildOptions())
-    compose_env(repo, "env", "t", ["base:t"])
-    mount = mounter.mount("env:t", store_dir, extra=["--path", "kernel"])
-    wait_for(lambda: mount.stats()["fetch"]["bytes_served"] == len(passwd) + len(group),
-             "the mount's own fetch of the start files", 30.0)
 
 
 def test_a_corrupt_published_image_is_never_mounted(tmp_path: Path, mounter: Mounter) -> None:

@@ -50,7 +50,6 @@ from weenvfs.core.node_hints import (
 )
 from weenvfs.core.prefetch import Prefetcher
 from weenvfs.core.reader import Reader
-from weenvfs.core.start_files import fetch_start_files
 from weenvfs.core.stats import Stats
 from weenvfs.core.tree import FormatError
 from weenvfs.errors import WeenvError
@@ -191,19 +190,8 @@ async def _serve_kernel(env: LoadedEnv, config: MountConfig, reader: Reader,
                         ready: Callable[[], None], helper: str | None) -> None:
     from .kernel_mount import prepare_layers, serve_kernel
 
-    failure: Exception | None = None
-    async with trio.open_nursery() as nursery:
-        # What the runtime reads first once mounted, fetched while the images are made
-        # (core/start_files.py); never waited for: the mount serves beside it.
-        nursery.start_soon(fetch_start_files, env.tree, reader)
-        try:
-            layers = await trio.to_thread.run_sync(prepare_layers, env, config, reader)
-            await serve_kernel(layers, config, run, document, ready, helper)
-        except Exception as error:  # raised below as itself, not in the nursery's group
-            failure = error
-        nursery.cancel_scope.cancel()
-    if failure is not None:
-        raise failure
+    layers = await trio.to_thread.run_sync(prepare_layers, env, config, reader)
+    await serve_kernel(layers, config, run, document, ready, helper)
 
 
 async def _serve_tree(env: LoadedEnv, config: MountConfig, reader: Reader,
