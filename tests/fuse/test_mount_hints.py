@@ -164,8 +164,8 @@ def test_hints_record_end_to_end_on_minbase(minbase: Path, tmp_path: Path, mount
     assert stats["hints"]["chunks_done"] == shown["chunks"]
     assert stats["hints"]["chunks_missing"] == 0
     # Every hinted chunk came in once, nearly all by the replay: in 2 of 4 full runs of the
-    # suite on 2026-12-04 another fetch of the mount got one of them first (also on the code
-    # before that day's changes; not explained yet), so the replay's count may fall short.
+    # suite on 2026-12-04 another fetch of the mount got one of them first (not explained
+    # yet), so the replay's count may fall short.
     fetch = stats["fetch"]
     assert 0 < fetch["prefetch"]["chunks"] <= shown["chunks"] <= fetch["chunks_fetched"]
     chroot = shutil.which("chroot", path="/usr/sbin:/usr/bin:/sbin:/bin")
