@@ -47,7 +47,7 @@ from weenvfs.core.kernel_image import (
     fetch_group_image,
     stack_key,
 )
-from weenvfs.core.loaded_env import LoadedEnv, load_all
+from weenvfs.core.loaded_env import MAX_PARALLEL_LOADS, LoadedEnv
 from weenvfs.core.reader import Reader
 from weenvfs.core.tree import FormatError
 from weenvfs.errors import StoreError, WeenvError
@@ -113,23 +113,31 @@ def prepare_layers(env: LoadedEnv, config: MountConfig, reader: Reader) -> list[
     groups = env.tree.groups
     positions: list[int] = [env.layer] if env.layer is not None else list(range(len(groups)))
 
-    def prepare(position: int) -> KernelLayer:
-        started = time.monotonic()
-        # A published image is a store round trip that needs no layout: fetched while the
-        # layout is computed (each ~20-30 ms of a cold mount of the reference image).
-        with ThreadPoolExecutor(1, thread_name_prefix="weenv-image") as pool:
-            published = pool.submit(_published_image, env, config, position)
+    # One pool: every group's published image (a store round trip that needs no layout) is
+    # fetched while the layouts are computed (each ~20-30 ms of a cold mount of the
+    # reference image), the groups in parallel (a Docker image has a group per layer). The
+    # fetches are queued first and wait on nothing, so a layout waiting on its group's
+    # fetch never holds the only free thread.
+    workers = min(2 * len(positions), 2 * MAX_PARALLEL_LOADS)
+    with ThreadPoolExecutor(workers, thread_name_prefix="weenv-image") as pool:
+        published = {position: pool.submit(_published_image, env, config, position)
+                     for position in positions}
+
+        def prepare(position: int) -> KernelLayer:
+            started = time.monotonic()
             layout = cached_layout(config.cache_dir, env.manifest.groups[position].index,
                                    groups[position])
-            image = published.result() or _derived_image(env, config, position, layout)
-        log.info("group %d: EROFS image %s ready in %.0f ms (%d files on a %d MiB device)",
-                 position, image.name[:12], (time.monotonic() - started) * 1000,
-                 layout.files, layout.size >> 20)
-        return KernelLayer(position, image, b"g%d" % position,
-                           DeviceReader(layout, reader, position))
+            image = (published[position].result()
+                     or _derived_image(env, config, position, layout))
+            log.info("group %d: EROFS image %s ready in %.0f ms (%d files on a %d MiB device)",
+                     position, image.name[:12], (time.monotonic() - started) * 1000,
+                     layout.files, layout.size >> 20)
+            return KernelLayer(position, image, b"g%d" % position,
+                               DeviceReader(layout, reader, position))
 
-    # In parallel: each image is a store round trip (a Docker image has a group per layer).
-    return list(load_all(positions, prepare).values())
+        prepared = [pool.submit(prepare, position) for position in positions]
+        # The first failing group, lowest first, raises its error.
+        return [future.result() for future in prepared]
 
 
 def _published_image(env: LoadedEnv, config: MountConfig, position: int) -> Path | None:
