@@ -517,6 +517,62 @@ def test_prefetch_fills_the_cache_and_counts_hint_hits(
     assert prefetch["chunks"] == 6 and prefetch["hint_hits"] == 4
 
 
+def test_windows_are_prefetched_without_a_pause_between_them(
+    put_blob, local_store, chunk_cache, pattern
+) -> None:
+    """The next window's first request goes out while the last one of a window is still
+    in flight (a replay used to wait for each window's slowest request); each window is
+    reported done once, after its own requests."""
+    locs = put_blob(_plains(pattern, 6))
+    windows = [locs[:2], locs[2:4], locs[4:]]
+    gate = Gate(local_store, hold=lambda offset: offset == locs[1].offset)
+    store = FaultyStore(local_store, get_range=gate.get_range)
+    fetcher = Fetcher(store, chunk_cache, prefetch_concurrency=2, max_request_bytes=1)
+    done: list[int] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fetcher.prefetch_windows, windows,
+                               lambda window: done.append(windows.index(window)))
+            await gate.arrivals(6)  # every request went out while chunk 1's was held
+            assert 0 not in done and not chunk_cache.contains(locs[1].digest)
+            gate.open()
+
+    trio.run(main)
+    assert sorted(gate.arrived) == [loc.offset for loc in locs]
+    assert sorted(done) == [0, 1, 2] and done[-1] == 0
+    assert all(chunk_cache.contains(loc.digest) for loc in locs)
+
+
+def test_a_chunk_lock_is_let_go_as_soon_as_its_chunk_is_cached(
+    put_blob, local_store, chunk_cache, pattern, monkeypatch
+) -> None:
+    """One request of three chunks: while its last chunk is decoded, another process could
+    take the first one from the cache already (its lock is free), not only after the whole
+    request (a replay's request holds several megabytes)."""
+    from weenvfs.core import range_fetch
+
+    locs = put_blob(_plains(pattern, 3))
+    seen: list[tuple[bool, bool]] = []
+    real = range_fetch.decode_chunk
+
+    def decode(frame: bytes, digest: bytes, length: int) -> bytes:
+        if digest == locs[2].digest:
+            first, last = chunk_cache.try_lock(locs[0].digest), chunk_cache.try_lock(digest)
+            seen.append((first is not None, last is not None))
+            for lock in (first, last):
+                if lock is not None:
+                    lock.release()
+        return real(frame, digest, length)
+
+    monkeypatch.setattr(range_fetch, "decode_chunk", decode)
+    fetcher = Fetcher(local_store, chunk_cache)
+    trio.run(fetcher.prefetch, locs)
+    assert fetcher.stats.requests == 1
+    assert seen == [(True, False)]  # the first chunk's lock free, the one decoded held
+    assert all(chunk_cache.contains(loc.digest) for loc in locs)
+
+
 def test_prefetch_failures_are_not_raised(put_blob, local_store, chunk_cache, pattern) -> None:
     locs = put_blob(_plains(pattern, 2))
     store = FaultyStore(local_store, "P*")

@@ -27,8 +27,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import trio
@@ -92,6 +92,14 @@ class _Flight:
     event: trio.Event
     plain: bytes | None = None
     error: ChunkUnavailable | None = None
+
+
+@dataclass(eq=False)
+class _Window:
+    """A window of `Fetcher.prefetch_windows` and how many of its requests have not ended."""
+
+    chunks: Sequence[ChunkLoc]
+    running: int
 
 
 class Fetcher:
@@ -243,12 +251,36 @@ class Fetcher:
         """Bring `locs` into the cache at low priority: at most `prefetch_concurrency`
         requests, none issued while demand reads are queued, fewer retries. Chunks already
         cached or being fetched are skipped; failures are counted, never raised."""
-        todo = [c for c in locs if c.blob is not None and not self.cache.contains(c.digest)]
-        runs = plan_requests(todo, self.coalesce_gap, self.max_request_bytes)
-        runs.reverse()  # workers pop from the end: keep the caller's order
+        await self.prefetch_windows([locs])
+
+    async def prefetch_windows(
+        self, windows: Iterable[Sequence[ChunkLoc]],
+        done: Callable[[Sequence[ChunkLoc]], None] | None = None,
+        request_bytes: int | None = None,
+    ) -> None:
+        """`prefetch` of several windows in their order, with no pause at a window's end:
+        each window is cut into ranged requests of at most `request_bytes` on its own (sorted
+        by place within it, so a window bounds how far a request reorders), and the
+        `prefetch_concurrency` workers take the requests of every window one after the other.
+        `done(window)` once each request of that window has ended."""
+        limit = request_bytes or self.max_request_bytes
+        queue: deque[tuple[list[ChunkLoc], _Window]] = deque()
+        for chunks in windows:
+            todo = [c for c in chunks if c.blob is not None and not self.cache.contains(c.digest)]
+            runs = plan_requests(todo, self.coalesce_gap, limit)
+            window = _Window(chunks, len(runs))
+            queue.extend((run, window) for run in runs)
+            if not runs and done is not None:
+                done(chunks)
+
+        def ended(window: _Window) -> None:
+            window.running -= 1
+            if not window.running and done is not None:
+                done(window.chunks)
+
         async with trio.open_nursery() as nursery:
-            for _ in range(min(self._prefetch_workers, len(runs))):
-                nursery.start_soon(self._prefetch_worker, runs)
+            for _ in range(min(self._prefetch_workers, len(queue))):
+                nursery.start_soon(self._prefetch_worker, queue, ended)
 
     def schedule_prefetch(self, locs: Sequence[ChunkLoc]) -> bool:
         """Start `prefetch(locs)` in the background (read-ahead) and return at once.
@@ -534,11 +566,17 @@ class Fetcher:
             for loc in todo:
                 (stashed if self._stash.covers(loc.digest) else asked).append(loc)
             runs = plan_requests(asked, self.coalesce_gap, self.max_request_bytes)
+            locks = {loc.digest: lock for loc, lock in held}
+
+            def cached(loc: ChunkLoc) -> None:
+                # Another process waiting for this chunk finds it in the cache now.
+                locks[loc.digest].release()
+
             async with trio.open_nursery() as nursery:
                 for loc in stashed:
                     nursery.start_soon(self._from_stash, loc, priority, out)
                 for run in runs:
-                    nursery.start_soon(self._ranges.fetch_run, run, priority, out)
+                    nursery.start_soon(self._ranges.fetch_run, run, priority, out, cached)
         finally:
             for _loc, lock in held:
                 lock.release()
@@ -566,29 +604,38 @@ class Fetcher:
 
     # -- prefetch -----------------------------------------------------------------------------
 
-    async def _prefetch_worker(self, runs: list[list[ChunkLoc]]) -> None:
+    async def _prefetch_worker(
+        self, queue: deque[tuple[list[ChunkLoc], _Window]], ended: Callable[[_Window], None]
+    ) -> None:
         """Take runs one by one; claim their chunks only when about to fetch them, so a demand
-        read never waits behind a prefetch that has not started yet."""
-        while runs:
-            run = runs.pop()
-            await self._demand.wait_idle()
-            claims = [
-                self._claim(loc, Priority.PREFETCH)
-                for loc in run
-                if loc.digest not in self._flights and not self.cache.contains(loc.digest)
-            ]
-            if not claims:
-                continue
-            out: dict[bytes, Outcome] = {}
+        read never waits behind a prefetch that has not started yet. `ended(window)` after
+        each run."""
+        while queue:
+            run, window = queue.popleft()
             try:
-                await self._fetch_claimed(claims, Priority.PREFETCH, out)
+                await self._prefetch_run(run)
             finally:
-                self._settle(claims, out)
-                for value in out.values():
-                    if isinstance(value, ChunkHandle):
-                        value.close()
-                    elif isinstance(value, ChunkUnavailable):
-                        log.debug("prefetch of %s failed: %s", value.digest[:12], value.reason)
+                ended(window)
+
+    async def _prefetch_run(self, run: list[ChunkLoc]) -> None:
+        await self._demand.wait_idle()
+        claims = [
+            self._claim(loc, Priority.PREFETCH)
+            for loc in run
+            if loc.digest not in self._flights and not self.cache.contains(loc.digest)
+        ]
+        if not claims:
+            return
+        out: dict[bytes, Outcome] = {}
+        try:
+            await self._fetch_claimed(claims, Priority.PREFETCH, out)
+        finally:
+            self._settle(claims, out)
+            for value in out.values():
+                if isinstance(value, ChunkHandle):
+                    value.close()
+                elif isinstance(value, ChunkUnavailable):
+                    log.debug("prefetch of %s failed: %s", value.digest[:12], value.reason)
 
     async def _background_prefetch(self, locs: list[ChunkLoc]) -> None:
         try:
