@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hint_mounts import WAIT, publish_hint, publish_varied_env, wait_for_state
+from hint_mounts import CHUNK, WAIT, publish_hint, publish_varied_env, wait_for_state
 from mounts import Mount, Mounter
 from support.polling import wait_for
 
 from weenvfs.core.cache import ChunkCache
+from weenvfs.core.node_hints import publish_run
 from weenvfs.core.page_warm import PageWarmer, open_beneath
+from weenvfs.format.hints import HintFile, HintRecord
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
@@ -101,6 +103,32 @@ def test_missing_chunks_are_skipped_not_fetched(env, mounter: Mounter, tmp_path:
     assert result["files"] == len(HINTED) and result["files_read"] == 0
     assert result["skipped"] >= len(HINTED) and result["bytes_read"] == 0
     assert device_reads(mount) == before
+
+
+def test_the_warm_up_reads_no_chunk_beyond_the_hinted_ones(env, mounter: Mounter) -> None:
+    """A file read in its first chunk only (the hint says so): the warm-up's read of that
+    chunk must not make the kernel read ahead into the next one, a read the mount would have
+    to wait for the store for (the reference workload's hint runs had ~5 such misses before
+    the warm-up turned the kernel's read-ahead off for its files)."""
+    if mounter.path == "fuse":
+        pytest.skip("the page-cache warm-up is the kernel path's")
+    store, contents = env
+    with open_store(str(store)) as opened:
+        repo = Repository(opened)
+        digest, manifest = repo.resolve_env("env:t")
+        indexes = [repo.get_index(g.index) for g in manifest.groups]
+        index = indexes[-1]
+        ino = index.resolve(b"lib/big3")
+        top = len(indexes) - 1
+        publish_run(repo, digest, manifest, indexes,
+                    [HintRecord(top, index.file_chunks(ino)[0], 0)], "latest",
+                    files=[HintFile(top, ino, 0)])
+    mount = mounter.mount("env:t", store)
+    stats = warmed(mount)
+    pages = stats["hints"]["pages"]
+    assert pages["files_read"] == 1 and pages["bytes_read"] == CHUNK
+    assert stats["fetch"]["cache_misses"] == 0
+    assert (mount.mountpoint / "lib/big3").read_bytes() == contents["lib/big3"]
 
 
 def test_open_beneath_stays_in_the_folder(tmp_path: Path) -> None:

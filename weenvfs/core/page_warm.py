@@ -180,6 +180,10 @@ class PageWarmer:
                     continue
                 if fd < 0:
                     fd = open_beneath(folder, path)
+                    # Exactly the hinted ranges: the kernel's read-ahead would go on into the
+                    # next chunk, which the mount then fetches on demand (the hint says the
+                    # workload does not read it).
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 self._read(fd, start, end)
             if fd >= 0:
                 self.progress["files_read"] += 1
