@@ -33,7 +33,7 @@
  * (dev, flags bit 0: it continues the file's last read, size, unique, device offset), 'X'
  * the stats xattr (size, unique), 'S' a statfs (unique: answered by the daemon, so that a
  * statfs of the folder says whether the daemon lives), 'T' a file range this program served that starts a file or
- * reaches a new chunk of it (dev, flags, length, file offset, inode): the daemon's read-ahead
+ * reaches a chunk no reported read reached (dev, flags, length, file offset, inode): the daemon's read-ahead
  * and hint recording see what they would have seen, 'U' a trusted cached chunk this program
  * opened itself (dev, chunk in `ino`): its first use, 'E' every device handle released.
  * From the daemon: 8-byte records ('C', 0, u16 dev, u32 chunk) each with one chunk file
@@ -96,7 +96,8 @@ struct device {
     const uint8_t *inodes, *chunks;      /* the index's tables */
     int32_t *fd;                         /* per chunk: its verified file, or -1 */
     uint64_t *last_end;                  /* per extent: end of its last read + 1, 0 none */
-    uint32_t *reported;                  /* per extent: 1 + highest chunk position reported */
+    uint8_t *file_told;                  /* per extent: a read of it reported ('T') */
+    uint8_t *chunk_told;                 /* per chunk of the index: a read of it reported */
 };
 
 static struct device *devices;
@@ -171,8 +172,9 @@ static void load_map(int fd) {
         dev->chunks = map + chunks;
         dev->fd = malloc(sizeof(int32_t) * (dev->chunk_count + 1));
         dev->last_end = calloc(n + 1, sizeof(uint64_t));
-        dev->reported = calloc(n + 1, sizeof(uint32_t));
-        if (!dev->fd || !dev->last_end || !dev->reported) die("memory");
+        dev->file_told = calloc(n + 1, 1);
+        dev->chunk_told = calloc(dev->chunk_count + 1, 1);
+        if (!dev->fd || !dev->last_end || !dev->file_told || !dev->chunk_told) die("memory");
         for (uint32_t c = 0; c <= dev->chunk_count; c++) dev->fd[c] = -1;
     }
 }
@@ -359,8 +361,18 @@ static int copy_chunk(struct device *dev, uint32_t chunk, uint64_t start, uint64
 }
 
 /* Copies bytes [a, b) of the file of extent `k` to `to`; 0 when the daemon must answer. */
+/* Whether chunk `chunk` is read for the first time (then marked): every chunk a read touches
+ * is reported once, whatever its position. A high-water mark per file left out the chunks
+ * below the highest one reported: a library whose first and last chunks were read first
+ * never had its second recorded, and a run with that hint fetched it on demand. */
+static int tell_chunk(struct device *dev, uint32_t chunk) {
+    if (dev->chunk_told[chunk]) return 0;
+    dev->chunk_told[chunk] = 1;
+    return 1;
+}
+
 static int copy_file_bytes(struct device *dev, uint32_t k, uint64_t a, uint64_t b,
-                            uint8_t *to, uint64_t *hits, uint32_t *last_position) {
+                            uint8_t *to, uint64_t *hits, int *untold) {
     uint32_t ino = le32(dev->inos + 4ull * k);
     uint64_t size = le64(dev->sizes + 8ull * k);
     if (ino >= dev->inode_count) return 0;
@@ -368,7 +380,7 @@ static int copy_file_bytes(struct device *dev, uint32_t k, uint64_t a, uint64_t 
     uint64_t first = le32(rec + 48), count = le32(rec + 52), inner = le32(rec + 56);
     if (le64(rec + 16) != size || first + count > dev->chunk_count || count == 0) return 0;
     if (count == 1) {
-        *last_position = 0;
+        *untold |= tell_chunk(dev, (uint32_t)first);
         return copy_chunk(dev, (uint32_t)first, inner + a, inner + b, to, hits);
     }
     if (inner != 0 || count != (size + dev->chunk_size - 1) / dev->chunk_size) return 0;
@@ -382,7 +394,7 @@ static int copy_file_bytes(struct device *dev, uint32_t k, uint64_t a, uint64_t 
         if (le32(crec + 52) != expected) return 0; /* a record that does not fit: the daemon's */
         if (!copy_chunk(dev, (uint32_t)(first + position), in_chunk, stop, to + (pos - a), hits))
             return 0;
-        *last_position = (uint32_t)position;
+        *untold |= tell_chunk(dev, (uint32_t)(first + position));
         pos += stop - in_chunk;
     }
     return 1;
@@ -430,8 +442,8 @@ static void do_read(uint64_t unique, uint64_t nodeid, const struct fuse_read_in 
         int follows = dev->last_end[k] == a + 1;
         if (follows_first < 0) follows_first = follows;
         memset(data + (at - offset), 0, lo - at);
-        uint32_t position = 0;
-        if (!copy_file_bytes(dev, k, a, b, data + (lo - offset), &hits, &position)) {
+        int untold = !dev->file_told[k];
+        if (!copy_file_bytes(dev, k, a, b, data + (lo - offset), &hits, &untold)) {
             forward_read(d, unique, offset, in->size, follows_first > 0);
             /* The daemon's reader sees this read: remember where it ended. */
             dev->last_end[k] = b + 1;
@@ -439,8 +451,8 @@ static void do_read(uint64_t unique, uint64_t nodeid, const struct fuse_read_in 
         }
         dev->last_end[k] = b + 1;
         file_bytes += b - a;
-        if (position + 1 > dev->reported[k]) {
-            dev->reported[k] = position + 1;
+        if (untold) {
+            dev->file_told[k] = 1;
             if (touches < MAX_PAGES)
                 touched[touches++] = (struct record){
                     .type = 'T', .flags = (uint8_t)follows, .dev = (uint16_t)d,

@@ -157,6 +157,39 @@ def test_files_read_natively_are_in_the_recorded_hint(env, mounter: Mounter) -> 
     assert [f.inode for f in hint.files] == [index.resolve(p.encode()) for p in small]
 
 
+def test_every_chunk_read_natively_is_in_the_recorded_hint(env, mounter: Mounter) -> None:
+    """A file read in its first chunk, then its last, then its second, every chunk served by
+    the native server: the second is recorded too (the server once reported only chunks
+    above the highest it had reported, so a library's middle chunks read after its tail were
+    left out of hints, and each run with the hint fetched them on demand)."""
+    store, contents = env
+    first = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none"])
+    assert (first.mountpoint / "lib/big2").read_bytes() == contents["lib/big2"]
+    run_weenv("umount", str(first.mountpoint))
+    # A new daemon over the same node cache: the server serves every chunk itself.
+    mount = mounter.mount("env:t", store, cache=first.cache,
+                          extra=["--path", "kernel", "--hint", "none", "--record-hints", "rec"])
+    chunk = 64 << 10  # tests/fuse/hint_mounts.py CHUNK
+    fd = os.open(mount.mountpoint / "lib/big2", os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # these pages, no read-ahead
+        for at in (0, 5 * chunk, chunk):
+            assert os.pread(fd, 4096, at) == contents["lib/big2"][at:at + 4096]
+    finally:
+        os.close(fd)
+    assert mount.stats()["mount"]["native_server"]["forwarded"] == 0
+    run_weenv("umount", str(mount.mountpoint))
+    shown = json.loads(run_weenv("hints", "show", "env:t", "--store", str(store), "--hint",
+                                 "rec", "--json").stdout)
+    with open_store(str(store)) as opened:
+        repo = Repository(opened)
+        hint = repo.get_hint(shown["hint"])
+        _, manifest = repo.resolve_env("env:t")
+        index = repo.get_index(manifest.groups[0].index)
+    chunks = list(index.file_chunks(index.resolve(b"lib/big2")))
+    assert [r.chunk for r in hint.records] == [chunks[0], chunks[5], chunks[1]]
+
+
 def test_the_python_server_when_asked(env, mounter: Mounter, monkeypatch) -> None:
     store, contents = env
     monkeypatch.setenv(SERVER_VARIABLE, "python")
