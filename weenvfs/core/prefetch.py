@@ -4,9 +4,10 @@ Owns: turning a hint's records into chunk locations (in hint order, zero chunks 
 dropped), cutting them into windows of about `window_bytes` of stored data that go to
 `Fetcher.prefetch_windows` (which coalesces each window into ranged reads of at most
 `request_bytes`, issues nothing while a demand read is queued, and keeps to its own
-concurrency limit), and the progress a mount reports. With `fetch_all`, once the hint is done, every other chunk of the environment follows (passes
-repeated with back-off for chunks that failed), so that a long task survives a store outage.
-The task ends when there is nothing left to fetch; it never raises into the mount.
+concurrency limit), and the progress a mount reports. With `fetch_all`, once the hint is
+done, every other chunk of the environment follows (passes repeated with back-off for chunks
+that failed), so that a long task survives a store outage. The task ends when there is
+nothing left to fetch; it never raises into the mount.
 
 No pause between windows (`Fetcher.prefetch_windows`): each window is cut into requests on
 its own, and the fetcher's `prefetch_concurrency` workers take the requests of every window
