@@ -32,9 +32,10 @@
  * Channel records (32 bytes each, several per message) to the daemon: 'R' a read to answer
  * (dev, flags bit 0: it continues the file's last read, size, unique, device offset), 'X'
  * the stats xattr (size, unique), 'S' a statfs (unique: answered by the daemon, so that a
- * statfs of the folder says whether the daemon lives), 'T' a file range this program served that starts a file or
- * reaches a chunk no reported read reached (dev, flags, length, file offset, inode): the daemon's read-ahead
- * and hint recording see what they would have seen, 'U' a trusted cached chunk this program
+ * statfs of the folder says whether the daemon lives), 'T' a file range this program served
+ * that starts a file or reaches a chunk no reported read reached (dev, flags, length, file
+ * offset, inode): the daemon's read-ahead and hint recording see what they would have seen
+ * (each chunk once, at any position), 'U' a trusted cached chunk this program
  * opened itself (dev, chunk in `ino`): its first use, 'E' every device handle released.
  * From the daemon: 8-byte records ('C', 0, u16 dev, u32 chunk) each with one chunk file
  * descriptor (SCM_RIGHTS): chunk `chunk` of device `dev` is cached and verified in it.
@@ -360,7 +361,6 @@ static int copy_chunk(struct device *dev, uint32_t chunk, uint64_t start, uint64
     return 1;
 }
 
-/* Copies bytes [a, b) of the file of extent `k` to `to`; 0 when the daemon must answer. */
 /* Whether chunk `chunk` is read for the first time (then marked): every chunk a read touches
  * is reported once, whatever its position. A high-water mark per file left out the chunks
  * below the highest one reported: a library whose first and last chunks were read first
@@ -371,6 +371,8 @@ static int tell_chunk(struct device *dev, uint32_t chunk) {
     return 1;
 }
 
+/* Copies bytes [a, b) of the file of extent `k` to `to`, setting `*untold` when it touches a
+ * chunk not reported before; 0 when the daemon must answer. */
 static int copy_file_bytes(struct device *dev, uint32_t k, uint64_t a, uint64_t b,
                             uint8_t *to, uint64_t *hits, int *untold) {
     uint32_t ino = le32(dev->inos + 4ull * k);

@@ -20,6 +20,8 @@ from hint_mounts import publish_varied_env
 from mounts import Mount, Mounter, run_weenv
 from support.polling import read_or_error, wait_for
 
+from weenvfs.format.hints import Hint
+from weenvfs.format.index import GroupIndex
 from weenvfs.fuse import daemon
 from weenvfs.fuse.native_devices import HELPER, SERVER_VARIABLE, choose_server
 from weenvfs.store import open_store
@@ -136,6 +138,17 @@ def test_chunks_the_cache_trusts_are_served_without_asking(env, mounter: Mounter
     assert stats["fetch"]["chunks_fetched"] == len(damaged), stats["fetch"]
 
 
+def _recorded(store: Path) -> tuple[Hint, GroupIndex]:
+    """The hint tagged `rec` of env:t in `store` (a recording mount published it when
+    unmounted), and the index of the environment's group."""
+    shown = json.loads(run_weenv("hints", "show", "env:t", "--store", str(store), "--hint",
+                                 "rec", "--json").stdout)
+    with open_store(str(store)) as opened:
+        repo = Repository(opened)
+        _, manifest = repo.resolve_env("env:t")
+        return repo.get_hint(shown["hint"]), repo.get_index(manifest.groups[0].index)
+
+
 def test_files_read_natively_are_in_the_recorded_hint(env, mounter: Mounter) -> None:
     store, contents = env
     small = [path for path in sorted(contents) if path.startswith("etc/")][:30]
@@ -145,13 +158,7 @@ def test_files_read_natively_are_in_the_recorded_hint(env, mounter: Mounter) -> 
         assert (mount.mountpoint / path).read_bytes() == contents[path]
     assert mount.stats()["mount"]["native_server"]["served_reads"] > 0
     run_weenv("umount", str(mount.mountpoint))
-    shown = json.loads(run_weenv("hints", "show", "env:t", "--store", str(store), "--hint",
-                                 "rec", "--json").stdout)
-    with open_store(str(store)) as opened:
-        repo = Repository(opened)
-        hint = repo.get_hint(shown["hint"])
-        _, manifest = repo.resolve_env("env:t")
-        index = repo.get_index(manifest.groups[0].index)
+    hint, index = _recorded(store)
     # Every file read is in the hint's file table (what a replay warms), natively served or
     # not, in the order they were read.
     assert [f.inode for f in hint.files] == [index.resolve(p.encode()) for p in small]
@@ -179,13 +186,7 @@ def test_every_chunk_read_natively_is_in_the_recorded_hint(env, mounter: Mounter
         os.close(fd)
     assert mount.stats()["mount"]["native_server"]["forwarded"] == 0
     run_weenv("umount", str(mount.mountpoint))
-    shown = json.loads(run_weenv("hints", "show", "env:t", "--store", str(store), "--hint",
-                                 "rec", "--json").stdout)
-    with open_store(str(store)) as opened:
-        repo = Repository(opened)
-        hint = repo.get_hint(shown["hint"])
-        _, manifest = repo.resolve_env("env:t")
-        index = repo.get_index(manifest.groups[0].index)
+    hint, index = _recorded(store)
     chunks = list(index.file_chunks(index.resolve(b"lib/big2")))
     assert [r.chunk for r in hint.records] == [chunks[0], chunks[5], chunks[1]]
 
