@@ -358,6 +358,48 @@ def test_two_processes_fetch_a_chunk_once(put_blob, local_store, tmp_path, patte
     assert outputs[1]["stats"]["requests"] == 0
 
 
+def test_a_read_that_waited_for_the_hint_replay_counts_as_its_hit(
+    put_blob, local_store, tmp_path, pattern
+) -> None:
+    """A mount's read waits for a chunk its hint replay (another process: here a second
+    fetcher over the same cache folder) is fetching, then takes it from the cache; the
+    replay's report comes after. That read used the prefetched chunk: a hint hit, not waste."""
+    plain = pattern(7, CHUNK)
+    (loc,) = put_blob([plain])
+    gate = Gate(local_store)
+    replay = Fetcher(FaultyStore(local_store, get_range=gate.get_range),
+                     ChunkCache(tmp_path / "cache"))
+    mount = Fetcher(local_store, ChunkCache(tmp_path / "cache"))
+    mount.stats.prefetch_elsewhere = True
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(replay.prefetch, [loc])
+            await gate.arrivals(1)  # the replay holds the chunk's lock, its request held
+            nursery.start_soon(_read_expecting, mount, loc, plain)
+            with trio.fail_after(20):  # the read waits for the replay's lock
+                while _lock_waits().borrowed_tokens == 0:
+                    await trio.sleep(0.002)
+            gate.open()
+
+    trio.run(main)
+    assert mount.stats.waited_for_other == 1 and mount.stats.requests == 0
+    mount.stats.record_prefetched(loc.digest, loc.ulen)  # the replay's report
+    prefetch = mount.stats.snapshot()["prefetch"]
+    assert prefetch["hint_hits"] == 1 and prefetch["waste"] == 0
+
+
+def _lock_waits() -> trio.CapacityLimiter:
+    """The limiter of this trio run's threads waiting for a chunk lock."""
+    from weenvfs.core.chunk_locks import _lock_wait_limiter
+
+    return _lock_wait_limiter()
+
+
+async def _read_expecting(fetcher: Fetcher, loc: ChunkLoc, plain: bytes) -> None:
+    assert await fetcher.read([(loc, 0, loc.ulen)]) == plain
+
+
 # -- priorities ------------------------------------------------------------------------------------
 
 

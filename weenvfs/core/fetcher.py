@@ -596,6 +596,10 @@ class Fetcher:
             handle = await self._open_cached(loc)
             if handle is not None:
                 self.stats.waited_for_other += 1
+                if priority == Priority.DEMAND:
+                    # A read that used what the other process fetched: when that is this
+                    # mount's hint replay, a hit once its report names the chunk, not waste.
+                    self.stats.record_demand_use(loc.digest)
                 out[loc.digest] = handle
             else:
                 await self._ranges.fetch_run([loc], priority, out)
