@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -384,6 +385,30 @@ def test_a_read_that_waited_for_the_hint_replay_counts_as_its_hit(
 
     trio.run(main)
     assert mount.stats.waited_for_other == 1 and mount.stats.requests == 0
+    mount.stats.record_prefetched(loc.digest, loc.ulen)  # the replay's report
+    prefetch = mount.stats.snapshot()["prefetch"]
+    assert prefetch["hint_hits"] == 1 and prefetch["waste"] == 0
+
+
+def test_a_read_that_found_the_hint_replays_chunk_at_its_lock_counts_as_its_hit(
+    put_blob, local_store, tmp_path, pattern
+) -> None:
+    """The read missed; the replay (another process: here a second cache over the same
+    folder) cached the chunk and let its lock go before the read took it; the read then finds
+    it cached. Also a hint hit once the replay's report comes, not waste."""
+    plain = pattern(8, CHUNK)
+    (loc,) = put_blob([plain])
+    mount = Fetcher(local_store, ChunkCache(tmp_path / "cache"))
+    mount.stats.prefetch_elsewhere = True
+    real = mount.cache.try_lock
+
+    def try_lock(digest: bytes) -> Any:
+        ChunkCache(tmp_path / "cache").insert(digest, plain)  # the replay, just before
+        return real(digest)
+
+    mount.cache.try_lock = try_lock  # type: ignore[method-assign]
+    assert _read_all(mount, [loc]) == plain
+    assert mount.stats.requests == 0 and mount.stats.cache_misses == 1
     mount.stats.record_prefetched(loc.digest, loc.ulen)  # the replay's report
     prefetch = mount.stats.snapshot()["prefetch"]
     assert prefetch["hint_hits"] == 1 and prefetch["waste"] == 0

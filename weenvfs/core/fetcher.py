@@ -558,6 +558,7 @@ class Fetcher:
             for loc, _lock in held:
                 handle = await self._open_cached(loc)
                 if handle is not None:
+                    self._stored_elsewhere(loc, priority)
                     out[loc.digest] = handle
                 else:
                     todo.append(loc)
@@ -596,15 +597,19 @@ class Fetcher:
             handle = await self._open_cached(loc)
             if handle is not None:
                 self.stats.waited_for_other += 1
-                if priority == Priority.DEMAND:
-                    # A read that used what the other process fetched: when that is this
-                    # mount's hint replay, a hit once its report names the chunk, not waste.
-                    self.stats.record_demand_use(loc.digest)
+                self._stored_elsewhere(loc, priority)
                 out[loc.digest] = handle
             else:
                 await self._ranges.fetch_run([loc], priority, out)
         finally:
             lock.release()
+
+    def _stored_elsewhere(self, loc: ChunkLoc, priority: Priority) -> None:
+        """`loc` missed, and another process cached it meanwhile: a demand read that uses it
+        used that process's fetch. When the other process is this mount's hint replay, that
+        is a hint hit once the replay's report names the chunk, not waste."""
+        if priority == Priority.DEMAND:
+            self.stats.record_demand_use(loc.digest)
 
     # -- prefetch -----------------------------------------------------------------------------
 
