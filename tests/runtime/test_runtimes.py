@@ -21,6 +21,7 @@ from rt_support import EnvRef, run_weenv
 
 from weenvfs import native_programs
 from weenvfs.errors import UsageError, WeenvError
+from weenvfs.fuse.daemon import process_alive
 from weenvfs.runtime import cgroups, sandbox_state
 from weenvfs.runtime.crun import (
     CRUN_ROOT,
@@ -139,18 +140,46 @@ def test_a_sandbox_keeps_the_runtime_that_made_it(env_ref: EnvRef,
     assert not (RUNC_ROOT / env.id).exists()
 
 
-def test_ls_warns_about_a_sandbox_whose_runtime_is_gone(env_ref: EnvRef, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(RUNTIME_ENV, "runc")
-    with _open(env_ref) as env:
-        # `weenv sandbox ls` where neither runtime is on PATH any more.
-        done = subprocess.run([sys.executable, "-m", "weenvfs", "sandbox", "ls", "--json"],
-                              env={**os.environ, "PATH": str(tmp_path)}, capture_output=True,
-                              text=True, timeout=60)
+def _weenv_without_runtimes(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`weenv ARGS` where neither runtime is on PATH any more (uninstalled since)."""
+    return subprocess.run([sys.executable, "-m", "weenvfs", *args],
+                          env={**os.environ, "PATH": str(tmp_path)}, capture_output=True,
+                          text=True, timeout=60)
+
+
+@RUNTIMES
+def test_a_sandbox_whose_runtime_is_gone_is_listed_refused_and_removed(
+        env_ref: EnvRef, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        runtime: str) -> None:
+    """Uninstalling the runtime strands no sandbox: `ls` shows it (and says so), `exec` says
+    what to install, `rm` removes everything, its processes, cgroup and the runtime's own
+    record included."""
+    monkeypatch.setenv(RUNTIME_ENV, runtime)
+    env = _open(env_ref)
+    try:
+        box = env.sandbox
+        init = int(box.state["init_pid"])
+        done = _weenv_without_runtimes(tmp_path, "sandbox", "ls", "--json")
         assert done.returncode == 0, done.stderr
-        assert env.id not in {b["id"] for b in json.loads(done.stdout)["sandboxes"]}
-        assert f"sandbox {env.id}: runc not found" in done.stderr
+        listed = {b["id"]: b for b in json.loads(done.stdout)["sandboxes"]}
+        assert listed[box.id]["status"] == "running"
+        assert listed[box.id]["runtime_installed"] is False
+        assert f"sandbox {box.id}: {runtime} not found (install the Debian package " \
+            f"{runtime}); it can be removed" in done.stderr
+        done = _weenv_without_runtimes(tmp_path, "sandbox", "exec", box.id, "--", "true")
+        assert done.returncode != 0
+        assert done.stderr.strip().splitlines() == [
+            f"weenv: error: {runtime} not found (install the Debian package {runtime})"]
+        done = _weenv_without_runtimes(tmp_path, "sandbox", "rm", box.id)
+        assert done.returncode == 0, done.stderr
         assert "Traceback" not in done.stderr
+        assert not sandbox_state.exists(box.id)
+        assert not (ROOTS[runtime] / box.id).exists()  # the runtime's record
+        assert not cgroups.cgroup_dirs(box.cgroup_path or f"/weenv/{box.id}")
+        assert not process_alive(init)
+        assert not os.path.ismount(box.rootfs)
+    finally:
+        env.close()  # a no-op once removed; removes it if the test failed before
 
 
 def test_gc_removes_orphan_containers_of_every_installed_runtime(env_ref: EnvRef,

@@ -524,12 +524,22 @@ def _describe(box: Sandbox, node: NodeView) -> dict[str, Any]:
         "seccomp": box.seccomp.name,
         "no_new_privileges": True,
         "runtime": box.launcher.name,
+        "runtime_installed": _runtime_missing(box) is None,
         "elastic": box.is_elastic,
         "limits": limits,
         "provisioner": provisioner,
         "cgroup": (state.get("cgroup") or {}).get("path"),
         "init_pid": state.get("init_pid"),
     }
+
+
+def _runtime_missing(box: Sandbox) -> str | None:
+    """Why the OCI runtime that made `box` cannot run here any more, or None."""
+    try:
+        box.launcher.check_installed()
+    except WeenvError as error:
+        return str(error)
+    return None
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
@@ -540,11 +550,17 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     node = NodeView.take()
     for sandbox_id in sandbox_state.list_ids():
         try:
-            boxes.append(_describe(sandbox.Sandbox.load(sandbox_id), node))
+            box = sandbox.Sandbox.load(sandbox_id)
+            boxes.append(_describe(box, node))
         except UsageError:
             continue  # removed meanwhile
-        except WeenvError as error:  # e.g. made by an OCI runtime no longer installed
+        except WeenvError as error:
             log.warning("sandbox %s: %s", sandbox_id, error)
+            continue
+        missing = _runtime_missing(box)
+        if missing is not None:  # made by an OCI runtime uninstalled since
+            log.warning("sandbox %s: %s; it can be removed (weenv sandbox rm %s), not entered",
+                        sandbox_id, missing, sandbox_id)
     if args.json:
         document = {"sandboxes": boxes, "mounts": [m.to_json() for m in mounts.list_mounts()]}
         print_json(document)

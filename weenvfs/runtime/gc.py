@@ -94,7 +94,7 @@ def _sandboxes(report: GcReport, launcher: Launcher | None) -> None:
             box = Sandbox.load(sandbox_id, launcher)
         except UsageError:
             continue  # removed meanwhile, or a folder that never got a state file
-        except WeenvError as error:  # made by a runtime no longer installed
+        except WeenvError as error:  # a state it cannot load (an error, not a reason to skip)
             report.errors.append(f"sandbox {sandbox_id}: {error}")
             continue
         if not is_orphan(box):

@@ -207,6 +207,11 @@ class Launcher(ABC):
     name: str
 
     @abstractmethod
+    def check_installed(self) -> None:
+        """Raise WeenvError when the runtime cannot run here (a launcher of a sandbox made
+        earlier can still inspect and remove it without its program)."""
+
+    @abstractmethod
     def start(self, spec: LaunchSpec) -> int:
         """Start the sandbox's init detached; return its host pid once it runs."""
 
@@ -260,11 +265,26 @@ class OciCliLauncher(Launcher):
     cannot_start: str
 
     def __init__(self, root: Path | None = None) -> None:
-        binary = shutil.which(self.name)
-        if binary is None:
-            raise WeenvError(f"{self.name} not found (install the Debian package {self.name})")
-        self.binary = binary
+        # Looked up now, required only by what runs the program: a sandbox whose runtime was
+        # uninstalled since can still be listed and removed (its state files say which
+        # processes are its init; `Sandbox._stop` then kills its cgroup).
+        self._binary = shutil.which(self.name)
         self.root = root or self.default_root
+
+    @property
+    def installed(self) -> bool:
+        """Whether the runtime's program is on PATH."""
+        return self._binary is not None
+
+    def check_installed(self) -> None:
+        self.binary  # noqa: B018 - raises when missing
+
+    @property
+    def binary(self) -> str:
+        """The runtime's program (WeenvError, naming its Debian package, when missing)."""
+        if self._binary is None:
+            raise WeenvError(f"{self.name} not found (install the Debian package {self.name})")
+        return self._binary
 
     @abstractmethod
     def _init_record(self, sandbox_id: str) -> tuple[int, int]:
@@ -337,6 +357,11 @@ class OciCliLauncher(Launcher):
         self._kill_init(sandbox_id)
         if not (self.root / sandbox_id).exists():
             return  # never made, or deleted by its own foreground run (a one-shot sandbox)
+        if not self.installed:
+            # Nothing else will delete the record of a sandbox whose runtime was uninstalled
+            # (its init is dead; the caller kills whatever is left through its cgroup).
+            shutil.rmtree(self.root / sandbox_id, ignore_errors=True)
+            return
         code, err = self._run("delete", "--force", sandbox_id)
         if code != 0 and "does not exist" not in err:
             raise WeenvError(f"{self.name} could not delete sandbox {sandbox_id}: "

@@ -5,7 +5,9 @@ why), so it is the default; runc stays the fallback and can be asked for. `$WEEN
 (`crun` or `runc`) picks one for new sandboxes; an unknown name, or a runtime that is not
 installed, is an error, not a silent fallback. A sandbox keeps the runtime that made it (its
 state records the name), so changing the default or installing crun never strands a running
-sandbox: `launcher_named` gives it back its own.
+sandbox: `launcher_named` gives it back its own. Uninstalling that runtime does not strand it
+either: its launcher can still tell whether it runs and remove it (launcher.py); only what
+runs the runtime's program (exec) fails, naming the package to install.
 
 Owns: `default_launcher`, `launcher_named`, `installed_launchers`. Must not: drive a runtime
 (launcher.py, crun.py).
@@ -31,16 +33,20 @@ def default_launcher() -> Launcher:
     PREFERENCE (runc's, with its own "not found" error, when neither is)."""
     chosen = os.environ.get(RUNTIME_ENV, "").strip()
     if chosen:
-        return launcher_named(chosen)
+        launcher = launcher_named(chosen)
+        launcher.check_installed()
+        return launcher
     for name in PREFERENCE:
         if shutil.which(name):
             return launcher_named(name)
-    return RuncLauncher()  # raises: runc not found (install the Debian package runc)
+    launcher = RuncLauncher()
+    launcher.check_installed()  # raises: runc not found (install the Debian package runc)
+    return launcher
 
 
 def launcher_named(name: str) -> Launcher:
-    """The launcher of runtime `name` (UsageError for an unknown one; WeenvError when it is
-    not installed)."""
+    """The launcher of runtime `name` (UsageError for an unknown one), installed or not (see
+    the module)."""
     try:
         kind = LAUNCHERS[name]
     except KeyError:
