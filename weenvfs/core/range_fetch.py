@@ -57,7 +57,7 @@ class Priority(IntEnum):
 Outcome = ChunkHandle | bytes | ChunkUnavailable
 # Told each chunk as soon as it is cached (or could not be: it is then served from memory);
 # may be called in a worker thread.
-Cached = Callable[[ChunkLoc], None]
+OnCached = Callable[[ChunkLoc], None]
 
 
 class RangeFetcher:
@@ -90,7 +90,7 @@ class RangeFetcher:
 
     async def fetch_run(
         self, run: list[ChunkLoc], priority: Priority, out: dict[bytes, Outcome],
-        cached: Cached | None = None,
+        cached: OnCached | None = None,
     ) -> None:
         """Fetch one coalesced range, verify and cache each chunk; a chunk that fails
         verification is fetched once more on its own before it is declared corrupt.
@@ -218,7 +218,7 @@ class RangeFetcher:
         start: int,
         priority: Priority,
         out: dict[bytes, Outcome],
-        cached: Cached | None = None,
+        cached: OnCached | None = None,
     ) -> list[tuple[ChunkLoc, FormatError]]:
         """Decode and verify each chunk of a fetched range, cache the good ones and put their
         plaintext in `out`; return the ones that failed verification."""
@@ -244,7 +244,7 @@ class RangeFetcher:
 
     def _decode_sync(
         self, run: list[ChunkLoc], data: bytes | memoryview, start: int,
-        cached: Cached | None = None,
+        cached: OnCached | None = None,
     ) -> list[tuple[ChunkLoc, FormatError | tuple[bytes, OSError | None]]]:
         """Each chunk of `run` decoded, verified and cached in turn (possibly in a worker
         thread); `cached(loc)` right after each one's cache write, so that another process
