@@ -277,13 +277,14 @@ class OciCliLauncher(Launcher):
         return self._binary is not None
 
     def check_installed(self) -> None:
-        self.binary  # noqa: B018 - raises when missing
+        if self._binary is None:
+            raise WeenvError(f"{self.name} not found (install the Debian package {self.name})")
 
     @property
     def binary(self) -> str:
         """The runtime's program (WeenvError, naming its Debian package, when missing)."""
-        if self._binary is None:
-            raise WeenvError(f"{self.name} not found (install the Debian package {self.name})")
+        self.check_installed()
+        assert self._binary is not None
         return self._binary
 
     @abstractmethod
