@@ -9,7 +9,10 @@ by the `server` fixture, also when the test fails.
 from __future__ import annotations
 
 import array
+import contextlib
+import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -99,11 +102,16 @@ def test_a_forked_daemon_serves_the_tree_exactly(tmp_path: Path, server: Path,
     record = daemon.read_pid_file(mp)
     assert record is not None
     pid = record["pid"]
-    # Re-parented (nobody has to reap it), and `ps` shows what it serves.
-    assert _parent(pid) not in (os.getpid(), server_pid(server))
+    # The server's child (it reaps it), and `ps` shows what it serves.
+    assert _parent(pid) == server_pid(server)
     assert str(mp).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
     daemon.unmount(mp)
     assert not daemon.process_alive(pid)
+    # The idle server wakes for its child's exit and reaps it: no zombie is left.
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{pid}"):
+        assert time.monotonic() < deadline, "the server never reaped its daemon"
+        time.sleep(0.01)
     mountd.check_running()  # the server outlives its mounts
 
 
@@ -406,7 +414,7 @@ def test_a_mount_starts_the_node_service_outside_the_callers_cgroup(
         for mp in mps:
             record = daemon.read_pid_file(mp)
             assert record is not None and _cgroup_of(record["pid"], group.parent) != inside
-            assert _parent(record["pid"]) != pid  # re-parented, as a setsid daemon
+            assert _parent(record["pid"]) == pid  # the server's child: it reaps it
     finally:
         for mp in mps:
             if daemon.is_mounted(mp):
@@ -608,30 +616,51 @@ def test_evictions_run_one_at_a_time_per_environment_and_once_more_after(
     assert sorted(runs.read_text().splitlines()) == [f"a {line}", f"a {line}", f"b {line}"]
 
 
-def test_a_detached_command_is_nobodys_child_and_its_first_parent_is_reaped(
+def test_a_detached_command_runs_in_its_own_session_and_is_reaped_once_it_exits(
         tmp_path: Path) -> None:
-    """`detached` returns the grandchild's pid as soon as the first child wrote it (no wait
-    for that child's exit); the grandchild is not this process's child; `reap_forked`
-    collects the first child once it exited."""
+    """`detached` returns the child's pid at once; the child runs in a session of its own;
+    its pidfd (`child_fds`) wakes a poll when it exits, and `reap_forked` then collects it:
+    no zombie is left. Other children's pidfds are not the child's to hold."""
     marker = tmp_path / "ran"
+    release = tmp_path / "release"
 
     def body() -> None:
-        time.sleep(0.5)
-        marker.write_text(str(os.getpid()))
+        held = []
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                held.append(os.readlink(f"/proc/self/fd/{fd}"))
+        marker.write_text(json.dumps({"pid": os.getpid(), "sid": os.getsid(0), "fds": held}))
+        while not release.exists():
+            time.sleep(0.01)
 
+    first = service_forks.detached((), lambda: time.sleep(30))
     pid = service_forks.detached((), body)
-    assert pid > 0
-    with open(f"/proc/{pid}/stat", "rb") as stat:
-        parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
-    assert parent != os.getpid()
-    deadline = time.monotonic() + 30
-    while service_forks.reap_forked():
-        assert time.monotonic() < deadline, "the first child was never reaped"
-        time.sleep(0.01)
-    while not marker.exists():
-        assert time.monotonic() < deadline, "the detached body never ran"
-        time.sleep(0.01)
-    assert marker.read_text() == str(pid)
+    try:
+        assert pid > 0 and len(service_forks.child_fds()) >= 2
+        deadline = time.monotonic() + 30
+        while not marker.exists():
+            assert time.monotonic() < deadline, "the detached body never ran"
+            time.sleep(0.01)
+        seen = json.loads(marker.read_text())
+        assert seen["pid"] == pid and seen["sid"] == pid  # a session leader: its own session
+        assert "anon_inode:[pidfd]" not in seen["fds"]  # not even its elder sibling's
+        release.write_text("")
+        poller = select.poll()
+        for fd in service_forks.child_fds():
+            poller.register(fd, select.POLLIN)
+        assert poller.poll(30_000), "no pidfd woke the poll when the child exited"
+        while pid in service_forks._children:
+            service_forks.reap_forked()
+            assert time.monotonic() < deadline, "the child was never reaped"
+            time.sleep(0.01)
+        assert not os.path.exists(f"/proc/{pid}")  # reaped: no zombie left
+    finally:
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while first in service_forks._children:
+            service_forks.reap_forked()
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
 
 
 def test_request_eviction_needs_a_running_server(monkeypatch: pytest.MonkeyPatch,

@@ -7,13 +7,13 @@ still gets its own daemon process; only how it starts changes.
 Owns:
 - `serve`: `weenv mountd`: import everything a mount daemon needs, then wait on a unix socket
   (`socket_path()`, mode 0600, requests only from our own uid, checked with SO_PEERCRED).
-  For each request it forks (service_forks.py: the child starts a new session and forks
-  again, so the daemon is nobody's child, as with `setsid --fork`; it takes the client's
-  environment, umask, log file and readiness pipe, passed over the socket, and runs `weenv
-  mount --foreground ...` in-process). It exits after `idle` seconds without requests once
-  no daemon it forked runs (0: never). A detached server first leaves its starter's cgroups
-  (`leave_caller_cgroups`), and every HOUSEKEEPING_EVERY seconds it forks `weenv mounts
-  evict --expired` (the idle bounds of the node's shared mounts, runtime/mounts.py).
+  For each request it forks (service_forks.py: the child starts a new session, takes the
+  client's environment, umask, log file and readiness pipe, passed over the socket, and runs
+  `weenv mount --foreground ...` in-process; the server reaps it when it exits). It exits
+  after `idle` seconds without requests once no daemon it forked runs (0: never). A
+  detached server first leaves its starter's cgroups (`leave_caller_cgroups`), and every
+  HOUSEKEEPING_EVERY seconds it forks `weenv mounts evict --expired` (the idle bounds of the
+  node's shared mounts, runtime/mounts.py).
 - evictions: a request of kind EVICT (`request_eviction`: a sandbox released its mounts)
   forks the same eviction with the client's environment (its mounts folder and bounds), so
   the closing sandbox never waits for daemons to exit; at most one runs per environment,
@@ -82,7 +82,7 @@ from .node_socket import (
 )
 from .node_socket import namespaces as node_namespaces
 from .service_evictions import HOUSEKEEPING, Evictions
-from .service_forks import fork_attached, fork_daemon, fork_task, reap_forked
+from .service_forks import child_fds, fork_attached, fork_daemon, fork_task, reap_forked
 from .service_preload import prebuild_clients, preload_envs
 
 log = logging.getLogger(__name__)
@@ -400,8 +400,7 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
             waits.append(PENDING_POLL)
         if idle > 0:
             waits.append(last + idle - now)
-        readable, _, _ = select.select([listener], [], [], max(0.0, min(waits)))
-        if not readable:
+        if not _wait_for_client(listener, max(0.0, min(waits))):
             if idle > 0 and time.monotonic() >= last + idle and not _alive(daemons):
                 log.info("mount server idle for %g s with no daemon left: exiting", idle)
                 return
@@ -414,6 +413,18 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
             if not _handle(conn, (conn, *held), code_print, namespaces, run, daemons,
                            replays, evictions):
                 return
+
+
+def _wait_for_client(listener: socket.socket, timeout: float) -> bool:
+    """Wait until a client connects (True), a child exits (its pidfd: the loop reaps it) or
+    `timeout` seconds pass. poll(2), not select(2): a node with hundreds of mounts has
+    hundreds of children, and select takes no descriptor past 1023."""
+    poller = select.poll()
+    poller.register(listener, select.POLLIN)
+    for fd in child_fds():
+        poller.register(fd, select.POLLIN)
+    ready = poller.poll(timeout * 1000.0)
+    return any(fd == listener.fileno() for fd, _ in ready)
 
 
 def leave_caller_cgroups() -> None:

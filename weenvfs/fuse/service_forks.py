@@ -1,14 +1,13 @@
 """How the node service's children start (fuse/mountd.py forks them; DESIGN.md: "a
 resident node daemon ... no Python start-up or imports on the hot path").
 
-Every child is forked twice (`detached`): the first child starts a session, forks the second
-and exits at once, so the command runs as nobody's child (as with `setsid --fork`) and the
-server never waits for it. Nor for the first child's exit (tearing down a copy of the whole
-server takes it ~7-9 ms, during which the server used to serve no one): the server reads the
-grandchild's pid and goes on; `reap_forked` collects the first children later. The command
-then takes its client's arguments, environment and umask (`take_over`) and runs `weenv ARGV`
-in-process through the `run` the server was given (the CLI's `main`: fuse may not import
-the CLI):
+Every child is forked once (`detached`) into a session of its own; the server goes on at
+once and reaps it when it exits (its loop waits on each child's pidfd, `child_fds`, beside
+its socket). (Forking twice, so that the command was nobody's child, kept the server ~3 ms
+longer per request: the first child's session and second fork, whose pid it waited for;
+docs/design-notes.md.) The command then takes its client's arguments, environment and umask
+(`take_over`) and runs `weenv ARGV` in-process through the `run` the server was given (the
+CLI's `main`: fuse may not import the CLI):
 - `fork_daemon`: a mount daemon, its readiness pipe and log file passed by the client;
 - `fork_attached`: a command with the client's stdin, stdout, stderr and working folder
   (`weenv run` hands itself over: hand_over.py), its pid and exit status on a status pipe;
@@ -33,7 +32,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-_forked: list[int] = []  # first children of `detached` not reaped yet (`reap_forked`)
+_children: dict[int, int] = {}  # children of `detached` not reaped yet: pid -> pidfd (or -1)
 # What an attached command asked to do once its client has its exit status (`when_answered`);
 # None in any process that is not such a command.
 _after_answer: list[Callable[[], None]] | None = None
@@ -41,7 +40,7 @@ _after_answer: list[Callable[[], None]] | None = None
 
 def fork_daemon(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
                 run: Callable[[list[str]], int]) -> int:
-    """Fork the daemon of `request`, nobody's child (see `detached`); its pid, or 0."""
+    """Fork the daemon of `request` (see `detached`); its pid."""
     argv, env = argv_env(request)
     umask = int(request["umask"])
     return detached(held, lambda: _become_daemon(argv, env, umask, run, ready_fd=fds[0],
@@ -50,7 +49,7 @@ def fork_daemon(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
 
 def fork_attached(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
                   run: Callable[[list[str]], int]) -> int:
-    """Fork the command of an ATTACHED request, nobody's child; its pid, or 0."""
+    """Fork the command of an ATTACHED request (see `detached`); its pid."""
     argv, env = argv_env(request)
     umask, cwd = int(request["umask"]), str(request["cwd"])
     return detached(held, lambda: _become_attached(argv, env, umask, cwd, run, fds))
@@ -69,7 +68,7 @@ def request_env(request: dict[str, Any]) -> dict[str, str]:
 def fork_task(argv: list[str], held: tuple[Any, ...], run: Callable[[list[str]], int],
               request: dict[str, Any] | None = None) -> int:
     """Run `weenv ARGV` in a detached child of the server (its housekeeping), in the
-    environment and umask of `request` if given; the child's pid (0 if unknown or none)."""
+    environment and umask of `request` if given; the child's pid (0 if none started)."""
 
     def task() -> None:
         if request is not None:
@@ -86,26 +85,21 @@ def fork_task(argv: list[str], held: tuple[Any, ...], run: Callable[[list[str]],
 
 
 def detached(held: tuple[Any, ...], body: Callable[[], None]) -> int:
-    """Fork; the child starts a session, forks `body` and exits at once (reaped by
-    `reap_forked`), so the grandchild is nobody's child. Returns the grandchild's pid (0 if
-    unknown)."""
-    read_end, write_end = os.pipe()
+    """Fork `body` into a session of its own; its pid. The caller (the server) reaps it
+    once it exits (`reap_forked`, woken by `child_fds`) and never waits for it."""
     pid = os.fork()
     if pid:
-        os.close(write_end)
-        with os.fdopen(read_end, "rb") as pipe:
-            told = pipe.readline()  # written before the child exits: no wait for its exit
-        _forked.append(pid)
-        reap_forked()
-        return int(told) if told.strip().isdigit() else 0
+        try:
+            _children[pid] = os.pidfd_open(pid)
+        except OSError:  # no pidfds (Linux before 5.3): the server's loop polls instead
+            _children[pid] = -1
+        return pid
     try:
-        os.close(read_end)
         os.setsid()
-        grandchild = os.fork()
-        if grandchild:
-            os.write(write_end, b"%d\n" % grandchild)
-            os._exit(0)
-        os.close(write_end)
+        for fd in _children.values():  # the other children's: not this one's to hold
+            if fd >= 0:
+                os.close(fd)
+        _children.clear()
         for thing in held:  # the server's socket, connection and lock
             thing.close()
         body()
@@ -115,17 +109,25 @@ def detached(held: tuple[Any, ...], body: Callable[[], None]) -> int:
 
 
 def reap_forked() -> bool:
-    """Reap the first children of `detached` that have exited (the server's loop calls this;
-    a first child is a zombie for a few ms until then, never the command itself); whether
-    any is still to be reaped."""
-    for pid in list(_forked):
+    """Reap the children of `detached` that have exited (the server's loop calls this; one is
+    a zombie only until then); whether any child without a pidfd is still running (the loop
+    then polls for it)."""
+    for pid, fd in list(_children.items()):
         try:
             done, _ = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             done = pid
         if done:
-            _forked.remove(pid)
-    return bool(_forked)
+            del _children[pid]
+            if fd >= 0:
+                os.close(fd)
+    return any(fd < 0 for fd in _children.values())
+
+
+def child_fds() -> list[int]:
+    """A pidfd of each running child of `detached`: each becomes readable when its child
+    exits, so the server's loop wakes to reap it."""
+    return [fd for fd in _children.values() if fd >= 0]
 
 
 def _become_daemon(argv: list[str], env: dict[str, str], umask: int,
