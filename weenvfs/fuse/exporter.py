@@ -32,6 +32,7 @@ from typing import Any
 from weenvfs.errors import UsageError, WeenvError
 
 from .config import DEFAULT_METRICS
+from .service_forks import forget_children
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +208,7 @@ class Exporter:
             return
         code = 70
         try:
+            forget_children()
             for thing in held:
                 thing.close()
             code = _child(self.httpd, self.server_socket, parent, self.bound)

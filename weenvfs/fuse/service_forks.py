@@ -96,16 +96,23 @@ def detached(held: tuple[Any, ...], body: Callable[[], None]) -> int:
         return pid
     try:
         os.setsid()
-        for fd in _children.values():  # the other children's: not this one's to hold
-            if fd >= 0:
-                os.close(fd)
-        _children.clear()
+        forget_children()
         for thing in held:  # the server's socket, connection and lock
             thing.close()
         body()
     except BaseException:  # noqa: BLE001 - a forked child must never return into the loop
         pass
     os._exit(70)
+
+
+def forget_children() -> None:
+    """In a process just forked from the server: close the server's pidfds of its other
+    children (not this process's to hold or reap)."""
+    for fd in _children.values():
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    _children.clear()
 
 
 def reap_forked() -> bool:
