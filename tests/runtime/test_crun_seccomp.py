@@ -80,11 +80,11 @@ def test_a_failed_probe_leaves_the_filter_to_crun_and_is_not_retried(
 
     def failing(self: CrunLauncher, seccomp: object) -> bytes | None:
         probes.append(seccomp)
-        self.binary = "/bin/false"  # this crun "fails"; the sandbox gets the real one
+        self._binary = "/bin/false"  # this crun "fails"; the sandbox gets the real one
         try:
             return real(self, seccomp)  # type: ignore[arg-type]
         finally:
-            self.binary = shutil.which("crun") or "crun"
+            self._binary = shutil.which("crun") or "crun"
 
     monkeypatch.setattr(CrunLauncher, "_probe", failing)
     for _ in range(2):
