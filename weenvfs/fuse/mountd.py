@@ -96,7 +96,8 @@ MAX_FDS = 8  # room for descriptors in a request (more are discarded by the kern
 MAX_REPLAYS = max(1, (os.cpu_count() or 1) // 2)
 AUTO_IDLE = 600.0  # seconds an auto-started server lingers with no request and no daemon
 HOUSEKEEPING_EVERY = 60.0  # seconds between two runs of HOUSEKEEPING while the server runs
-PENDING_POLL = 0.05  # seconds between two checks while an eviction waits or a fork is unreaped
+# Seconds between two checks while an eviction waits or a child has no pidfd to wake the loop.
+PENDING_POLL = 0.05
 # Imported before the first fork: what `weenv mount --foreground` needs for any store.
 PRELOAD = ("weenvfs.fuse.commands", "weenvfs.fuse.mount", "weenvfs.fuse.kernel_mount",
            "weenvfs.core.node_hints", "weenvfs.store.s3", "weenvfs.store.http",
@@ -388,7 +389,7 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
     last = time.monotonic()
     chores = last + HOUSEKEEPING_EVERY
     while True:
-        unreaped = reap_forked()
+        polled_children = reap_forked()  # children without a pidfd (kernels before 5.3)
         if exporter is not None:
             exporter.poll((listener, lock))
         now = time.monotonic()
@@ -396,7 +397,7 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
             fork_task(list(HOUSEKEEPING), held, run)
             chores = now + HOUSEKEEPING_EVERY
         waits = [chores - now]
-        if evictions.poll() or unreaped:
+        if evictions.poll() or polled_children:
             waits.append(PENDING_POLL)
         if idle > 0:
             waits.append(last + idle - now)
