@@ -19,7 +19,7 @@ from support.runtime import (
     sample_store,
 )
 from weenvfs.format.manifest import RuntimeConfig
-from weenvfs.runtime import mounts
+from weenvfs.runtime import gc, mounts, parking
 from weenvfs.runtime.lower_modes import DEFAULT_LOWER
 from weenvfs.runtime.lowers import plan_lowers
 from weenvfs.runtime.recording import recording_key
@@ -115,15 +115,20 @@ def no_default_hint_recording(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def warm_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def warm_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+              test_digests: set[str]) -> Iterator[Path]:
     """A private folder of shared mounts ($WEENV_ENVS_ROOT) kept warm 600 s, as on a node (the
     node service evicts them; the bounds a test sets never evict other jobs' mounts); every
-    mount in it is evicted after the test (held ones too)."""
+    mount in it is evicted after the test (held ones too), and the roots parked over them
+    first. No root is parked unless the test turns parking on ($WEENV_PARK_SECONDS, the
+    `parking` fixture): these tests are about the mounts, which a parked root holds."""
     root = tmp_path / "envs"
     monkeypatch.setenv(mounts.ROOT_ENV, str(root))
     monkeypatch.setenv(mounts.KEEP_WARM_ENV, "600")
+    monkeypatch.setenv(parking.PARK_SECONDS_ENV, "0")
     try:
         yield root
     finally:
+        gc.drop_parked(keys={m.key for m in mounts.list_mounts()} | test_digests)
         for mount in mounts.list_mounts():
             mounts.evict(mount.key, force=True)

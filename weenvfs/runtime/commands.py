@@ -137,7 +137,9 @@ def _register_run(subparsers: Sub) -> None:
             "(one per group, shared with every environment built on the same groups), in\n"
             "its own pid, mount, ipc, uts and (by default) network namespaces and cgroup.\n"
             "Without COMMAND the environment's entrypoint and cmd run. Everything is removed at\n"
-            "exit (--keep keeps the writable layer for inspection). As root, the node service\n"
+            "exit (--keep keeps the writable layer for inspection), except the overlay of a\n"
+            "run that changed nothing in it: it is parked for the next run of the same\n"
+            "groups ($WEENV_PARK_SECONDS, default 60; 0: never). As root, the node service\n"
             "(`weenv mountd`, started when missing) carries the run out with this process's\n"
             "stdio, folder and environment; this process passes on signals and the exit\n"
             "status (WEENV_NODE_RUN=off: everything in this process)."
@@ -288,8 +290,10 @@ def _register_gc(sub: Sub) -> None:
         help="remove sandboxes whose controlling process died, and their leftovers",
         description=(
             "Remove orphans: sandboxes whose owner process is gone (e.g. after kill -9), their\n"
-            "processes, overlays, cgroups and upper dirs, and environment mounts no sandbox\n"
-            "uses. Sandboxes of live owners and `sandbox create`d ones are left alone."
+            "processes, overlays, cgroups and upper dirs, environment mounts no sandbox\n"
+            "uses, and parked roots (finished runs' roots kept for the next run) past\n"
+            "$WEENV_PARK_SECONDS. Sandboxes of live owners and `sandbox create`d ones are left\n"
+            "alone."
         ),
         examples=["weenv sandbox gc", "weenv sandbox gc --json"],
         func=_cmd_gc,
@@ -401,7 +405,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             return _run_once(box, command)
         finally:
             with _signals_ignored():
-                box.destroy()
+                box.destroy(park=True)  # its root may wait for the next run (parking.py)
             _say_hint(box)
             if args.keep:
                 print(f"weenv: upper layer kept in {box.upper_root / 'upper'}",

@@ -256,7 +256,7 @@ class Environment:
                 return
             self._closed = True
             _OPEN.discard(self)
-            self.sandbox.destroy()
+            self.sandbox.destroy(park=True)  # its root may serve the next open (parking.py)
         outcome = self.sandbox.hint_outcome
         if outcome is not None:
             line = recording.outcome_line(self.sandbox.state["env"]["ref"], outcome)

@@ -10,6 +10,8 @@ Owns the rules for what is an orphan, and their removal:
   containers of any installed OCI runtime (crun, runc) and cgroups under `/weenv/` with no
   sandbox folder (a crash between steps of create or destroy);
 - upper dirs with no sandbox that were not kept on purpose, and trash left by a reset;
+- parked sandboxes (parking.py) past their time or over a mount that no longer answers
+  (`drop_parked`, which evictions of shared mounts also call first: a parked root holds them);
 - shared mounts (mounts.py): holders whose sandbox is gone are dropped, a mount with no holder
   that is not kept warm is unmounted, and idle mounts over the node's bounds are evicted.
 A sandbox still being created or reset by a live owner is never touched.
@@ -28,7 +30,7 @@ from pathlib import Path
 
 from weenvfs.errors import UsageError, WeenvError
 
-from . import cgroups, elastic, mounts, sandbox, sandbox_state
+from . import cgroups, elastic, mounts, parking, sandbox, sandbox_state
 from .cgroups import CGROUP_PARENT
 from .launcher import Launcher
 from .runtimes import installed_launchers
@@ -46,6 +48,7 @@ class GcReport:
     containers: list[str] = field(default_factory=list)
     cgroups: list[str] = field(default_factory=list)
     uppers: list[str] = field(default_factory=list)
+    parked: list[str] = field(default_factory=list)
     holders: list[str] = field(default_factory=list)
     mounts: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -75,6 +78,7 @@ def collect(*, mounts_only: bool = False, launcher: Launcher | None = None) -> G
     containers)."""
     sandbox.require_root()
     report = GcReport()
+    report.parked.extend(drop_parked(expired_only=True))
     if not mounts_only:
         _sandboxes(report, launcher)
         report.registrations.extend(elastic.drop_orphans(sandbox_state.exists))
@@ -104,6 +108,33 @@ def _sandboxes(report: GcReport, launcher: Launcher | None) -> None:
             report.sandboxes.append(sandbox_id)
         except (OSError, WeenvError) as error:
             report.errors.append(f"sandbox {sandbox_id}: {error}")
+
+
+def drop_parked(keys: set[str] | None = None, *, expired_only: bool = False,
+                now: float | None = None) -> list[str]:
+    """Remove parked sandboxes: every one, those over one of the shared mounts `keys`, or
+    (`expired_only`) those past their time (parking.py) or over a mount that no longer
+    answers. Their ids."""
+    seconds, now = parking.park_seconds(), time.time() if now is None else now
+    dropped = []
+    for sandbox_id in sandbox_state.list_ids():
+        try:
+            box = Sandbox.load(sandbox_id)
+        except WeenvError:
+            continue
+        if box.state.get("status") != "parked":
+            continue
+        if keys is not None and not keys & set(box.state.get("mounts") or ()):
+            continue
+        if expired_only and not (parking.expired(box.state.get("parked"), now, seconds)
+                                 or box.mount_problem()):
+            continue
+        try:
+            if box.drop_parked():
+                dropped.append(sandbox_id)
+        except (OSError, WeenvError) as error:
+            log.warning("parked sandbox %s: %s", sandbox_id, error)
+    return dropped
 
 
 def _containers(report: GcReport, launcher: Launcher) -> None:

@@ -222,6 +222,12 @@ def _read_info(folder: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def daemon_pid(key: str) -> int | None:
+    """The pid of mount `key`'s daemon as its mount.json records it, or None."""
+    pid = _read_info(env_dir(key)).get("pid")
+    return pid if isinstance(pid, int) else None
+
+
 def _write_info(folder: Path, info: dict[str, Any]) -> None:
     tmp = folder / ".mount.json.tmp"
     tmp.write_text(json.dumps(info))

@@ -106,6 +106,8 @@ def _cmd_evict(args: argparse.Namespace) -> int:
     from . import mounts, sandbox_state
 
     if args.expired:
+        if _is_root():
+            _drop_parked(expired_only=True)
         evicted = mounts.evict_idle(is_live=sandbox_state.exists if _is_root() else None)
     else:
         listed = mounts.list_mounts()
@@ -115,6 +117,14 @@ def _cmd_evict(args: argparse.Namespace) -> int:
                 raise UsageError(f"no shared mount has key {args.key!r} (see `weenv mounts`)")
             if len(chosen) > 1:
                 raise UsageError(f"key prefix {args.key!r} names {len(chosen)} mounts")
+        # A parked root (a finished sandbox's, kept for the next run) gives its mounts up
+        # first: it is the node's cache, not a sandbox anyone runs.
+        # (Only those over this node root's mounts: $WEENV_ENVS_ROOT may name another.)
+        keys = {m.key for m in (chosen if args.key is not None else listed)}
+        if _is_root() and _drop_parked(keys=keys):
+            listed = mounts.list_mounts()
+        if args.key is not None:
+            chosen = [m for m in listed if m.key in keys]
         else:
             chosen = [m for m in listed if args.all or not m.holders]
         evicted = [m.key for m in chosen if mounts.evict(m.key, force=args.force)]
@@ -122,6 +132,12 @@ def _cmd_evict(args: argparse.Namespace) -> int:
         for key in evicted:
             print(f"evicted {key}")
     return 0
+
+
+def _drop_parked(**which: Any) -> list[str]:
+    from .gc import drop_parked
+
+    return drop_parked(**which)
 
 
 def _is_root() -> bool:

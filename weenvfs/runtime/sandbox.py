@@ -17,7 +17,9 @@ environment's shared mounts (lowers.py, mounts.py), the upper, the overlay, the 
 and fixes (safe_paths.py: /dev, /proc, /sys; working directory, /tmp) and the init
 (launcher.py, with the seccomp filter kept in the bundle). Teardown runs the same steps backwards,
 each one tolerant of the previous ones never having happened, so `destroy` also cleans up
-after crashes.
+after crashes. A sandbox that changed nothing in its root can instead be parked at its end
+(`destroy(park=True)`: `weenv run`, the Python API's close), and a new sandbox over the same
+mounts then takes its id, folder, overlay and upper over (parking.py says when and why).
 
 Every start of the init (create and reset) gets its cgroup from `cgroups.cgroup_factory`. An
 elastic sandbox is put under the node's provisioner (elastic.py) first, before anything else
@@ -44,11 +46,11 @@ from typing import IO, Any
 from weenvfs.errors import UsageError, WeenvError
 from weenvfs.fuse import daemon
 
-from . import cgroups, disk, mounts, rootfs, safe_paths, seccomp
+from . import cgroups, disk, mounts, parking, rootfs, safe_paths, seccomp
 from .cgroups import Limits, cgroup_pids, remove_cgroup
 from .launcher import DEFAULT_CAPS, Launcher, LaunchSpec, ProcessSpec
 from .lower_modes import DEFAULT_LOWER, LOWER_MODES
-from .lowers import acquire_lowers, plan_lowers, release_lowers
+from .lowers import LowerMount, acquire_lowers, plan_lowers, release_lowers
 from .runtimes import default_launcher, launcher_named
 from .sandbox_state import (
     SANDBOXES_ROOT,
@@ -77,6 +79,11 @@ class CommandNotFound(WeenvError):
 
 class SandboxBroken(WeenvError):
     """The sandbox's environment mount is gone (its daemon died): nothing in it can run."""
+
+
+class _StaleParkedRoot(Exception):
+    """A shared mount under a taken-over parked root is not the one it was parked over (it
+    died and was mounted again): the root is removed and a new one made."""
 
 
 @dataclass(frozen=True)
@@ -238,10 +245,13 @@ class Sandbox:
 
     @classmethod
     def create(cls, source: EnvSource, options: SandboxOptions, *, owner_pid: int | None,
-               launcher: Launcher | None = None, start: bool = True) -> Sandbox:
+               launcher: Launcher | None = None, start: bool = True,
+               parked: bool = True) -> Sandbox:
         """Make and start a sandbox of `source`; `owner_pid` None makes it outlive this
         process (only `weenv sandbox rm` or gc of a dead init ends it). With `start` False
-        everything is made but the init: `run_once` then starts it with one command."""
+        everything is made but the init: `run_once` then starts it with one command. The
+        root of a parked sandbox over the same mounts is taken over when there is one
+        (parking.py; `parked` False: never)."""
         require_root()
         if options.network not in ("none", "host"):
             raise UsageError(f"--network must be none or host, not {options.network!r}")
@@ -254,26 +264,34 @@ class Sandbox:
             disk.check_size(options.disk)
             if options.keep_upper:
                 raise UsageError("keeping the upper layer needs it in a folder (no --disk)")
-        sandbox_id = options.name or f"weenv-{secrets.token_hex(5)}"
-        folder = sandbox_dir(sandbox_id)
         syscalls = seccomp.resolve(options.seccomp, DEFAULT_CAPS)  # a bad file fails first
         launcher = launcher or default_launcher()  # so does an unknown or missing runtime
-        SANDBOXES_ROOT.mkdir(parents=True, exist_ok=True)
-        try:
-            folder.mkdir()
-        except FileExistsError:
-            raise UsageError(f"sandbox {sandbox_id} exists already") from None
         creator = os.getpid()
-        sandbox = cls(initial_state(sandbox_id, _record(source, options), creator,
-                                    launcher.name), launcher)
+        planned = plan_lowers(source.digest, source.groups, options.lower, source.store_url,
+                              source.cache_dir, record=source.record_tag)
+        parkable = _parkable(source, options)
+        sandbox = None
+        if parkable and parked:
+            sandbox = cls._take_parked([m.key for m in planned], _record(source, options),
+                                       creator, launcher)
+        if sandbox is None:
+            sandbox = cls._new(options.name or f"weenv-{secrets.token_hex(5)}",
+                               _record(source, options), creator, launcher)
+            sandbox.state["parkable"] = parkable
         sandbox.state["seccomp"] = syscalls.name
         sandbox.save()
-        sandbox.bundle.mkdir(parents=True)
+        sandbox.bundle.mkdir(parents=True, exist_ok=True)
         # Kept with the sandbox: every start (create, reset) applies the same filter, even if
         # the profile's file changed or went away since.
         (sandbox.bundle / SECCOMP_FILE).write_text(json.dumps(syscalls.to_json()))
         try:
-            sandbox._build(source, options, start)
+            sandbox._build(source, options, start, planned)
+        except _StaleParkedRoot:
+            log.info("sandbox %s: a shared mount under its parked root was mounted again; "
+                     "making a new root", sandbox.id)
+            sandbox.destroy(keep_upper=False)
+            return cls.create(source, options, owner_pid=owner_pid,
+                              launcher=launcher, start=start, parked=False)
         except BaseException:
             sandbox.destroy(keep_upper=False)
             raise
@@ -281,6 +299,52 @@ class Sandbox:
             sandbox.state["owner"] = owner_record(owner_pid)
             sandbox.save()
         return sandbox
+
+    @classmethod
+    def _new(cls, sandbox_id: str, record: dict[str, Any], creator: int,
+             launcher: Launcher) -> Sandbox:
+        """A new sandbox folder and its first state."""
+        folder = sandbox_dir(sandbox_id)
+        SANDBOXES_ROOT.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            raise UsageError(f"sandbox {sandbox_id} exists already") from None
+        return cls(initial_state(sandbox_id, record, creator, launcher.name), launcher)
+
+    @classmethod
+    def _take_parked(cls, keys: list[str], record: dict[str, Any], creator: int,
+                     launcher: Launcher) -> Sandbox | None:
+        """The parked sandbox over mounts `keys` (parking.py), made a new sandbox of
+        `record` (its id, folder, overlay and upper kept; `_build` checks its mounts), or
+        None: none is parked, or the one named is gone or no longer pristine (removed)."""
+        sandbox_id = parking.claim(keys)
+        if sandbox_id is None:
+            return None
+        try:
+            box = cls.load(sandbox_id)
+        except WeenvError:
+            return None
+        with locked(box.dir) as present:
+            if not present:
+                return None
+            box._reload()
+            old = box.state
+            if old.get("status") != "parked":
+                return None  # taken over or removed meanwhile (it was named in the index)
+            if (old.get("mounts") != keys or not rootfs.is_mount_point(box.rootfs)
+                    or parking.mounted_below(box.rootfs)
+                    or not parking.pristine(box.upper_root / "upper", old.get("upper_print"))):
+                box._end(keep=False, park=False)
+                box._remove_folder()
+                return None
+            box.state = initial_state(sandbox_id, record, creator, launcher.name)
+            box.state.update(mounts=keys, parkable=True, upper_print=old["upper_print"],
+                             parked=old.get("parked"))
+            box.launcher = launcher
+            box.save()
+        log.info("sandbox %s: took over its parked root", sandbox_id)
+        return box
 
     @classmethod
     def load(cls, sandbox_id: str, launcher: Launcher | None = None) -> Sandbox:
@@ -291,24 +355,30 @@ class Sandbox:
             raise UsageError(f"no sandbox {sandbox_id}") from None
         return cls(state, launcher)
 
-    def _build(self, source: EnvSource, options: SandboxOptions, start: bool) -> None:
+    def _build(self, source: EnvSource, options: SandboxOptions, start: bool,
+               planned: list[LowerMount]) -> None:
         started = time.monotonic()
         if options.limits.elastic:  # first: fails fast on a node without usable cgroups
             from . import elastic  # the provisioner's modules: only for elastic sandboxes
 
             self.state["elastic"] = elastic.attach(self.id, source.digest, options.limits)
             self.save()
-        planned = plan_lowers(source.digest, source.groups, options.lower, source.store_url,
-                              source.cache_dir, record=source.record_tag)
+        parked = self.state.pop("parked", None)  # taken over from a parked sandbox
         self.state["mounts"] = [mount.key for mount in planned]  # before: a crash may follow
         self.save()
         lowers = acquire_lowers(planned, self.id, env=source.digest, store_url=source.store_url,
                                 cache_dir=source.cache_dir, is_live=exists)
-        for path in (self.rootfs, self.bundle / "exec"):
-            path.mkdir(parents=True, exist_ok=True)
-        self._make_upper()
-        rootfs.mount_overlay(self.rootfs, lowers, self.upper_root / "upper",
-                             self.upper_root / "work")
+        if parked is not None:
+            if parking.daemon_ids(self.state["mounts"]) != parked.get("daemons"):
+                raise _StaleParkedRoot(self.id)
+        else:
+            for path in (self.rootfs, self.bundle / "exec"):
+                path.mkdir(parents=True, exist_ok=True)
+            self._make_upper()
+            rootfs.mount_overlay(self.rootfs, lowers, self.upper_root / "upper",
+                                 self.upper_root / "work")
+            if self.state.get("parkable"):  # what `destroy(park=True)` compares with
+                self.state["upper_print"] = parking.upper_print(self.upper_root / "upper")
         user = rootfs.resolve_user(self.rootfs, options.user or source.user)
         cwd = rootfs.check_inside(options.cwd or source.cwd or "/")
         env = rootfs.env_list(source.env, options.env, user)
@@ -443,42 +513,97 @@ class Sandbox:
         # may have made one: the default path is where it would be.
         remove_cgroup(self.cgroup_path or cgroups.sandbox_cgroup(self.id))
 
-    def destroy(self, keep_upper: bool | None = None) -> None:
+    def destroy(self, keep_upper: bool | None = None, park: bool = False) -> None:
         """Tear everything down (tolerates any half-made state); keep the on-disk upper if
-        `keep_upper` (default: as the sandbox was created)."""
+        `keep_upper` (default: as the sandbox was created). With `park`, a sandbox whose
+        upper is as it was made is stopped and parked instead (parking.py): its root waits
+        for the next sandbox of the same mounts."""
         require_root()
         keep = self.state.get("keep_upper", False) if keep_upper is None else keep_upper
         with locked(self.dir) as present:
             if not present:
                 return
-            if self.is_elastic:
-                from . import elastic
-
-                elastic.release(self.id)
-            self._stop()
-            if self.is_elastic:  # the provisioner's cgroup, kept across resets
-                remove_cgroup(cgroups.sandbox_cgroup(self.id))
-            rootfs.unmount(self.rootfs)
-            if self.upper_mounted:
-                rootfs.unmount(self.upper_root)
-            if self.disk_image is not None:
-                shutil.rmtree(self.disk_image.parent, ignore_errors=True)
-            if keep and not self.upper_mounted:
-                with contextlib.suppress(FileNotFoundError):
-                    (self.upper_root / KEPT_MARKER).write_text(json.dumps(self.state))
-            else:
-                shutil.rmtree(self.upper_root, ignore_errors=True)
-            warm = self.state.get("keep_warm")
-            outcomes = release_lowers(self._mount_keys(), self.id,
-                                      None if warm is None else float(warm),
-                                      publish_later=bool(self.state.get("publish_later")))
-            self.hint_outcome = outcomes[0] if outcomes else None
-            (self.dir / "state.json").unlink(missing_ok=True)
-        if rootfs.is_mount_point(self.rootfs):  # never delete through a live overlay
-            raise WeenvError(f"{self.rootfs} is still mounted; run `weenv sandbox gc` later")
-        shutil.rmtree(self.dir, ignore_errors=True)
+            if self._end(keep, park):
+                return
+        self._remove_folder()
         log.info("sandbox %s removed%s", self.id,
                  f" (upper kept in {self.upper_root})" if keep else "")
+
+    def drop_parked(self) -> bool:
+        """Tear the sandbox down if it is still parked (under its lock: never one taken
+        over meanwhile); whether it was."""
+        require_root()
+        with locked(self.dir) as present:
+            if not present:
+                return False
+            self._reload()
+            if self.state.get("status") != "parked":
+                return False
+            self._end(keep=False, park=False)
+        self._remove_folder()
+        log.info("parked sandbox %s removed", self.id)
+        return True
+
+    def _remove_folder(self) -> None:
+        """The last step of a teardown: the sandbox's folder (never through a live overlay)."""
+        if rootfs.is_mount_point(self.rootfs):
+            raise WeenvError(f"{self.rootfs} is still mounted; run `weenv sandbox gc` later")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _end(self, keep: bool, park: bool) -> bool:
+        """Under the sandbox's lock: stop it, then park it (`park`, when it may: True) or
+        tear down all but its folder (False)."""
+        if self.is_elastic:
+            from . import elastic
+
+            elastic.release(self.id)
+        self._stop()
+        if self.is_elastic:  # the provisioner's cgroup, kept across resets
+            remove_cgroup(cgroups.sandbox_cgroup(self.id))
+        if park and self._park():
+            return True
+        if self.state.get("status") == "parked":
+            parking.withdraw(self.id, self._mount_keys())
+        rootfs.unmount(self.rootfs)
+        if self.upper_mounted:
+            rootfs.unmount(self.upper_root)
+        if self.disk_image is not None:
+            shutil.rmtree(self.disk_image.parent, ignore_errors=True)
+        if keep and not self.upper_mounted:
+            with contextlib.suppress(FileNotFoundError):
+                (self.upper_root / KEPT_MARKER).write_text(json.dumps(self.state))
+        else:
+            shutil.rmtree(self.upper_root, ignore_errors=True)
+        warm = self.state.get("keep_warm")
+        outcomes = release_lowers(self._mount_keys(), self.id,
+                                  None if warm is None else float(warm),
+                                  publish_later=bool(self.state.get("publish_later")))
+        self.hint_outcome = outcomes[0] if outcomes else None
+        (self.dir / "state.json").unlink(missing_ok=True)
+        return False
+
+    def _park(self) -> bool:
+        """Park the stopped sandbox (parking.py) if it may be: made parkable, its upper as
+        it was made, its overlay the only mount there, its mounts answering, and room in the
+        index; whether it was parked."""
+        keys = self._mount_keys()
+        if (not self.state.get("parkable") or parking.park_seconds() <= 0
+                or not parking.pristine(self.upper_root / "upper", self.state.get("upper_print"))
+                or not rootfs.is_mount_point(self.rootfs) or parking.mounted_below(self.rootfs)
+                or self.mount_problem()):
+            return False
+        if not parking.has_room(keys):
+            return False
+        for name in ("cgroup", "init_pid"):
+            self.state.pop(name, None)  # type: ignore[misc]
+        # Parked in the state before the index names it: whoever takes it from the index
+        # then waits for this lock and finds it parked (else the teardown goes on).
+        self.state.update(status="parked", owner=None, parked=parking.parked_record(keys))
+        self.save()
+        if not parking.offer(self.id, keys):
+            return False
+        log.info("sandbox %s parked (its root is as it was made)", self.id)
+        return True
 
     # -- running commands -------------------------------------------------------------------
 
@@ -486,6 +611,9 @@ class Sandbox:
                 cwd: str | None = None, user: str | None = None) -> ProcessSpec:
         """The process spec of `argv` with per-command overrides of the defaults
         (SandboxBroken if the environment's mount is gone)."""
+        if self.state.get("status") == "parked":
+            raise UsageError(f"sandbox {self.id} is parked: its run ended and its root waits "
+                             "for the next run of its environment (nothing runs in it)")
         self.check_mounts()
         base = self.process
         spec = replace(base, args=argv)
@@ -533,6 +661,19 @@ class Sandbox:
         except (OSError, ValueError):
             return 0  # it never started, or runc has not written the file yet
         return cgroups.kill_session(self.cgroup_path, leader) if self.cgroup_path else 0
+
+
+def _parkable(source: EnvSource, options: SandboxOptions) -> bool:
+    """Whether a sandbox of `source` made with `options` may park its root and take a parked
+    one (parking.py): an upper in a folder of its own and thrown away (no --tmpfs-upper,
+    --disk or --keep), no name of the user's (a parked sandbox keeps its id), not elastic (the
+    provisioner's registration ends with the sandbox), not recording a hint (its mount is
+    the run's own), mounts kept warm (a parked root holds them), and parking on."""
+    return not (options.name or options.tmpfs_upper or options.disk is not None
+                or options.keep_upper or options.limits.elastic
+                or source.record_tag is not None
+                or (options.keep_warm is not None and options.keep_warm <= 0)
+                ) and parking.park_seconds() > 0
 
 
 def _record(source: EnvSource, options: SandboxOptions) -> dict[str, Any]:

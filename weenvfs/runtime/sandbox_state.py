@@ -37,7 +37,8 @@ class SandboxState(TypedDict, total=False):
     id: str
     created: float
     owner: dict[str, int] | None  # {"pid", "start"}; None: detached (`sandbox create`)
-    status: str  # creating, created (weenv run, before its init), running, resetting
+    # creating, created (weenv run, before its init), running, resetting, parked (parking.py)
+    status: str
     env: dict[str, str]  # ref, digest, store, cache
     limits: dict[str, Any]  # cgroups.Limits as a dict
     network: str
@@ -55,6 +56,9 @@ class SandboxState(TypedDict, total=False):
     mounts: list[str]  # keys of the shared mounts under the overlay (mounts.py)
     cgroup: dict[str, Any]  # {"path", "resources"} once the init started
     init_pid: int
+    parkable: bool  # may park its root at its end and took or may take one (parking.py)
+    upper_print: list[int]  # parking.upper_print of its upper as made
+    parked: dict[str, Any]  # while parked: since when, and the daemons of its mounts
 
 
 def process_start(pid: int) -> int | None:

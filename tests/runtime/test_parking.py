@@ -1,0 +1,171 @@
+"""Parked roots (weenvfs/runtime/parking.py): a run that changed nothing in its root leaves it
+mounted, parked, for the next run of the same mounts, which takes it over; a run that changed
+anything leaves nothing; a root over a mount that was mounted again is never taken; expired
+roots are removed, and evictions remove those over the mounts they evict.
+
+Real sandboxes, overlays and shared mounts (the `warm_root` fixture keeps mounts warm as on a
+node; parking is on here, at its default time). The sandbox's hostname is its id: a run that
+took a parked root over prints the id of the run that parked it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from rt_support import EnvRef, run_weenv
+from support.polling import wait_for
+
+from weenvfs.fuse import daemon
+from weenvfs.runtime import gc, mounts, parking, rootfs
+from weenvfs.runtime.environment import Environment
+from weenvfs.runtime.sandbox import Sandbox
+from weenvfs.runtime.sandbox_state import SANDBOXES_ROOT, read_state
+
+
+@pytest.fixture
+def parked_env(warm_root: Path, make_env: Callable[..., EnvRef],
+               monkeypatch: pytest.MonkeyPatch) -> Iterator[EnvRef]:
+    """An environment whose runs park their roots (on a node keeping its mounts warm)."""
+    monkeypatch.setenv(parking.PARK_SECONDS_ENV, "60")
+    yield make_env()
+
+
+def _run(env: EnvRef, *command: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+    return run_weenv("run", "--store", str(env.store), "--cache", str(env.cache), env.ref,
+                     *command, check=check)
+
+
+def _hostname(env: EnvRef) -> str:
+    return _run(env, "hostname").stdout.decode().strip()
+
+
+def _parked(env: EnvRef) -> list[str]:
+    """Ids of the parked sandboxes over `env`'s mounts."""
+    found = []
+    for path in SANDBOXES_ROOT.iterdir():
+        try:
+            state = read_state(path)
+        except (OSError, ValueError):
+            continue
+        if state.get("status") == "parked" and state.get("mounts") == list(env.keys):
+            found.append(path.name)
+    return found
+
+
+def test_a_run_that_changes_nothing_parks_its_root_and_the_next_run_takes_it_over(
+        parked_env: EnvRef) -> None:
+    first = _hostname(parked_env)
+    assert _parked(parked_env) == [first]
+    box = Sandbox.load(first)
+    assert box.status() == "parked" and box.state["owner"] is None
+    assert rootfs.is_mount_point(box.rootfs) and not os.listdir(box.upper_root / "upper")
+    assert not box.processes() and "cgroup" not in box.state
+    # The index names it under its stack of mounts; its mounts stay held by it.
+    index = parking.PARKED_ROOT / parking.stack_name(list(parked_env.keys))
+    assert index.read_text() == first
+    assert all(first in m.holders for m in mounts.list_mounts())
+    listed = json.loads(run_weenv("sandbox", "ls", "--json").stdout)["sandboxes"]
+    assert [b["status"] for b in listed if b["id"] == first] == ["parked"]
+    refused = run_weenv("sandbox", "exec", first, "true", check=False)
+    assert refused.returncode != 0
+    assert b"is parked" in refused.stderr and b"Traceback" not in refused.stderr
+
+    assert _hostname(parked_env) == first  # taken over: the same sandbox, root and upper
+    assert _parked(parked_env) == [first]  # and parked again
+    # An eviction of its mounts removes it first, and leaves nothing (node_clean checks).
+    run_weenv("mounts", "evict", "--all")
+    assert not (SANDBOXES_ROOT / first).exists() and not index.exists()
+    assert not any(daemon.is_mounted(mounts.mountpoint(k)) for k in parked_env.keys)
+
+
+@pytest.mark.parametrize("change", [
+    "echo x > /tmp/made",  # a new file (its folder copied up)
+    ": > /made && rm /made",  # made and removed again: the upper's times changed
+    "chmod 0700 /",  # the root's own mode
+    "touch -d 2001-01-01 /etc/hostname",  # a lower file's times (copied up)
+])
+def test_a_run_that_changes_its_root_is_not_parked_and_the_next_run_sees_none_of_it(
+        parked_env: EnvRef, change: str) -> None:
+    parked = _hostname(parked_env)  # so that the changing run takes a parked root over
+    assert _hostname(parked_env) == parked
+    assert _run(parked_env, "sh", "-c", f"{change}; hostname").stdout.decode().strip() == parked
+    assert _parked(parked_env) == [] and not (SANDBOXES_ROOT / parked).exists()
+    seen = _run(parked_env, "sh", "-c", "hostname; ls -A /tmp; ls -A / | grep -c made; "
+                "stat -c %a /; stat -c %Y /etc/hostname", check=False).stdout.decode().split()
+    fresh = _run(parked_env, "sh", "-c", "stat -c %a /").stdout.decode().strip()
+    assert seen[0] != parked  # a new root
+    assert seen[1:] == ["0", fresh, seen[-1]] and seen[-1] != "978307200"
+
+
+def test_a_root_over_a_mount_that_was_mounted_again_is_not_taken(parked_env: EnvRef) -> None:
+    """The shared mount's daemon dies under a parked root; the next run mounts it again (a
+    new daemon) and must not take the root parked over the dead one: it gets a new root, and
+    the old one is removed."""
+    parked = _hostname(parked_env)
+    [info] = [m for m in mounts.list_mounts() if m.key == parked_env.keys[0]]
+    assert info.pid is not None
+    os.kill(info.pid, signal.SIGKILL)
+    wait_for(lambda: not daemon.process_alive(info.pid), "the daemon's death", 30.0)
+    assert _hostname(parked_env) != parked
+    assert not (SANDBOXES_ROOT / parked).exists()
+    [again] = [m for m in mounts.list_mounts() if m.key == parked_env.keys[0]]
+    assert again.pid != info.pid
+
+
+def test_expired_parked_roots_are_removed_by_gc_and_the_housekeeping(
+        parked_env: EnvRef, monkeypatch: pytest.MonkeyPatch) -> None:
+    parked = _hostname(parked_env)
+    run_weenv("mounts", "evict", "--expired")  # not expired: kept
+    run_weenv("sandbox", "gc")
+    assert _parked(parked_env) == [parked]
+    monkeypatch.setenv(parking.PARK_SECONDS_ENV, "0")  # from now on every parked root is due
+    report = json.loads(run_weenv("sandbox", "gc", "--json").stdout)
+    assert report["parked"] == [parked] and not (SANDBOXES_ROOT / parked).exists()
+    monkeypatch.setenv(parking.PARK_SECONDS_ENV, "60")
+    parked = _hostname(parked_env)
+    assert gc.drop_parked(expired_only=True, now=1e12) == [parked]  # past its time
+    parked = _hostname(parked_env)
+    monkeypatch.setenv(parking.PARK_SECONDS_ENV, "0")
+    run_weenv("mounts", "evict", "--expired", "--quiet")
+    assert not (SANDBOXES_ROOT / parked).exists()
+
+
+def test_parking_off_parks_nothing(parked_env: EnvRef, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(parking.PARK_SECONDS_ENV, "0")
+    first = _hostname(parked_env)
+    assert _parked(parked_env) == [] and not (SANDBOXES_ROOT / first).exists()
+    assert _hostname(parked_env) != first
+
+
+def test_two_runs_at_once_take_one_parked_root_once(parked_env: EnvRef) -> None:
+    parked = _hostname(parked_env)
+    argv = [sys.executable, "-m", "weenvfs", "run", "--store", str(parked_env.store),
+            "--cache", str(parked_env.cache), parked_env.ref, "sh", "-c", "hostname; sleep 1"]
+    runs = [subprocess.Popen(argv, stdout=subprocess.PIPE) for _ in range(2)]
+    names = [run.communicate(timeout=120)[0].decode().strip() for run in runs]
+    assert [run.returncode for run in runs] == [0, 0]
+    assert names.count(parked) <= 1 and names[0] != names[1]
+    assert len(_parked(parked_env)) == 1  # one stack, one parked root
+
+
+def test_the_python_api_parks_on_close_and_takes_over_on_open(parked_env: EnvRef) -> None:
+    def use() -> str:
+        with Environment.open(parked_env.ref, store=parked_env.store,
+                              cache=parked_env.cache) as env:
+            assert env.exec(["true"]).ok
+            return env.sandbox.id
+
+    first = use()
+    assert _parked(parked_env) == [first]
+    assert use() == first
+    with Environment.open(parked_env.ref, store=parked_env.store,
+                          cache=parked_env.cache) as env:  # takes it, then writes
+        env.write_file("/tmp/note", b"x")
+    assert _parked(parked_env) == []
