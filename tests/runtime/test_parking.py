@@ -23,9 +23,9 @@ from rt_support import EnvRef, run_weenv
 from support.polling import wait_for
 
 from weenvfs.fuse import daemon
-from weenvfs.runtime import gc, mounts, parking, rootfs
+from weenvfs.runtime import mounts, parking, rootfs
 from weenvfs.runtime.environment import Environment
-from weenvfs.runtime.sandbox import Sandbox
+from weenvfs.runtime.sandbox import Sandbox, drop_parked
 from weenvfs.runtime.sandbox_state import SANDBOXES_ROOT, read_state
 
 
@@ -130,7 +130,7 @@ def test_expired_parked_roots_are_removed_by_gc_and_the_housekeeping(
     assert report["parked"] == [parked] and not (SANDBOXES_ROOT / parked).exists()
     monkeypatch.setenv(parking.PARK_SECONDS_ENV, "60")
     parked = _hostname(parked_env)
-    assert gc.drop_parked(expired_only=True, now=1e12) == [parked]  # past its time
+    assert drop_parked(expired_only=True, now=1e12) == [parked]  # past its time
     parked = _hostname(parked_env)
     monkeypatch.setenv(parking.PARK_SECONDS_ENV, "0")
     run_weenv("mounts", "evict", "--expired", "--quiet")

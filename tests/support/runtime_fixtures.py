@@ -19,7 +19,7 @@ from support.runtime import (
     sample_store,
 )
 from weenvfs.format.manifest import RuntimeConfig
-from weenvfs.runtime import gc, mounts, parking
+from weenvfs.runtime import mounts, parking, sandbox
 from weenvfs.runtime.lower_modes import DEFAULT_LOWER
 from weenvfs.runtime.lowers import plan_lowers
 from weenvfs.runtime.recording import recording_key
@@ -129,6 +129,6 @@ def warm_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     try:
         yield root
     finally:
-        gc.drop_parked(keys={m.key for m in mounts.list_mounts()} | test_digests)
+        sandbox.drop_parked(keys={m.key for m in mounts.list_mounts()} | test_digests)
         for mount in mounts.list_mounts():
             mounts.evict(mount.key, force=True)

@@ -30,11 +30,11 @@ from pathlib import Path
 
 from weenvfs.errors import UsageError, WeenvError
 
-from . import cgroups, elastic, mounts, parking, sandbox, sandbox_state
+from . import cgroups, elastic, mounts, sandbox, sandbox_state
 from .cgroups import CGROUP_PARENT
 from .launcher import Launcher
 from .runtimes import installed_launchers
-from .sandbox import KEPT_MARKER, UPPERS_ROOT, Sandbox
+from .sandbox import KEPT_MARKER, UPPERS_ROOT, Sandbox, drop_parked
 
 log = logging.getLogger(__name__)
 
@@ -108,33 +108,6 @@ def _sandboxes(report: GcReport, launcher: Launcher | None) -> None:
             report.sandboxes.append(sandbox_id)
         except (OSError, WeenvError) as error:
             report.errors.append(f"sandbox {sandbox_id}: {error}")
-
-
-def drop_parked(keys: set[str] | None = None, *, expired_only: bool = False,
-                now: float | None = None) -> list[str]:
-    """Remove parked sandboxes: every one, those over one of the shared mounts `keys`, or
-    (`expired_only`) those past their time (parking.py) or over a mount that no longer
-    answers. Their ids."""
-    seconds, now = parking.park_seconds(), time.time() if now is None else now
-    dropped = []
-    for sandbox_id in sandbox_state.list_ids():
-        try:
-            box = Sandbox.load(sandbox_id)
-        except WeenvError:
-            continue
-        if box.state.get("status") != "parked":
-            continue
-        if keys is not None and not keys & set(box.state.get("mounts") or ()):
-            continue
-        if expired_only and not (parking.expired(box.state.get("parked"), now, seconds)
-                                 or box.mount_problem()):
-            continue
-        try:
-            if box.drop_parked():
-                dropped.append(sandbox_id)
-        except (OSError, WeenvError) as error:
-            log.warning("parked sandbox %s: %s", sandbox_id, error)
-    return dropped
 
 
 def _containers(report: GcReport, launcher: Launcher) -> None:

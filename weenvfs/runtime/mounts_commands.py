@@ -135,7 +135,7 @@ def _cmd_evict(args: argparse.Namespace) -> int:
 
 
 def _drop_parked(**which: Any) -> list[str]:
-    from .gc import drop_parked
+    from .sandbox import drop_parked  # the node service has it imported (not gc.py's imports)
 
     return drop_parked(**which)
 

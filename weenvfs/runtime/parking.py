@@ -16,7 +16,7 @@ and upper, everything else made anew. At most one root per stack is parked and
 MAX_PARKED in all; a parked root expires after $WEENV_PARK_SECONDS (60; 0 parks nothing,
 nor does a node whose mounts are not kept warm); the node service's housekeeping and
 `weenv sandbox gc` remove expired ones, and every eviction of shared mounts removes those
-over the mounts it evicts first (gc.py `drop_parked`).
+over the mounts it evicts first (sandbox.py `drop_parked`).
 
 Owns: the index `/run/weenv/parked/<stack>` (a file naming the parked sandbox; taking it is
 renaming it away, so two new sandboxes never take the same root), the upper layer's

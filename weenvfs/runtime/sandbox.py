@@ -56,6 +56,7 @@ from .sandbox_state import (
     SANDBOXES_ROOT,
     exists,
     initial_state,
+    list_ids,
     locked,
     owner_alive,
     owner_record,
@@ -270,16 +271,17 @@ class Sandbox:
         planned = plan_lowers(source.digest, source.groups, options.lower, source.store_url,
                               source.cache_dir, record=source.record_tag)
         parkable = _parkable(source, options)
+        # The mounts' keys are in the first state a crash may leave (gc releases them).
+        record = {**_record(source, options), "seccomp": syscalls.name,
+                  "mounts": [m.key for m in planned]}
         sandbox = None
-        if parkable and parked:
-            sandbox = cls._take_parked([m.key for m in planned], _record(source, options),
-                                       creator, launcher)
+        if parkable and parked:  # saved as this sandbox's already, if one is taken
+            sandbox = cls._take_parked(record["mounts"], record, creator, launcher)
         if sandbox is None:
-            sandbox = cls._new(options.name or f"weenv-{secrets.token_hex(5)}",
-                               _record(source, options), creator, launcher)
+            sandbox = cls._new(options.name or f"weenv-{secrets.token_hex(5)}", record,
+                               creator, launcher)
             sandbox.state["parkable"] = parkable
-        sandbox.state["seccomp"] = syscalls.name
-        sandbox.save()
+            sandbox.save()
         sandbox.bundle.mkdir(parents=True, exist_ok=True)
         # Kept with the sandbox: every start (create, reset) applies the same filter, even if
         # the profile's file changed or went away since.
@@ -297,6 +299,7 @@ class Sandbox:
             raise
         if owner_pid != creator:
             sandbox.state["owner"] = owner_record(owner_pid)
+        if owner_pid != creator or not start:  # (`_start` saved the started one)
             sandbox.save()
         return sandbox
 
@@ -322,7 +325,7 @@ class Sandbox:
         if sandbox_id is None:
             return None
         try:
-            box = cls.load(sandbox_id)
+            box = cls.load(sandbox_id, launcher)  # it runs nothing: any launcher stops it
         except WeenvError:
             return None
         with locked(box.dir) as present:
@@ -339,9 +342,8 @@ class Sandbox:
                 box._remove_folder()
                 return None
             box.state = initial_state(sandbox_id, record, creator, launcher.name)
-            box.state.update(mounts=keys, parkable=True, upper_print=old["upper_print"],
+            box.state.update(parkable=True, upper_print=old["upper_print"],
                              parked=old.get("parked"))
-            box.launcher = launcher
             box.save()
         log.info("sandbox %s: took over its parked root", sandbox_id)
         return box
@@ -364,12 +366,10 @@ class Sandbox:
             self.state["elastic"] = elastic.attach(self.id, source.digest, options.limits)
             self.save()
         parked = self.state.pop("parked", None)  # taken over from a parked sandbox
-        self.state["mounts"] = [mount.key for mount in planned]  # before: a crash may follow
-        self.save()
         lowers = acquire_lowers(planned, self.id, env=source.digest, store_url=source.store_url,
                                 cache_dir=source.cache_dir, is_live=exists)
         if parked is not None:
-            if parking.daemon_ids(self.state["mounts"]) != parked.get("daemons"):
+            if parking.daemon_ids([m.key for m in planned]) != parked.get("daemons"):
                 raise _StaleParkedRoot(self.id)
         else:
             for path in (self.rootfs, self.bundle / "exec"):
@@ -387,8 +387,7 @@ class Sandbox:
         if start:
             self._start()
         else:
-            self.state["status"] = "created"
-            self.save()
+            self.state["status"] = "created"  # saved by `create`, with the owner
         log.info("sandbox %s of %s ready in %.0f ms", self.id, source.ref,
                  (time.monotonic() - started) * 1000)
 
@@ -661,6 +660,35 @@ class Sandbox:
         except (OSError, ValueError):
             return 0  # it never started, or runc has not written the file yet
         return cgroups.kill_session(self.cgroup_path, leader) if self.cgroup_path else 0
+
+
+def drop_parked(keys: set[str] | None = None, *, expired_only: bool = False,
+                now: float | None = None) -> list[str]:
+    """Remove parked sandboxes: every one, those over one of the shared mounts `keys`, or
+    (`expired_only`) those past their time (parking.py) or over a mount that no longer
+    answers. Their ids. (Here, not in gc.py: the node service's housekeeping runs it after
+    every release, and gc's imports cost that process ~14 ms.)"""
+    seconds, now = parking.park_seconds(), time.time() if now is None else now
+    dropped = []
+    for sandbox_id in list_ids():
+        try:
+            state = read_state(sandbox_dir(sandbox_id))
+        except (OSError, ValueError, WeenvError):
+            continue
+        if state.get("status") != "parked":
+            continue
+        if keys is not None and not keys & set(state.get("mounts") or ()):
+            continue
+        box = Sandbox(state)
+        if expired_only and not (parking.expired(state.get("parked"), now, seconds)
+                                 or box.mount_problem()):
+            continue
+        try:
+            if box.drop_parked():
+                dropped.append(sandbox_id)
+        except (OSError, WeenvError) as error:
+            log.warning("parked sandbox %s: %s", sandbox_id, error)
+    return dropped
 
 
 def _parkable(source: EnvSource, options: SandboxOptions) -> bool:

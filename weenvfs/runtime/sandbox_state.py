@@ -143,5 +143,5 @@ def read_state(folder: Path) -> SandboxState:
 def write_state(folder: Path, state: SandboxState | dict[str, Any]) -> None:
     """Write `state` into `folder` atomically."""
     tmp = folder / ".state.json.tmp"
-    tmp.write_text(json.dumps(state, indent=1))
+    tmp.write_text(json.dumps(state))  # no indent: the C encoder (several per run)
     tmp.replace(folder / "state.json")
