@@ -68,6 +68,33 @@ def test_the_node_service_runs_it_with_this_processs_stdio_folder_and_status(
     assert _by_service(done.stderr)
 
 
+def test_the_pipes_of_the_command_have_ended_when_the_client_exits(
+    warm_root: Path, env_ref: EnvRef, client: list[str], _weenv: Run,
+) -> None:
+    """Nothing holds the client's stdout and stderr once it has the exit status: the
+    service's process lets go of them before it sends the status (a caller reading the pipes
+    to their end, as subprocess.run with capture_output does, never waits for that process's
+    own exit, or for what it does after the answer: with mounts kept warm and no parking,
+    the run asks for the node's eviction then, `service_forks.when_answered`)."""
+    argv = ["-v", "run", "--store", str(env_ref.store), "--cache", str(env_ref.cache),
+            env_ref.ref, "/bin/sh", "-c", "echo out"]
+    assert _by_service(_weenv(*argv).stderr)  # the service runs with this code now
+    proc = subprocess.Popen([*client, *argv], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.wait(timeout=WAIT) == 0
+    read = []
+    for pipe in (proc.stdout, proc.stderr):
+        assert pipe is not None
+        os.set_blocking(pipe.fileno(), False)
+        data = b""
+        while chunk := pipe.read():  # None: no data now, and a writer still holds the pipe
+            data += chunk
+        pipe.close()
+        assert chunk == b"", "a writer still held the pipe after the client exited"
+        read.append(data)
+    assert read[0] == b"out\n" and _by_service(read[1])
+
+
 def test_switched_off_the_client_runs_it_itself(env_ref: EnvRef, _weenv: Run) -> None:
     env = {**os.environ, "WEENV_NODE_RUN": "off"}
     done = _weenv("-v", "run", "--store", str(env_ref.store), "--cache", str(env_ref.cache),
