@@ -48,7 +48,9 @@ def register(subparsers: Sub) -> None:
         description=(
             "Unmount the shared mount KEY (a key prefix is enough), every idle one (--idle),\n"
             "every one (--all), or those past the node's policy (--expired). A mount that a\n"
-            "sandbox holds is refused unless --force (its sandboxes lose their files)."
+            "sandbox holds is refused unless --force (its sandboxes lose their files); the\n"
+            "parked roots over the mounts concerned (finished runs' roots kept for the next\n"
+            "run, `weenv sandbox ls`) are removed first."
         ),
         examples=["weenv mounts evict 0a1b2c3d4e5f", "weenv mounts evict --idle",
                   "weenv mounts evict --all --force"],
