@@ -14,6 +14,8 @@ request) consumes one character of the script, in arrival order across all conne
     c  forward, then send the answer's headers and only half of its body, and close
     r  reset: close the connection with a TCP RST instead of answering
     f  flip one byte: of the answer's body for a GET, of the request's body for a PUT/POST
+    k  forward, and add to the answer a checksum header of a kind few clients compute
+       (x-amz-checksum-crc64nvme)
 
 After the script, requests pass; a script ending in `*` repeats its last code forever.
 Requests signed with an access key in `revoked` are answered 403 InvalidAccessKeyId (before
@@ -31,7 +33,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 
-CODES = frozenset("g53sntcrf")
+CODES = frozenset("g53sntcrfk")
 _ERRORS = {
     "5": (500, "InternalError", "We encountered an internal error. Please try again."),
     "3": (503, "ServiceUnavailable", "Please reduce your request rate."),
@@ -181,6 +183,8 @@ class _Handler(BaseHTTPRequestHandler):
         status, headers, answer = self._forward(body)
         if code == "f" and self.command == "GET":
             answer = flip(answer)
+        if code == "k":
+            headers.append(("x-amz-checksum-crc64nvme", "AAAAAAAAAAA="))
         self._send(status, headers, answer, cut=code == "c")
         return None
 

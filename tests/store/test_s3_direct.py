@@ -34,12 +34,14 @@ def test_ranges_come_from_the_getter_with_the_right_bytes(open_s3: Any) -> None:
     assert store._direct.requests == 4
 
 
-def test_whole_objects_stay_with_botocore_which_checks_their_checksum(open_s3: Any) -> None:
+def test_whole_objects_come_from_the_getter_too(open_s3: Any) -> None:
     store = open_s3("direct-get")
     store.put("blobs/a", DATA)
+    store.put("blobs/empty", b"")
     assert store.get("blobs/a") == DATA
+    assert store.get("blobs/empty") == b""
     assert store.get_range("blobs/a", 5, 5) == DATA[5:10]
-    assert store._direct.requests == 1
+    assert store._direct.requests == 3 and store._direct.whole_objects
 
 
 def test_keys_with_every_allowed_character_are_found(open_s3: Any) -> None:
@@ -153,6 +155,32 @@ def test_a_fault_is_temporary_and_the_next_request_works(
     assert raised.value.temporary
     assert store.get_range("blobs/a", 100, 50_000) == DATA[100:50_100]
     assert inner._direct.requests >= 2 and proxy.requests("GET") == 3
+
+
+def test_a_whole_object_that_does_not_match_its_checksum_is_a_temporary_error(
+        open_s3: Any, proxy: FaultProxy) -> None:
+    """The server's stored checksum (SeaweedFS: CRC32) is checked as botocore checks it:
+    a body changed on the way fails, and the next request gets the object."""
+    open_s3("direct-sum").put("blobs/a", DATA)
+    inner = open_s3(f"s3://weenv/direct-sum?endpoint={proxy.url}")
+    store = RetryingStore(inner, RetryPolicy(max_attempts=1))
+    proxy.set_script("f")
+    with pytest.raises(StoreUnavailable, match="checksum") as raised:
+        store.get("blobs/a")
+    assert raised.value.temporary
+    assert store.get("blobs/a") == DATA
+    assert inner._direct.requests == 2 and inner._direct.whole_objects
+
+
+def test_a_checksum_the_getter_cannot_compute_goes_back_to_botocore(
+        open_s3: Any, proxy: FaultProxy) -> None:
+    open_s3("direct-kind").put("blobs/a", DATA)
+    store = open_s3(f"s3://weenv/direct-kind?endpoint={proxy.url}")
+    proxy.set_script("k")
+    assert store.get("blobs/a") == DATA  # botocore asked again, and checked what it can
+    assert proxy.requests("GET") == 2 and not store._direct.whole_objects
+    assert store.get("blobs/a") == DATA and store._direct.requests == 1  # botocore's now
+    assert store.get_range("blobs/a", 0, 10) == DATA[:10] and store._direct.requests == 2
 
 
 @pytest.mark.parametrize("query", [

@@ -8,7 +8,7 @@ Owns: one boto3 client per store, built in the constructor from an explicit
 `boto3.session.Session()` (clients are thread-safe, sessions are not), or taken over from the
 node service that forked this process (`prebuild`) or from an earlier store of this process
 (s3_clients.py keeps both kinds); translating botocore's
-errors into the store errors (s3_common.py); credential renewal. Ranged GETs go through
+errors into the store errors (s3_common.py); credential renewal. GETs go through
 s3_direct.py where the client allows it (a plain-http endpoint: SeaweedFS, MinIO), which
 answers as botocore would, so everything here treats both alike. Must not: retry (botocore's
 own retries are off, `total_max_attempts=1`, so that RetryingStore alone decides and its
@@ -137,7 +137,8 @@ class S3Store(Store):
         else:
             self._client, self._credentials = self._new_client()
             self._remember_client()
-        # Ranged GETs (a cold start's many small reads) skip botocore where they can.
+        # GETs (a cold start's many small reads, a warm run's tag) skip botocore where they
+        # can.
         self._direct = DirectGetter.for_(
             self._client, self.location.endpoint, self.location.addressing, self.bucket,
             self._timeouts)
@@ -299,7 +300,7 @@ class S3Store(Store):
         from botocore.exceptions import ClientError
 
         try:
-            if self._direct is not None and "Range" in params:
+            if self._direct is not None:
                 try:
                     return self._direct.get_object(client, **params)
                 except HandBack:

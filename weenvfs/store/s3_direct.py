@@ -1,26 +1,29 @@
-"""Ranged GETs of an S3 store without botocore's request pipeline: signed here (SigV4), sent
-on kept-alive connections the store's threads share.
+"""GETs of an S3 store without botocore's request pipeline: signed here (SigV4), sent on
+kept-alive connections the store's threads share.
 
 Why: a cold start with no hint makes ~90 ranged GETs, four at a time, in the mount daemon
 whose one Python core also answers the kernel's reads. botocore spends ~2 ms of CPU per
 request (events, serializers, endpoint rules, parsers) holding the GIL; measured on the
 README's first run from SeaweedFS, 10 alternating pairs: 1.59 s against 1.67 s (mean), faster
-in 9 pairs of 10 (docs/benchmarks.md, "GETs without botocore").
+in 9 pairs of 10 (docs/benchmarks.md, "GETs without botocore"). And every warm `weenv run`
+GETs a tag: 9-10 ms through botocore in the node service's fork, ~5 ms here.
 
-Owns: deciding whether a store's client can be bypassed for ranged GETs (`DirectGetter.for_`:
+Owns: deciding whether a store's client can be bypassed for GETs (`DirectGetter.for_`:
 an explicit plain-http endpoint with path-style addressing, SigV4, credentials, no proxy:
 SeaweedFS, MinIO and the like on a node's network; AWS itself, https, virtual-hosted
 addressing and proxies keep botocore, whose endpoint rules, TLS settings and redirects are
 not redone here), building the request (URL, SigV4 headers with the client's credentials of
 the moment), and answering like botocore's `get_object`: a dict with ContentLength,
 ContentRange and Body, or a botocore ClientError built from the S3 error answer, so s3.py
-translates and renews credentials exactly as for a request botocore sent.
+translates and renews credentials exactly as for a request botocore sent; and checking a
+whole object's stored checksum as botocore does (`_checksum_of`, `_Body`).
 Must not: retry (RetryingStore does), interpret ranges (s3.py checks them), use a
 connection for two requests at once, or use one a forked parent opened.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime
 import hashlib
 import hmac
@@ -30,10 +33,12 @@ import select
 import threading
 import urllib.parse
 import urllib.request
+import zlib
+from collections.abc import Callable
 from typing import Any
 from xml.etree import ElementTree
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, FlexibleChecksumError
 
 # The SHA-256 of a GET's empty body, signed as botocore signs it over http.
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -44,6 +49,13 @@ MAX_IDLE = 16
 # Answers after which botocore does something of its own (region redirects, a malformed
 # authorization for the region): the store goes back to botocore for good.
 _HAND_BACK = frozenset({301, 302, 307, 400})
+_CHECKSUM = "x-amz-checksum-"
+# The checksums of a whole object's answer checked here, in botocore's order of preference;
+# an answer with any other (crc32c, crc64nvme, xxhash: botocore's with its CRT extension)
+# goes back to botocore, which checks what it can.
+_CHECKED: dict[str, Callable[[], Any]] = {
+    "crc32": lambda: _Crc32(), "sha1": hashlib.sha1, "sha256": hashlib.sha256,
+    "sha512": hashlib.sha512}
 
 
 class HandBack(Exception):
@@ -51,9 +63,10 @@ class HandBack(Exception):
 
 
 class DirectGetter:
-    """Sends `get_object(Bucket, Key, Range)` for a store whose client allows it. Whole
-    objects stay botocore's: it checks the checksum a server stored with them (CRC32 and
-    the like, as SeaweedFS does), which a range does not carry."""
+    """Sends `get_object(Bucket, Key[, Range])` for a store whose client allows it. A whole
+    object's answer carries the checksum the server stored with it (SeaweedFS: CRC32),
+    which botocore checks: so does this getter (`_Body`), and it hands an answer with a
+    checksum it cannot compute back to botocore (and every later whole object with it)."""
 
     def __init__(self, endpoint: str, bucket: str, region: str,
                  timeouts: tuple[float, float]) -> None:
@@ -72,6 +85,7 @@ class DirectGetter:
         self._signing_key: tuple[str, str, bytes] = ("", "", b"")  # secret, day, key
         self.requests = 0  # sent by this getter (tests read it)
         self.usable = True  # False after a HandBack
+        self.whole_objects = True  # False once an answer had a checksum it cannot check
 
     @classmethod
     def for_(cls, client: Any, endpoint: str | None, addressing: str | None, bucket: str,
@@ -92,17 +106,22 @@ class DirectGetter:
 
     # -- the request ---------------------------------------------------------------------
 
-    def get_object(self, client: Any, *, Bucket: str, Key: str, Range: str) -> dict[str, Any]:
-        """What botocore's `client.get_object(Bucket=, Key=, Range=)` returns, for the parts
+    def get_object(self, client: Any, *, Bucket: str, Key: str,
+                   Range: str | None = None) -> dict[str, Any]:
+        """What botocore's `client.get_object(Bucket=, Key=[, Range=])` returns, for the parts
         s3.py reads; raises ClientError for an error answer, OSError or HTTPException for a
-        transport failure, HandBack when botocore must send it. `Bucket` is the store's,
-        which the getter was made for."""
+        transport failure, FlexibleChecksumError (as botocore) when a whole object's body
+        does not match its checksum, HandBack when botocore must send it. `Bucket` is the
+        store's, which the getter was made for."""
         credentials = _credentials(client)
-        if credentials is None or not self.usable:
+        if credentials is None or not self.usable or (Range is None and not self.whole_objects):
             raise HandBack
         path = self._base + urllib.parse.quote(Key, safe=_SAFE)
-        headers = self.signed_headers(path, credentials, _now())
-        headers["range"] = Range
+        # A whole object's answer carries its stored checksum when asked (as botocore asks).
+        extra = {} if Range is not None else {"x-amz-checksum-mode": "ENABLED"}
+        headers = self.signed_headers(path, credentials, _now(), extra)
+        if Range is not None:
+            headers["range"] = Range
         connection = self._take()
         try:
             connection.request("GET", path, headers=headers)
@@ -112,9 +131,18 @@ class DirectGetter:
             raise
         self.requests += 1
         if response.status in (200, 206):
+            check = None
+            if Range is None:
+                try:
+                    check = _checksum_of(response)
+                except HandBack:
+                    self.whole_objects = False
+                    response.close()
+                    connection.close()
+                    raise
             return {"ContentLength": _int(response.getheader("content-length")),
                     "ContentRange": response.getheader("content-range"),
-                    "Body": _Body(response, self, connection)}
+                    "Body": _Body(response, self, connection, check)}
         try:  # an error answer's body, then a new connection (none of it may be left)
             body = response.read(_ERROR_BODY_LIMIT)
         finally:
@@ -126,13 +154,15 @@ class DirectGetter:
         raise _client_error(response.status, body)
 
     def signed_headers(self, path: str, credentials: tuple[str, str, str | None],
-                       when: datetime.datetime) -> dict[str, str]:
-        """The headers of a SigV4-signed GET of `path` (its query empty) at `when` (UTC)."""
+                       when: datetime.datetime,
+                       extra: dict[str, str] | None = None) -> dict[str, str]:
+        """The headers of a SigV4-signed GET of `path` (its query empty) at `when` (UTC),
+        with the `extra` headers (lower-case names) signed too."""
         access, secret, token = credentials
         stamp = when.strftime("%Y%m%dT%H%M%SZ")
         day = stamp[:8]
         headers = {"host": self._netloc, "x-amz-content-sha256": EMPTY_SHA256,
-                   "x-amz-date": stamp}
+                   "x-amz-date": stamp, **(extra or {})}
         if token:
             headers["x-amz-security-token"] = token
         names = sorted(headers)
@@ -200,13 +230,17 @@ class DirectGetter:
 
 class _Body:
     """A response body as s3.py reads botocore's: `read()` then `close()`. A body read to
-    its end gives the connection back for the next request; one closed early closes it."""
+    its end gives the connection back for the next request; one closed early closes it.
+    With `check` (algorithm name, hash object, expected digest), the body read to its end
+    must match it (FlexibleChecksumError, botocore's, otherwise)."""
 
     def __init__(self, response: http.client.HTTPResponse, getter: DirectGetter,
-                 connection: http.client.HTTPConnection) -> None:
+                 connection: http.client.HTTPConnection,
+                 check: tuple[str, Any, bytes] | None = None) -> None:
         self._response = response
         self._getter = getter
         self._connection: http.client.HTTPConnection | None = connection
+        self._check = check
 
     def read(self, amount: int | None = None) -> bytes:
         try:
@@ -214,8 +248,18 @@ class _Body:
         except BaseException:
             self._end(reusable=False)
             raise
+        if self._check is not None:
+            self._check[1].update(data)
         if self._response.isclosed():  # read to its end
             self._end(reusable=True)
+            if self._check is not None:
+                name, hashed, expected = self._check
+                self._check = None
+                if hashed.digest() != expected:
+                    raise FlexibleChecksumError(
+                        error_msg=f"Expected checksum {base64.b64encode(expected).decode()} "
+                                  f"did not match calculated checksum "
+                                  f"{base64.b64encode(hashed.digest()).decode()} ({name})")
         return data
 
     def close(self) -> None:
@@ -230,6 +274,39 @@ class _Body:
             self._getter._give_back(connection)
         else:
             connection.close()
+
+
+def _checksum_of(response: http.client.HTTPResponse) -> tuple[str, Any, bytes] | None:
+    """What a whole object's body must match, as botocore picks it: the first of _CHECKED
+    the answer carries (a composite one, `...-N`, is no checksum of the body: skipped, as
+    botocore does); None when it carries none; HandBack when it carries one of another
+    kind."""
+    names = {name.lower()[len(_CHECKSUM):] for name, _ in response.getheaders()
+             if name.lower().startswith(_CHECKSUM)} - {"type"}
+    if names - _CHECKED.keys():
+        raise HandBack
+    for name, make in _CHECKED.items():
+        value = response.getheader(_CHECKSUM + name)
+        if value is not None and "-" not in value:
+            try:
+                expected = base64.b64decode(value, validate=True)
+            except ValueError:
+                raise HandBack from None
+            return name, make(), expected
+    return None
+
+
+class _Crc32:
+    """zlib's CRC32 as a hash object (botocore's Crc32Checksum: big-endian digest)."""
+
+    def __init__(self) -> None:
+        self._value = 0
+
+    def update(self, data: bytes) -> None:
+        self._value = zlib.crc32(data, self._value)
+
+    def digest(self) -> bytes:
+        return (self._value & 0xFFFFFFFF).to_bytes(4, "big")
 
 
 def _credentials(client: Any) -> tuple[str, str, str | None] | None:
