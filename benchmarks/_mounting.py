@@ -113,6 +113,29 @@ def drop_caches() -> None:
     DROP_CACHES.write_text("3\n")
 
 
+def settle(busy_below: float = 0.15, window: float = 0.2, longest: float = 15.0) -> float:
+    """Wait until the machine is quiet: two windows in a row in which the CPUs were busy
+    (all but idle and iowait, /proc/stat) less than `busy_below` of the time, at most
+    `longest` seconds; the seconds waited. Before each contender of a round, so that none
+    starts while the one before still works in the background (a peer's daemon fetching the
+    rest of an image, a hint being packed)."""
+    start = time.monotonic()
+    quiet = 0
+    while quiet < 2 and time.monotonic() - start < longest:
+        before = _cpu_times()
+        time.sleep(window)
+        after = _cpu_times()
+        total = sum(after) - sum(before)
+        idle = (after[3] + after[4]) - (before[3] + before[4])
+        quiet = quiet + 1 if total > 0 and (total - idle) / total < busy_below else 0
+    return time.monotonic() - start
+
+
+def _cpu_times() -> list[int]:
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
 def _fresh(path: Path, key: dict[str, Any]) -> bool:
     """Whether `path` was completed from the recipe `key` (its `.key` file says so)."""
     stamp = path.with_name(path.name + ".key")

@@ -46,6 +46,11 @@ with the workload's hint as the environment's `latest` (recorded once in the sto
 `weenv run` or `weenv hints record` anywhere leaves one). Budget (issue 17): at least 3x
 faster than eStargz cold, paired round by round.
 
+Before each contender the machine is left to settle (`_mounting.settle`: until the CPUs are
+under 15% busy for two 0.2 s windows, at most 15 s): a peer's daemon goes on working after
+its own run (containerd's stargz snapshotter fetches the rest of an image in the background),
+and the contender after it paid for that. The seconds each step waited are in the JSON
+(`settle_s`).
 Must not: assert anything about the numbers; it reports them (table on stdout, JSON file).
 """
 
@@ -81,6 +86,7 @@ from _mounting import (
     copy_tree,
     drop_caches,
     published,
+    settle,
     weenv,
 )
 from docker_peer import Dockerd, Registry, docker_unavailable
@@ -373,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     if tar_zst is not None:
         steps.append(lambda: rounds.extract(tar_zst))
     skipped: dict[str, str] = {}
+    settled: list[float] = []  # seconds each step waited for a quiet machine
     try:
         with contextlib.ExitStack() as stack:
             if not args.no_readme:
@@ -382,12 +389,15 @@ def main(argv: list[str] | None = None) -> int:
             steps += [lambda n=n, r=r: rounds.peer(n, r) for n, r in runs.items()]
             for r in range(repeats):
                 for step in steps[r % len(steps):] + steps[: r % len(steps)]:
+                    # Nothing left working in the background from the step before.
+                    settled.append(round(settle(), 2))
                     step()
     finally:
         mounts.close()
         shutil.rmtree(work, ignore_errors=True)
     results = summarize(rounds, pub, profile, code, tar_zst)
     results["skipped"] = skipped
+    results["settle_s"] = settled
     report(results, repeats)
     params = {"quick": args.quick, "repeats": repeats, "profile": profile, "command": code,
               "extract": tar_zst is not None, "peers": not args.no_peers,
