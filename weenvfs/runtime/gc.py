@@ -26,11 +26,10 @@ import logging
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from weenvfs.errors import UsageError, WeenvError
 
-from . import cgroups, elastic, mounts, sandbox, sandbox_state
+from . import cgroups, elastic, mounts, rootfs, sandbox, sandbox_state
 from .cgroups import CGROUP_PARENT
 from .launcher import Launcher
 from .runtimes import installed_launchers
@@ -139,16 +138,10 @@ def _uppers(report: GcReport) -> None:
         name = folder.name
         kept = (folder / KEPT_MARKER).exists()
         if name.startswith(".trash-") or (not kept and not sandbox_state.exists(name)):
-            if not name.startswith(".trash-") and _mounted_below(folder):
+            if not name.startswith(".trash-") and rootfs.mounts_at(folder)[1]:
                 continue
             shutil.rmtree(folder, ignore_errors=True)
             report.uppers.append(str(folder))
-
-
-def _mounted_below(folder: Path) -> bool:
-    prefix = str(folder) + "/"
-    with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
-        return any(line.split()[1].startswith(prefix) for line in f if len(line.split()) > 1)
 
 
 def _env_mounts(report: GcReport) -> None:

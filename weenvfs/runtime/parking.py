@@ -83,14 +83,6 @@ def pristine(upper: Path, made: Sequence[int] | None) -> bool:
         return False
 
 
-def mounted_below(path: Path) -> bool:
-    """Whether anything is mounted at or below `path`'s children (a parked root must be
-    the overlay alone)."""
-    prefix = os.fsencode(os.path.abspath(path)) + b"/"
-    with open("/proc/self/mountinfo", "rb") as f:
-        return any(line.split()[4].startswith(prefix) for line in f)
-
-
 def daemon_ids(keys: Sequence[str]) -> dict[str, list[Any]]:
     """Each shared mount's daemon (pid and start time): the identity of the mount."""
     found: dict[str, list[Any]] = {}

@@ -91,10 +91,21 @@ def unmount(target: Path) -> bool:
 
 def is_mount_point(target: Path) -> bool:
     """Whether `target` is listed in /proc/self/mounts."""
+    return mounts_at(target)[0]
+
+
+def mounts_at(target: Path) -> tuple[bool, bool]:
+    """Whether `target` is listed in /proc/self/mounts, and whether anything is mounted below
+    it (one read of the table)."""
     wanted = os.fsencode(os.path.abspath(target))
+    below = wanted + b"/"
+    at = under = False
     with open("/proc/self/mounts", "rb") as f:
-        return any(len(fields) > 1 and fields[1] == wanted
-                   for fields in (line.split(b" ") for line in f))
+        for fields in (line.split(b" ") for line in f):
+            if len(fields) > 1:
+                at = at or fields[1] == wanted
+                under = under or fields[1].startswith(below)
+    return at, under
 
 
 # -- safe access inside the root --------------------------------------------------------------

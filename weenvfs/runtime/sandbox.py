@@ -335,8 +335,7 @@ class Sandbox:
             old = box.state
             if old.get("status") != "parked":
                 return None  # taken over or removed meanwhile (it was named in the index)
-            if (old.get("mounts") != keys or not rootfs.is_mount_point(box.rootfs)
-                    or parking.mounted_below(box.rootfs)
+            if (old.get("mounts") != keys or rootfs.mounts_at(box.rootfs) != (True, False)
                     or not parking.pristine(box.upper_root / "upper", old.get("upper_print"))):
                 box._end(keep=False, park=False)
                 box._remove_folder()
@@ -588,7 +587,7 @@ class Sandbox:
         keys = self._mount_keys()
         if (not self.state.get("parkable") or parking.park_seconds() <= 0
                 or not parking.pristine(self.upper_root / "upper", self.state.get("upper_print"))
-                or not rootfs.is_mount_point(self.rootfs) or parking.mounted_below(self.rootfs)
+                or rootfs.mounts_at(self.rootfs) != (True, False)  # the overlay alone
                 or self.mount_problem()):
             return False
         if not parking.has_room(keys):
