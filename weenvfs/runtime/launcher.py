@@ -292,8 +292,20 @@ class OciCliLauncher(Launcher):
         """The sandbox init's host pid and start time (clock ticks) from the runtime's state
         (OSError, ValueError, KeyError or TypeError when there is none)."""
 
-    def _base(self) -> list[str]:
-        return [self.binary, "--root", str(self.root)]
+    def _base(self, program: str | None = None) -> list[str]:
+        """The runtime's command line before its arguments; `program` runs instead of the
+        binary's path (crun's sealed copy, `_program`)."""
+        return [program or self.binary, "--root", str(self.root)]
+
+    def _program(self) -> tuple[str | None, tuple[int, ...]]:
+        """What the child runs instead of the binary's path (None: the path), and the
+        descriptors it needs passed for that."""
+        return None, ()
+
+    def _popen(self, args: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        """Start `RUNTIME ARGS` (`kwargs` as for Popen: the stdio)."""
+        program, fds = self._program()
+        return subprocess.Popen([*self._base(program), *args], pass_fds=fds, **kwargs)
 
     def _config(self, spec: LaunchSpec) -> dict[str, Any]:
         """config.json of `spec` for this runtime (crun adds its compiled filter)."""
@@ -301,10 +313,8 @@ class OciCliLauncher(Launcher):
 
     def _run(self, *args: str, output: IO[Any] | None = None) -> tuple[int, str]:
         """Run `RUNTIME ARGS`; (status, stderr). With `output`, stdout and stderr go there."""
-        proc = subprocess.Popen(
-            [*self._base(), *args], stdin=subprocess.DEVNULL,
-            stdout=output or subprocess.DEVNULL, stderr=output or subprocess.PIPE, text=True,
-        )
+        proc = self._popen(args, stdin=subprocess.DEVNULL, stdout=output or subprocess.DEVNULL,
+                           stderr=output or subprocess.PIPE, text=True)
         wait_exit(proc, COMMAND_TIMEOUT, f"{self.name} {args[0]}")
         _, err = proc.communicate()
         return proc.returncode, err or ""
@@ -332,11 +342,9 @@ class OciCliLauncher(Launcher):
         _write_json(spec.bundle / "config.json", self._config(spec))
         # In the foreground without a terminal, the runtime hands its own stdio to the init,
         # which the command inherits, and forwards the signals it gets to the init.
-        return subprocess.Popen(
-            [*self._base(), "run", "--bundle", str(spec.bundle), "--pid-file",
-             str(spec.bundle / "init.pid"), spec.sandbox_id],
-            stdin=stdin, stdout=stdout, stderr=stderr,
-        )
+        return self._popen(["run", "--bundle", str(spec.bundle), "--pid-file",
+                            str(spec.bundle / "init.pid"), spec.sandbox_id],
+                           stdin=stdin, stdout=stdout, stderr=stderr)
 
     def exec(
         self, sandbox_id: str, bundle: Path, process: ProcessSpec, *, pid_file: Path,
@@ -345,11 +353,8 @@ class OciCliLauncher(Launcher):
     ) -> subprocess.Popen[bytes]:
         spec_file = pid_file.with_suffix(".json")
         _write_json(spec_file, process_spec(process))
-        return subprocess.Popen(
-            [*self._base(), "exec", "--process", str(spec_file), "--pid-file", str(pid_file),
-             sandbox_id],
-            stdin=stdin, stdout=stdout, stderr=stderr,
-        )
+        return self._popen(["exec", "--process", str(spec_file), "--pid-file", str(pid_file),
+                            sandbox_id], stdin=stdin, stdout=stdout, stderr=stderr)
 
     def destroy(self, sandbox_id: str) -> None:
         # `runc delete --force` sleeps 100 ms before it first checks that the init died;
