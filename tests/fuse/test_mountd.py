@@ -578,17 +578,108 @@ def test_a_mount_by_tag_has_its_environment_kept_for_the_next_one(
     assert node_copies.last_resolved(cache, str(store), ref) == moved
 
 
-def test_the_server_freezes_what_it_preloaded_before_it_forks() -> None:
-    """What the server imports before its first fork is kept out of every collection
-    (gc.freeze), so no forked child traverses and copies it on write in a collection."""
+def test_the_server_preloads_runs_first_and_freezes_last(assert_logs: Any) -> None:
+    """`Preload`'s steps: what a mount daemon needs first (the parsers, trio and pyfuse3,
+    the fuse and store modules, the S3 model), then the other commands' modules, and last
+    the freeze of everything loaded (gc.freeze: no forked child then traverses those
+    objects in a collection and copies them on write). `take_for_daemons` takes the first
+    part at once; a failing step is logged and the rest go on."""
     import gc
 
+    made: list[str] = []
+    steps = mountd.preload_steps(("weenvfs.runtime.commands", "trio"),
+                                 lambda: made.append("made"))
+    names = [name for name, _, _ in steps]
+    assert names[:3] == ["prepare", "import trio", "import pyfuse3"]
+    assert names[-3:] == ["the S3 model", "import weenvfs.runtime.commands", "freeze"]
+    assert [by for _, _, by in steps][-6:-3] == ["file", "http", "s3"]
+    assert "import weenvfs.fuse.mount" in names and names.count("import trio") == 1
+    broken = [("import nowhere", lambda: __import__("weenvfs.no_such_module"), True), *steps]
     gc.unfreeze()
     try:
-        mountd._preload(())
+        preload = mountd.Preload(broken)
+        with assert_logs(r"preloading \(import nowhere\) failed", count=1):
+            preload.take_for_daemons(None)
+        assert made == ["made"] and preload.pending and gc.get_freeze_count() == 0
+        while preload.pending:
+            preload.step()
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+@contextlib.contextmanager
+def _slow_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                 prepare: str) -> Iterator[tuple[subprocess.Popen[bytes], float, Path]]:
+    """A server of this test in a process of its own whose first preload step is the
+    function `prepare` (its source: `def prepare(): ...`); (its process, seconds until it
+    was ready, its log). Stopped at the end."""
+    sock = tmp_path / "mountd" / "mountd.sock"
+    monkeypatch.setenv(mountd.SOCKET_ENV, str(sock))
+    monkeypatch.delenv(mountd.SWITCH_ENV, raising=False)
+    log = tmp_path / "server.log"
+    code = ("import os, sys, time, logging\n"
+            "from weenvfs import cli\n"
+            "from weenvfs.fuse import mountd\n"
+            "logging.basicConfig(filename=sys.argv[2], level=logging.INFO)\n"
+            "ready = int(sys.argv[1])\n"
+            f"{prepare}\n"
+            "mountd.serve(0, cli.main, ready=lambda: os.write(ready, b'ready'),\n"
+            "             preload=cli.service_modules(), prepare=prepare)\n")
+    read_end, write_end = os.pipe()
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", code, str(write_end), str(log)],
+                            pass_fds=(write_end,))
+    os.close(write_end)
+    try:
+        assert select.select([read_end], [], [], 60)[0] and os.read(read_end, 5) == b"ready"
+        yield proc, time.monotonic() - started, log
+    finally:
+        os.close(read_end)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def test_the_server_answers_before_it_has_preloaded(tmp_path: Path, launches: list[bool],
+                                                    spawned: Callable[..., Path],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server listens before it loads its children's code: whoever started it waits for
+    the socket only, and a request made meanwhile gets a daemon forked before the loading is
+    done, which serves the tree exactly."""
+    with _slow_server(tmp_path, monkeypatch, "def prepare(): time.sleep(2)") as (proc, took,
+                                                                             log):
+        assert took < 2.0  # before the first step (2 s) was done
+        src = trees.hostile_tree(tmp_path / "src")
+        ref = publish(tmp_path / "store", [src])
+        mp = spawned(ref, tmp_path / "store")
+        assert launches == [True]
+        trees.assert_trees_equal(src, mp)
+        record = daemon.read_pid_file(mp)
+        assert record is not None and _parent(record["pid"]) == proc.pid
+        deadline = time.monotonic() + 60
+        while "preloaded its children's code" not in log.read_text() \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        text = log.read_text()
+        assert text.index("preloaded its children's code") > text.index("listening on")
+
+
+def test_a_server_stopped_while_preloading_stops(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM in a preload step whose code catches every exception (as libraries may) still
+    ends the server once that step returns."""
+    swallow = ("def prepare():\n"
+               "    for _ in range(300):\n"
+               "        try:\n"
+               "            time.sleep(0.01)\n"
+               "        except BaseException:\n"
+               "            pass\n")
+    with _slow_server(tmp_path, monkeypatch, swallow) as (proc, _, log):
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert "mount server stopping" in log.read_text()
 
 
 def test_evictions_run_one_at_a_time_per_environment_and_once_more_after(

@@ -399,11 +399,10 @@ def _cmd_mountd(args: argparse.Namespace) -> int:
         from .exporter import Exporter, choose
 
         address, chosen = choose(args.metrics)
-        cli.prebuild_parsers()
         exporter = None if address is None else Exporter(address, chosen, mountd.socket_path())
         return mountd.serve(args.idle, cli.main, ready=pipe.ready,
                             leave_cgroups=args.leave_cgroups, exporter=exporter,
-                            preload=cli.service_modules())
+                            preload=cli.service_modules(), prepare=cli.prebuild_parsers)
     except Exception as error:
         pipe.failed(str(error) or type(error).__name__)
         raise

@@ -5,8 +5,9 @@ start-up or imports on the hot path"). pyfuse3 serves one mount per process, so 
 still gets its own daemon process; only how it starts changes.
 
 Owns:
-- `serve`: `weenv mountd`: import everything a mount daemon needs, then wait on a unix socket
-  (`socket_path()`, mode 0600, requests only from our own uid, checked with SO_PEERCRED).
+- `serve`: `weenv mountd`: listen on a unix socket (`socket_path()`, mode 0600, requests only
+  from our own uid, checked with SO_PEERCRED), then import everything its children run
+  (`Preload`: a step at a time between requests, so its starter waits for the socket only).
   For each request it forks (service_forks.py: the child starts a new session, takes the
   client's environment, umask, log file and readiness pipe, passed over the socket, and runs
   `weenv mount --foreground ...` in-process; the server reaps it when it exits). It exits
@@ -82,8 +83,15 @@ from .node_socket import (
 )
 from .node_socket import namespaces as node_namespaces
 from .service_evictions import HOUSEKEEPING, Evictions
-from .service_forks import child_fds, fork_attached, fork_daemon, fork_task, reap_forked
-from .service_preload import prebuild_clients, preload_envs
+from .service_forks import (
+    argv_env,
+    child_fds,
+    fork_attached,
+    fork_daemon,
+    fork_task,
+    reap_forked,
+)
+from .service_preload import option_value, prebuild_clients, preload_envs
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +106,15 @@ AUTO_IDLE = 600.0  # seconds an auto-started server lingers with no request and 
 HOUSEKEEPING_EVERY = 60.0  # seconds between two runs of HOUSEKEEPING while the server runs
 # Seconds between two checks while an eviction waits or a child has no pidfd to wake the loop.
 PENDING_POLL = 0.05
-# Imported before the first fork: what `weenv mount --foreground` needs for any store.
+# A step of `Preload`: what it is (for the log), what it does, and which mount daemons need
+# it: ALL_DAEMONS, those of one store scheme ("s3"), or none ("").
+PreloadStep = tuple[str, Callable[[], object], str]
+ALL_DAEMONS = "*"
+# By store URL scheme (https: http's), cheapest first: a daemon waits for the steps before its own.
+STORE_MODULES = {"file": "weenvfs.store.local", "http": "weenvfs.store.http",
+                 "s3": "weenvfs.store.s3"}
+# Imported by `Preload` (after the modules the CLI names): what `weenv mount --foreground`
+# needs for any store.
 PRELOAD = ("weenvfs.fuse.commands", "weenvfs.fuse.mount", "weenvfs.fuse.kernel_mount",
            "weenvfs.core.node_hints", "weenvfs.store.s3", "weenvfs.store.http",
            "weenvfs.store.local", "setproctitle")
@@ -251,9 +267,13 @@ class _Stop(Exception):
     """SIGTERM/SIGINT arrived: leave the accept loop."""
 
 
+_stopping: list[bool] = []  # SIGTERM/SIGINT arrived (kept: code in a preload step may catch _Stop)
+
+
 def serve(idle: float, run: Callable[[list[str]], int],
           ready: Callable[[], None] | None = None, leave_cgroups: bool = False,
-          exporter: Exporter | None = None, preload: tuple[str, ...] = ()) -> int:
+          exporter: Exporter | None = None, preload: tuple[str, ...] = (),
+          prepare: Callable[[], None] | None = None) -> int:
     """Run the server until SIGTERM, or until it has had no request for `idle` seconds and
     no mount daemon it forked still runs (0: forever). A forked daemon calls `run(ARGV)`
     (the CLI's `main`: fuse may not import the CLI) and exits with what it returns; so does
@@ -263,19 +283,23 @@ def serve(idle: float, run: Callable[[list[str]], int],
     (`leave_cgroups`), so neither it nor its daemons live in the cgroup of whoever started
     it. An `exporter` serves the node's metrics from a child process while the server runs
     (exporter.py); an address it cannot bind fails the server before `ready()`. `preload`
-    names the modules of the other commands `run` is asked to run (the CLI knows them)."""
-    _preload(preload)
+    names the modules of the other commands `run` is asked to run (the CLI knows them), and
+    `prepare` what else to make ahead for them (the CLI's parsers); both are loaded after the
+    socket listens, a step at a time between requests (`Preload`)."""
+    _set_up_titles()
     if leave_cgroups:
         leave_caller_cgroups()
     server = _listen(exporter)
     if server is None:
         return 0
+    _stopping.clear()
     previous = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     log.info("mount server %d listening on %s", os.getpid(), server.path)
     if ready is not None:
         ready()
     try:
-        _loop(server.listener, server.lock, idle, run, exporter)
+        _loop(server.listener, server.lock, idle, run, exporter,
+              Preload(preload_steps(preload, prepare)))
     except _Stop:
         log.info("mount server stopping")
     finally:
@@ -285,19 +309,81 @@ def serve(idle: float, run: Callable[[list[str]], int],
     return 0
 
 
-def _preload(preload: tuple[str, ...]) -> None:
-    """Import what forked children run, and warm the S3 client, before the first fork."""
+class Preload:
+    """What the server loads for the children it forks (imports, the S3 backend's model, the
+    CLI's parsers), a step at a time between requests once its socket listens: whoever
+    started the server waits for the socket alone (~0.15 s instead of ~0.5 s), and the
+    loading goes on beside the first requests. A command forked before the last step loads
+    what it still lacks itself, as a process with no server would; a mount daemon is forked
+    once the steps it needs are taken (`take_for_daemons`: the layers of one environment are
+    as many daemons, which would each load them again). A step that fails is logged, never
+    the server's failure: the children that need it fail in their own way."""
+
+    def __init__(self, steps: list[PreloadStep]) -> None:
+        self._steps = list(steps)
+        self._took = 0.0
+
+    @property
+    def pending(self) -> bool:
+        """Whether steps are left."""
+        return bool(self._steps)
+
+    def take_for_daemons(self, store: str | None) -> None:
+        """Take now every step left up to the last one a mount daemon of `store` (its URL;
+        None: not known, every daemon's step) needs."""
+        scheme = None if store is None else store.split("://")[0] if "://" in store else "file"
+        scheme = "http" if scheme == "https" else scheme
+
+        def needed(by: str) -> bool:
+            return by == ALL_DAEMONS or (by != "" and scheme in (by, None))
+
+        while any(needed(by) for _, _, by in self._steps):
+            self.step()
+
+    def step(self) -> None:
+        """Take the next step (nothing when none is left)."""
+        if not self._steps:
+            return
+        what, action, _ = self._steps.pop(0)
+        started = time.monotonic()
+        try:
+            action()
+        except _Stop:
+            raise
+        except Exception as error:  # noqa: BLE001 - a child that needs it fails on its own
+            log.warning("mount server: preloading (%s) failed: %s", what, error)
+        self._took += time.monotonic() - started
+        if not self._steps:
+            log.info("mount server preloaded its children's code in %.0f ms", self._took * 1000)
+
+
+def preload_steps(preload: tuple[str, ...] = (), prepare: Callable[[], None] | None = None
+                  ) -> list[PreloadStep]:
+    """The steps of `Preload`: first what mount daemons need (`prepare`: the CLI's parsers;
+    trio and pyfuse3, the largest imports, as steps of their own; the fuse modules; each
+    store backend, the S3 one with its model), then the `preload` modules (the other
+    commands the CLI names), then the freeze of everything loaded (gc.freeze: made for fork
+    servers, so no forked child traverses, and copies on write, these objects in a
+    collection of its own)."""
+    import functools
     import importlib
 
-    for name in (*PRELOAD, *preload):
-        importlib.import_module(name)
-    _set_up_titles()
     from weenvfs.store import warm_up
 
-    warm_up()
-    # Everything imported so far lives as long as the server: keep it out of the collector.
-    # A forked child then never traverses (and so never copies on write) these objects in a
-    # collection of its own: gc.freeze is made for fork servers.
+    def load(name: str, by: str) -> PreloadStep:
+        return f"import {name}", functools.partial(importlib.import_module, name), by
+
+    firsts = [load(name, ALL_DAEMONS) for name in ("trio", "pyfuse3", *PRELOAD)
+              if name not in STORE_MODULES.values()]
+    stores = [load(name, scheme) for scheme, name in STORE_MODULES.items()]
+    listed = {step[0] for step in (*firsts, *stores)}
+    others = [load(name, "") for name in dict.fromkeys(preload) if f"import {name}" not in listed]
+    return [*([] if prepare is None else [("prepare", prepare, ALL_DAEMONS)]), *firsts,
+            *stores, ("the S3 model", warm_up, "s3"), *others, ("freeze", _freeze, "")]
+
+
+def _freeze() -> None:
+    """Keep everything loaded so far out of the collector (see `preload_steps`)."""
     gc.collect()
     gc.freeze()
 
@@ -359,6 +445,7 @@ def _listen(exporter: Exporter | None) -> _Listening | None:
 
 
 def _raise_stop(signum: int, frame: object) -> None:
+    _stopping.append(True)
     raise _Stop
 
 
@@ -375,9 +462,12 @@ def _close(server: _Listening, exporter: Exporter | None) -> None:
 
 
 def _loop(listener: socket.socket, lock: Any, idle: float,
-          run: Callable[[list[str]], int], exporter: Exporter | None = None) -> None:
+          run: Callable[[list[str]], int], exporter: Exporter | None = None,
+          preload: Preload | None = None) -> None:
     """Accept requests until idle (see `serve`) or stale; housekeeping between them (and the
-    metrics exporter started again if it died)."""
+    metrics exporter started again if it died), and `preload`'s steps while no request
+    waits."""
+    preload = preload or Preload([])
     code_print, namespaces = fingerprint(), node_namespaces()
     # What every forked child closes besides the connection (service_forks.py `detached`).
     held: tuple[Any, ...] = (listener, lock)
@@ -389,6 +479,8 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
     last = time.monotonic()
     chores = last + HOUSEKEEPING_EVERY
     while True:
+        if _stopping:  # caught and dropped by whatever it interrupted
+            raise _Stop
         polled_children = reap_forked()  # children without a pidfd (kernels before 5.3)
         if exporter is not None:
             exporter.poll((listener, lock))
@@ -401,7 +493,12 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
             waits.append(PENDING_POLL)
         if idle > 0:
             waits.append(last + idle - now)
+        if preload.pending:
+            waits.append(0.0)  # only look for a request waiting
         if not _wait_for_client(listener, max(0.0, min(waits))):
+            if preload.pending:
+                preload.step()
+                continue
             if idle > 0 and time.monotonic() >= last + idle and not _alive(daemons):
                 log.info("mount server idle for %g s with no daemon left: exiting", idle)
                 return
@@ -412,7 +509,7 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
             # What a forked daemon must not keep: above all the lock (flock belongs to the
             # open file, so a daemon holding it would lock out the next server).
             if not _handle(conn, (conn, *held), code_print, namespaces, run, daemons,
-                           replays, evictions):
+                           replays, evictions, preload):
                 return
 
 
@@ -451,10 +548,12 @@ def leave_caller_cgroups() -> None:
 
 def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
             namespaces: dict[str, str], run: Callable[[list[str]], int],
-            daemons: dict[int, str], replays: dict[int, str], evictions: Evictions) -> bool:
+            daemons: dict[int, str], replays: dict[int, str], evictions: Evictions,
+            preload: Preload | None = None) -> bool:
     """Serve one request (the daemon it forks is added to `daemons`, and to `replays` if it
     is a hint replay; an eviction goes to `evictions`); False when this server must exit
-    (its code is stale)."""
+    (its code is stale). A daemon is forked once `preload` took what daemons need; a
+    command at once."""
     conn.settimeout(CONNECT_TIMEOUT)
     fds: list[int] = []
     try:
@@ -491,6 +590,8 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
         if replay and _alive(replays) >= MAX_REPLAYS:
             _answer(conn, f"busy: {MAX_REPLAYS} hint replay(s) run already")
             return True
+        if not attached and preload is not None:
+            preload.take_for_daemons(option_value(argv_env(request)[0], "--store"))
         pid = (fork_attached if attached else fork_daemon)(request, fds, held, run)
         if pid:
             daemons[pid] = daemon.start_time(pid)

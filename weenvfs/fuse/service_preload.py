@@ -25,7 +25,7 @@ def prebuild_clients(request: dict[str, Any]) -> None:
     from weenvfs.store import prebuild_client
 
     argv, env = argv_env(request)
-    value = _option(argv, "--store")
+    value = option_value(argv, "--store")
     if value is None:
         return
     try:
@@ -45,10 +45,10 @@ def preload_envs(request: dict[str, Any]) -> None:
     from weenvfs.core.node_copies import last_resolved, preload_env
 
     argv, _ = argv_env(request)
-    cache = _option(argv, "--cache")
+    cache = option_value(argv, "--cache")
     if cache is None or not os.path.isabs(cache):
         return
-    store = _option(argv, "--store")
+    store = option_value(argv, "--store")
     loaded = 0
     try:
         for argument in dict.fromkeys(argv):
@@ -62,7 +62,7 @@ def preload_envs(request: dict[str, Any]) -> None:
                  loaded, cache)
 
 
-def _option(argv: list[str], flag: str) -> str | None:
+def option_value(argv: list[str], flag: str) -> str | None:
     """The value of the first `flag` in `argv`: weenv's own (its options come first; a
     `weenv run`'s sandbox command after them may name anything)."""
     return next((v for f, v in zip(argv, argv[1:], strict=False) if f == flag), None)
