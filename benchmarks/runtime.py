@@ -20,6 +20,10 @@ Owns these measurements (results summarized in docs/benchmarks.md):
    against what Docker offers for the same: `docker rm -f` of the dirty container and
    `docker run -d` of a new one.
 4. For reference: teardown, and a cold start (no mount yet, chunks cached) to `true`.
+5. (Since 2026-12-05, with the node service) the README's `weenv run ... true` with no node
+   service running, as the first run after a boot or after the service idled out: the run
+   starts it, and it forks the mounts; against the same run with the service up and the
+   mounts evicted (chunks cached in both).
 The environment is the cached Debian minbase sample (tools/sample.py), built into a
 temporary local store, unless --store and --ref name another one. Docker is a dockerd this
 script starts with its own data root (`--bridge=none --iptables=false --ip-masq=false`,
@@ -54,7 +58,7 @@ from _common import (
     repeats_for,
     write_json,
 )
-from _mounting import environment, mount_server
+from _mounting import environment, evict_shared_mounts, mount_server, weenv
 from docker_peer import DOCKER, Dockerd, docker_unavailable
 
 from weenvfs.runtime.environment import Environment
@@ -68,6 +72,8 @@ from weenvfs.tools.sample import sample_tree
 NAME = "runtime"
 RUNC_CREATE = "weenv create + true (runc)"
 RUNC_CLI = "weenv run true (CLI, runc)"
+SERVICE_DOWN = "weenv run true (CLI), no node service running"
+SERVICE_UP = "weenv run true (CLI), node service up, mounts evicted"
 RUNC_EXEC = "weenv exec true (runc)"
 FULL_REPEATS = 15
 DIRTY_FILES = 200  # files an episode writes before a reset (so the upper is not empty)
@@ -320,6 +326,24 @@ def bench_cold(b: Bench, repeats: int) -> dict[str, Any]:
     return {"cold_mount_create_and_true": measure(b.create_and_true, repeats).as_dict()}
 
 
+def bench_service_start(b: Bench, repeats: int) -> dict[str, Any]:
+    """6: the README's `weenv run ... true` with no node service running, as the first run
+    after a boot or after the service idled out (its mounts gone before it): the run starts
+    the service, which forks the mounts; against the same run with the service up and the
+    mounts evicted. Chunks cached in both; set-up untimed; the two alternate."""
+    run = b.cli_run_true(True)
+    samples: dict[str, list[float]] = {SERVICE_DOWN: [], SERVICE_UP: []}
+    for r in range(max(1, repeats)):
+        for name in (SERVICE_DOWN, SERVICE_UP)[::1 if r % 2 == 0 else -1]:
+            evict_shared_mounts()
+            if name == SERVICE_DOWN:
+                weenv("mountd", "--stop")
+            samples[name].append(_clock(run))
+    timings = {name: Timing(tuple(values)) for name, values in samples.items()}
+    return {"runs": {k: v.as_dict() for k, v in timings.items()},
+            "down_vs_up": paired_ratio(timings[SERVICE_DOWN], timings[SERVICE_UP])}
+
+
 def report(results: dict[str, Any], repeats: int) -> None:
     ready, rows = results["ready"], []
     for name, t in ready["create_and_true"].items():
@@ -340,6 +364,8 @@ def report(results: dict[str, Any], repeats: int) -> None:
                      t["spread"]))
     cold = results["cold"]["cold_mount_create_and_true"]
     rows.append(("cold: mount + create + true", cold["median_s"] * 1000, cold["spread"]))
+    for name, t in results.get("service_start", {}).get("runs", {}).items():
+        rows.append((name, t["median_s"] * 1000, t["spread"]))
     print_table(f"sandbox runtime ({ready.get('runtime', 'runc')}), {repeats} rounds (median)",
                 ["what", "ms", "spread"], rows)
     ratios = [("weenv create + true / bwrap true", ready["create_vs_bwrap"]),
@@ -415,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
             if docker:
                 results["docker_reset"] = bench_docker_reset(bench, docker, repeats)
             results["cold"] = bench_cold(bench, repeats)
+            if not args.no_mountd:
+                results["service_start"] = bench_service_start(bench, repeats)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report(results, repeats)
