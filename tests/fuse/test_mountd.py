@@ -34,6 +34,7 @@ from weenvfs.fuse import (
     node_socket,
     service_evictions,
     service_forks,
+    service_loading,
     service_preload,
 )
 from weenvfs.fuse.commands import mount_args
@@ -587,17 +588,17 @@ def test_the_server_preloads_runs_first_and_freezes_last(assert_logs: Any) -> No
     import gc
 
     made: list[str] = []
-    steps = mountd.preload_steps(("weenvfs.runtime.commands", "trio"),
+    steps = service_loading.preload_steps(("weenvfs.runtime.commands", "trio"),
                                  lambda: made.append("made"))
     names = [name for name, _, _ in steps]
     assert names[:3] == ["prepare", "import trio", "import pyfuse3"]
     assert names[-3:] == ["the S3 model", "import weenvfs.runtime.commands", "freeze"]
-    assert [by for _, _, by in steps][-6:-3] == ["file", "http", "s3"]
+    assert tuple(by for _, _, by in steps)[-6:-3] == ("file", "http", "s3")
     assert "import weenvfs.fuse.mount" in names and names.count("import trio") == 1
     broken = [("import nowhere", lambda: __import__("weenvfs.no_such_module"), True), *steps]
     gc.unfreeze()
     try:
-        preload = mountd.Preload(broken)
+        preload = service_loading.Preload(broken)
         with assert_logs(r"preloading \(import nowhere\) failed", count=1):
             preload.take_for_daemons(None)
         assert made == ["made"] and preload.pending and gc.get_freeze_count() == 0

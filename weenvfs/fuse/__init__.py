@@ -1,7 +1,8 @@
 """The FUSE side of a mount: the pyfuse3 adapter (ops.py), its errno table (errno_map.py), the
 mount lifecycle (mount.py), the background daemon (daemon.py), the node service (mountd.py,
 with the children it forks: service_forks.py, the evictions it runs: service_evictions.py,
-and what it prepares for its next children: service_preload.py) and its metrics
+the code it loads for them once it listens: service_loading.py, and what it prepares for
+its next children: service_preload.py) and its metrics
 (stats_channel.py, metrics.py, exporter.py), and the commands (commands.py).
 
 Imports point one way: this package uses `weenvfs.core` for everything the file system means,

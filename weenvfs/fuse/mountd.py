@@ -7,7 +7,8 @@ still gets its own daemon process; only how it starts changes.
 Owns:
 - `serve`: `weenv mountd`: listen on a unix socket (`socket_path()`, mode 0600, requests only
   from our own uid, checked with SO_PEERCRED), then import everything its children run
-  (`Preload`: a step at a time between requests, so its starter waits for the socket only).
+  (service_loading.py: a step at a time between requests, so its starter waits for the
+  socket only).
   For each request it forks (service_forks.py: the child starts a new session, takes the
   client's environment, umask, log file and readiness pipe, passed over the socket, and runs
   `weenv mount --foreground ...` in-process; the server reaps it when it exits). It exits
@@ -52,7 +53,6 @@ from __future__ import annotations
 import array
 import contextlib
 import fcntl
-import gc
 import json
 import logging
 import os
@@ -91,6 +91,7 @@ from .service_forks import (
     fork_task,
     reap_forked,
 )
+from .service_loading import Preload, preload_steps
 from .service_preload import option_value, prebuild_clients, preload_envs
 
 log = logging.getLogger(__name__)
@@ -106,18 +107,6 @@ AUTO_IDLE = 600.0  # seconds an auto-started server lingers with no request and 
 HOUSEKEEPING_EVERY = 60.0  # seconds between two runs of HOUSEKEEPING while the server runs
 # Seconds between two checks while an eviction waits or a child has no pidfd to wake the loop.
 PENDING_POLL = 0.05
-# A step of `Preload`: what it is (for the log), what it does, and which mount daemons need
-# it: ALL_DAEMONS, those of one store scheme ("s3"), or none ("").
-PreloadStep = tuple[str, Callable[[], object], str]
-ALL_DAEMONS = "*"
-# By store URL scheme (https: http's), cheapest first: a daemon waits for the steps before its own.
-STORE_MODULES = {"file": "weenvfs.store.local", "http": "weenvfs.store.http",
-                 "s3": "weenvfs.store.s3"}
-# Imported by `Preload` (after the modules the CLI names): what `weenv mount --foreground`
-# needs for any store.
-PRELOAD = ("weenvfs.fuse.commands", "weenvfs.fuse.mount", "weenvfs.fuse.kernel_mount",
-           "weenvfs.core.node_hints", "weenvfs.store.s3", "weenvfs.store.http",
-           "weenvfs.store.local", "setproctitle")
 
 
 def socket_path() -> Path:
@@ -263,11 +252,13 @@ class Exporter(Protocol):
     def stop(self) -> None: ...
 
 
-class _Stop(Exception):
-    """SIGTERM/SIGINT arrived: leave the accept loop."""
+class _Stop(BaseException):
+    """SIGTERM/SIGINT arrived: leave the accept loop (a BaseException, as KeyboardInterrupt:
+    code that catches every Exception, a library's or a preload step's, lets it through)."""
 
 
-_stopping: list[bool] = []  # SIGTERM/SIGINT arrived (kept: code in a preload step may catch _Stop)
+# SIGTERM/SIGINT arrived: kept, in case code it interrupted caught even a BaseException.
+_stopping: list[bool] = []
 
 
 def serve(idle: float, run: Callable[[list[str]], int],
@@ -307,85 +298,6 @@ def serve(idle: float, run: Callable[[list[str]], int],
             signal.signal(signum, handler)
         _close(server, exporter)
     return 0
-
-
-class Preload:
-    """What the server loads for the children it forks (imports, the S3 backend's model, the
-    CLI's parsers), a step at a time between requests once its socket listens: whoever
-    started the server waits for the socket alone (~0.15 s instead of ~0.5 s), and the
-    loading goes on beside the first requests. A command forked before the last step loads
-    what it still lacks itself, as a process with no server would; a mount daemon is forked
-    once the steps it needs are taken (`take_for_daemons`: the layers of one environment are
-    as many daemons, which would each load them again). A step that fails is logged, never
-    the server's failure: the children that need it fail in their own way."""
-
-    def __init__(self, steps: list[PreloadStep]) -> None:
-        self._steps = list(steps)
-        self._took = 0.0
-
-    @property
-    def pending(self) -> bool:
-        """Whether steps are left."""
-        return bool(self._steps)
-
-    def take_for_daemons(self, store: str | None) -> None:
-        """Take now every step left up to the last one a mount daemon of `store` (its URL;
-        None: not known, every daemon's step) needs."""
-        scheme = None if store is None else store.split("://")[0] if "://" in store else "file"
-        scheme = "http" if scheme == "https" else scheme
-
-        def needed(by: str) -> bool:
-            return by == ALL_DAEMONS or (by != "" and scheme in (by, None))
-
-        while any(needed(by) for _, _, by in self._steps):
-            self.step()
-
-    def step(self) -> None:
-        """Take the next step (nothing when none is left)."""
-        if not self._steps:
-            return
-        what, action, _ = self._steps.pop(0)
-        started = time.monotonic()
-        try:
-            action()
-        except _Stop:
-            raise
-        except Exception as error:  # noqa: BLE001 - a child that needs it fails on its own
-            log.warning("mount server: preloading (%s) failed: %s", what, error)
-        self._took += time.monotonic() - started
-        if not self._steps:
-            log.info("mount server preloaded its children's code in %.0f ms", self._took * 1000)
-
-
-def preload_steps(preload: tuple[str, ...] = (), prepare: Callable[[], None] | None = None
-                  ) -> list[PreloadStep]:
-    """The steps of `Preload`: first what mount daemons need (`prepare`: the CLI's parsers;
-    trio and pyfuse3, the largest imports, as steps of their own; the fuse modules; each
-    store backend, the S3 one with its model), then the `preload` modules (the other
-    commands the CLI names), then the freeze of everything loaded (gc.freeze: made for fork
-    servers, so no forked child traverses, and copies on write, these objects in a
-    collection of its own)."""
-    import functools
-    import importlib
-
-    from weenvfs.store import warm_up
-
-    def load(name: str, by: str) -> PreloadStep:
-        return f"import {name}", functools.partial(importlib.import_module, name), by
-
-    firsts = [load(name, ALL_DAEMONS) for name in ("trio", "pyfuse3", *PRELOAD)
-              if name not in STORE_MODULES.values()]
-    stores = [load(name, scheme) for scheme, name in STORE_MODULES.items()]
-    listed = {step[0] for step in (*firsts, *stores)}
-    others = [load(name, "") for name in dict.fromkeys(preload) if f"import {name}" not in listed]
-    return [*([] if prepare is None else [("prepare", prepare, ALL_DAEMONS)]), *firsts,
-            *stores, ("the S3 model", warm_up, "s3"), *others, ("freeze", _freeze, "")]
-
-
-def _freeze() -> None:
-    """Keep everything loaded so far out of the collector (see `preload_steps`)."""
-    gc.collect()
-    gc.freeze()
 
 
 def _set_up_titles() -> None:
