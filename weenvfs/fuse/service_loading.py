@@ -30,11 +30,10 @@ ALL_DAEMONS = "*"
 # its own.
 STORE_MODULES = {"file": "weenvfs.store.local", "http": "weenvfs.store.http",
                  "s3": "weenvfs.store.s3"}
-# What `weenv mount --foreground` needs for any store: the first imports (trio and pyfuse3,
-# the largest of theirs, go before as steps of their own; each store backend as its scheme's).
+# What `weenv mount --foreground` needs whatever its store (trio and pyfuse3, the largest
+# imports of these, go before them as steps of their own; then STORE_MODULES).
 PRELOAD = ("weenvfs.fuse.commands", "weenvfs.fuse.mount", "weenvfs.fuse.kernel_mount",
-           "weenvfs.core.node_hints", "weenvfs.store.s3", "weenvfs.store.http",
-           "weenvfs.store.local", "setproctitle")
+           "weenvfs.core.node_hints", "setproctitle")
 
 
 class Preload:
@@ -94,8 +93,7 @@ def preload_steps(preload: tuple[str, ...] = (), prepare: Callable[[], None] | N
     def load(name: str, by: str) -> PreloadStep:
         return f"import {name}", functools.partial(importlib.import_module, name), by
 
-    firsts = [load(name, ALL_DAEMONS) for name in ("trio", "pyfuse3", *PRELOAD)
-              if name not in STORE_MODULES.values()]
+    firsts = [load(name, ALL_DAEMONS) for name in ("trio", "pyfuse3", *PRELOAD)]
     stores = [load(name, scheme) for scheme, name in STORE_MODULES.items()]
     listed = {step[0] for step in (*firsts, *stores)}
     others = [load(name, "") for name in dict.fromkeys(preload) if f"import {name}" not in listed]
