@@ -92,9 +92,10 @@ def spawned(tmp_path: Path) -> Iterator[Callable[..., Path]]:
                     force_unmount(mp)
 
 
-def test_a_forked_daemon_serves_the_tree_exactly(tmp_path: Path, server: Path,
-                                                 launches: list[bool],
-                                                 spawned: Callable[..., Path]) -> None:
+def _hostile_mount(tmp_path: Path, launches: list[bool],
+                   spawned: Callable[..., Path]) -> tuple[Path, int]:
+    """The hostile tree published and mounted through the server (checked to be forked by
+    it and to serve the tree exactly); the mount point and its daemon's pid."""
     src = trees.hostile_tree(tmp_path / "src")
     ref = publish(tmp_path / "store", [src])
     mp = spawned(ref, tmp_path / "store")
@@ -102,7 +103,13 @@ def test_a_forked_daemon_serves_the_tree_exactly(tmp_path: Path, server: Path,
     trees.assert_trees_equal(src, mp)
     record = daemon.read_pid_file(mp)
     assert record is not None
-    pid = record["pid"]
+    return mp, record["pid"]
+
+
+def test_a_forked_daemon_serves_the_tree_exactly(tmp_path: Path, server: Path,
+                                                 launches: list[bool],
+                                                 spawned: Callable[..., Path]) -> None:
+    mp, pid = _hostile_mount(tmp_path, launches, spawned)
     # The server's child (it reaps it), and `ps` shows what it serves.
     assert _parent(pid) == server_pid(server)
     assert str(mp).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -651,13 +658,8 @@ def test_the_server_answers_before_it_has_preloaded(tmp_path: Path, launches: li
     with _slow_server(tmp_path, monkeypatch, "def prepare(): time.sleep(2)") as (proc, took,
                                                                              log):
         assert took < 2.0  # before the first step (2 s) was done
-        src = trees.hostile_tree(tmp_path / "src")
-        ref = publish(tmp_path / "store", [src])
-        mp = spawned(ref, tmp_path / "store")
-        assert launches == [True]
-        trees.assert_trees_equal(src, mp)
-        record = daemon.read_pid_file(mp)
-        assert record is not None and _parent(record["pid"]) == proc.pid
+        _, pid = _hostile_mount(tmp_path, launches, spawned)
+        assert _parent(pid) == proc.pid
         deadline = time.monotonic() + 60
         while "preloaded its children's code" not in log.read_text() \
                 and time.monotonic() < deadline:
