@@ -229,10 +229,15 @@ def _parser_for(command: str | None) -> argparse.ArgumentParser:
 
 
 def service_modules() -> tuple[str, ...]:
-    """What the node service imports before it forks (see SERVICE_MODULES)."""
+    """What the node service imports for the commands it forks (see SERVICE_MODULES)."""
+    return SERVICE_MODULES + pull_modules()
+
+
+def pull_modules() -> tuple[str, ...]:
+    """PULL_MODULES where `ctr` is installed, else none."""
     import shutil
 
-    return SERVICE_MODULES + (PULL_MODULES if shutil.which("ctr") else ())
+    return PULL_MODULES if shutil.which("ctr") else ()
 
 
 class _LogSetup:

@@ -586,34 +586,48 @@ def test_a_mount_by_tag_has_its_environment_kept_for_the_next_one(
     assert node_copies.last_resolved(cache, str(store), ref) == moved
 
 
-def test_the_server_preloads_runs_first_and_freezes_last(assert_logs: Any) -> None:
-    """`Preload`'s steps: what a mount daemon needs first (the parsers, trio and pyfuse3,
-    the fuse and store modules, the S3 model), then the other commands' modules, and last
-    the freeze of everything loaded (gc.freeze: no forked child then traverses those
-    objects in a collection and copies them on write). `take_for_daemons` takes the first
-    part at once; a failing step is logged and the rest go on."""
+def test_the_server_loads_what_its_children_need_in_order(assert_logs: Any) -> None:
+    """`Preload`'s steps: what a command needs (the parsers, the runtime's modules), then
+    what mount daemons need (trio, pyfuse3, the fuse modules, the store backends, the S3
+    model), the rarely used commands' modules, and last the freeze of everything loaded
+    (gc.freeze: no forked child then traverses those objects in a collection and copies
+    them on write). `take_for` takes what one child needs; a failing step is logged and the
+    rest go on."""
     import gc
 
     made: list[str] = []
     steps = service_loading.preload_steps(("weenvfs.runtime.commands", "trio"),
-                                 lambda: made.append("made"))
+                                          lambda: made.append("made"),
+                                          later=("weenvfs.tools.registry_auth",))
     names = [name for name, _, _ in steps]
-    assert names[:3] == ["prepare", "import trio", "import pyfuse3"]
-    assert names[-3:] == ["the S3 model", "import weenvfs.runtime.commands", "freeze"]
+    assert names[:4] == ["prepare", "import weenvfs.runtime.commands", "import trio",
+                         "import pyfuse3"]
+    assert names[-3:] == ["the S3 model", "import weenvfs.tools.registry_auth", "freeze"]
     assert tuple(by for _, _, by in steps)[-6:-3] == ("file", "http", "s3")
     assert "import weenvfs.fuse.mount" in names and names.count("import trio") == 1
-    broken = [("import nowhere", lambda: __import__("weenvfs.no_such_module"), True), *steps]
+    broken = [("import nowhere", lambda: __import__("weenvfs.no_such_module"),
+               service_loading.COMMANDS), *steps]
     gc.unfreeze()
     try:
         preload = service_loading.Preload(broken)
         with assert_logs(r"preloading \(import nowhere\) failed", count=1):
-            preload.take_for_daemons(None)
-        assert made == ["made"] and preload.pending and gc.get_freeze_count() == 0
+            preload.take_for(None, daemon=False)  # a command's: up to the runtime's modules
+        assert made == ["made"] and "import weenvfs.fuse.mount" not in _taken(preload, names)
+        preload.take_for("/srv/store", daemon=True)  # a daemon of a local store
+        assert "import weenvfs.store.http" not in _taken(preload, names)
+        preload.take_for("s3://bucket/prefix", daemon=True)
+        assert _taken(preload, names)[-1] == "the S3 model" and gc.get_freeze_count() == 0
         while preload.pending:
             preload.step()
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def _taken(preload: service_loading.Preload, names: list[str]) -> list[str]:
+    """The steps of `names` that `preload` has taken."""
+    left = {name for name, _, _ in preload._steps}
+    return [name for name in names if name not in left]
 
 
 @contextlib.contextmanager
@@ -653,8 +667,8 @@ def test_the_server_answers_before_it_has_preloaded(tmp_path: Path, launches: li
                                                     spawned: Callable[..., Path],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The server listens before it loads its children's code: whoever started it waits for
-    the socket only, and a request made meanwhile gets a daemon forked before the loading is
-    done, which serves the tree exactly."""
+    the socket only, and a mount requested meanwhile is forked once its steps are taken (not
+    the freeze after them) and serves the tree exactly."""
     with _slow_server(tmp_path, monkeypatch, "def prepare(): time.sleep(2)") as (proc, took,
                                                                              log):
         assert took < 2.0  # before the first step (2 s) was done

@@ -402,7 +402,8 @@ def _cmd_mountd(args: argparse.Namespace) -> int:
         exporter = None if address is None else Exporter(address, chosen, mountd.socket_path())
         return mountd.serve(args.idle, cli.main, ready=pipe.ready,
                             leave_cgroups=args.leave_cgroups, exporter=exporter,
-                            preload=cli.service_modules(), prepare=cli.prebuild_parsers)
+                            preload=cli.SERVICE_MODULES, later=cli.pull_modules(),
+                            prepare=cli.prebuild_parsers)
     except Exception as error:
         pipe.failed(str(error) or type(error).__name__)
         raise

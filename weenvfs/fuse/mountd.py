@@ -264,7 +264,7 @@ _stopping: list[bool] = []
 def serve(idle: float, run: Callable[[list[str]], int],
           ready: Callable[[], None] | None = None, leave_cgroups: bool = False,
           exporter: Exporter | None = None, preload: tuple[str, ...] = (),
-          prepare: Callable[[], None] | None = None) -> int:
+          prepare: Callable[[], None] | None = None, later: tuple[str, ...] = ()) -> int:
     """Run the server until SIGTERM, or until it has had no request for `idle` seconds and
     no mount daemon it forked still runs (0: forever). A forked daemon calls `run(ARGV)`
     (the CLI's `main`: fuse may not import the CLI) and exits with what it returns; so does
@@ -274,9 +274,10 @@ def serve(idle: float, run: Callable[[list[str]], int],
     (`leave_cgroups`), so neither it nor its daemons live in the cgroup of whoever started
     it. An `exporter` serves the node's metrics from a child process while the server runs
     (exporter.py); an address it cannot bind fails the server before `ready()`. `preload`
-    names the modules of the other commands `run` is asked to run (the CLI knows them), and
-    `prepare` what else to make ahead for them (the CLI's parsers); both are loaded after the
-    socket listens, a step at a time between requests (`Preload`)."""
+    names the modules of the other commands `run` is asked to run (the CLI knows them),
+    `later` those of commands rarely asked for, and `prepare` what else to make ahead for
+    them (the CLI's parsers); all are loaded after the socket listens, a step at a time
+    between requests (service_loading.py)."""
     _set_up_titles()
     if leave_cgroups:
         leave_caller_cgroups()
@@ -290,7 +291,7 @@ def serve(idle: float, run: Callable[[list[str]], int],
         ready()
     try:
         _loop(server.listener, server.lock, idle, run, exporter,
-              Preload(preload_steps(preload, prepare)))
+              Preload(preload_steps(preload, prepare, later)))
     except _Stop:
         log.info("mount server stopping")
     finally:
@@ -464,8 +465,7 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
             preload: Preload | None = None) -> bool:
     """Serve one request (the daemon it forks is added to `daemons`, and to `replays` if it
     is a hint replay; an eviction goes to `evictions`); False when this server must exit
-    (its code is stale). A daemon is forked once `preload` took what daemons need; a
-    command at once."""
+    (its code is stale). A child is forked once `preload` has taken the steps it needs."""
     conn.settimeout(CONNECT_TIMEOUT)
     fds: list[int] = []
     try:
@@ -502,8 +502,9 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
         if replay and _alive(replays) >= MAX_REPLAYS:
             _answer(conn, f"busy: {MAX_REPLAYS} hint replay(s) run already")
             return True
-        if not attached and preload is not None:
-            preload.take_for_daemons(option_value(argv_env(request)[0], "--store"))
+        if preload is not None:
+            preload.take_for(None if attached else option_value(argv_env(request)[0], "--store"),
+                             daemon=not attached)
         pid = (fork_attached if attached else fork_daemon)(request, fds, held, run)
         if pid:
             daemons[pid] = daemon.start_time(pid)

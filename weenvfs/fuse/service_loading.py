@@ -1,14 +1,15 @@
 """What the node service (mountd.py) loads for the children it forks, a step at a time
-between requests once its socket listens: the fuse and store modules, the S3 backend's model
-and the CLI's parsers first (what mount daemons run), then the modules of the other commands
-the CLI names, then a `gc.freeze` of all of it.
+between requests once its socket listens: the CLI's parsers and the runtime's modules (what
+a handed-over `weenv run` runs), then what mount daemons run (the fuse modules, each store
+backend, the S3 one with its model), then the modules of commands rarely asked for, then a
+`gc.freeze` of all of it.
 
 Why steps, after listening: a client that finds no service starts one and waits for it to
 answer; loading everything first (~450 ms of CPU on the reference node) made that first run
-wait for all of it. Now the starter waits for the socket only, a command forked before the
-last step loads what it lacks itself (as a process without a service would), and a mount
-daemon is forked once the steps it needs for its store are taken (`take_for_daemons`): an
-environment's layers are as many daemons, which would each load them again.
+wait for all of it. Now the starter waits for the socket only, and each request's child is
+forked once the steps it needs are taken (`Preload.take_for`), not before: the children
+would each load what they lack again, and many of them start together (an environment's
+layers are as many mount daemons; N environments started at once, as many commands).
 
 Owns: `Preload`, `preload_steps`, PRELOAD. Must not: accept requests or fork (mountd.py).
 """
@@ -22,10 +23,11 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
-# A step of `Preload`: what it is (for the log), what it does, and which mount daemons need
-# it: ALL_DAEMONS, those of one store scheme ("s3"), or none ("").
+# A step of `Preload`: what it is (for the log), what it does, and which children need it:
+# COMMANDS (and so every child: those steps come first), DAEMONS (every mount daemon), the
+# daemons of one store scheme ("s3"), or none in particular ("").
 PreloadStep = tuple[str, Callable[[], object], str]
-ALL_DAEMONS = "*"
+COMMANDS, DAEMONS = "commands", "daemons"
 # By store URL scheme (https: http's), cheapest first: a daemon waits for the steps before
 # its own.
 STORE_MODULES = {"file": "weenvfs.store.local", "http": "weenvfs.store.http",
@@ -50,14 +52,17 @@ class Preload:
         """Whether steps are left."""
         return bool(self._steps)
 
-    def take_for_daemons(self, store: str | None) -> None:
-        """Take now every step left up to the last one a mount daemon of `store` (its URL;
-        None: not known, every daemon's step) needs."""
+    def take_for(self, store: str | None, daemon: bool) -> None:
+        """Take now every step left up to the last one the child of a request needs: a
+        command's (`daemon` False: the runtime's modules), or a mount daemon's for `store`
+        (its URL; None: not known, every store's)."""
         scheme = None if store is None else store.split("://")[0] if "://" in store else "file"
         scheme = "http" if scheme == "https" else scheme
 
         def needed(by: str) -> bool:
-            return by == ALL_DAEMONS or (by != "" and scheme in (by, None))
+            if not daemon:
+                return by == COMMANDS
+            return by in (COMMANDS, DAEMONS, scheme) or (scheme is None and by in STORE_MODULES)
 
         while any(needed(by) for _, _, by in self._steps):
             self.step()
@@ -77,28 +82,30 @@ class Preload:
             log.info("mount server preloaded its children's code in %.0f ms", self._took * 1000)
 
 
-def preload_steps(preload: tuple[str, ...] = (), prepare: Callable[[], None] | None = None
-                  ) -> list[PreloadStep]:
-    """The steps of `Preload`: first what mount daemons need (`prepare`: the CLI's parsers;
-    trio and pyfuse3, the largest imports, as steps of their own; the fuse modules; each
-    store backend, the S3 one with its model), then the `preload` modules (the other
-    commands the CLI names), then the freeze of everything loaded (gc.freeze: made for fork
-    servers, so no forked child traverses, and copies on write, these objects in a
-    collection of its own)."""
+def preload_steps(preload: tuple[str, ...] = (), prepare: Callable[[], None] | None = None,
+                  later: tuple[str, ...] = ()) -> list[PreloadStep]:
+    """The steps of `Preload`: what the commands it forks need (`prepare`: the CLI's
+    parsers, then the `preload` modules: the runtime's), what mount daemons need (trio and
+    pyfuse3, the largest imports, as steps of their own, PRELOAD, each store backend, the S3
+    one with its model), the `later` modules (commands rarely asked for), and last the
+    freeze of everything loaded (gc.freeze: made for fork servers, so no forked child
+    traverses, and copies on write, these objects in a collection of its own)."""
     import functools
     import importlib
 
     from weenvfs.store import warm_up
 
-    def load(name: str, by: str) -> PreloadStep:
-        return f"import {name}", functools.partial(importlib.import_module, name), by
-
-    firsts = [load(name, ALL_DAEMONS) for name in ("trio", "pyfuse3", *PRELOAD)]
-    stores = [load(name, scheme) for scheme, name in STORE_MODULES.items()]
-    listed = {step[0] for step in (*firsts, *stores)}
-    others = [load(name, "") for name in dict.fromkeys(preload) if f"import {name}" not in listed]
-    return [*([] if prepare is None else [("prepare", prepare, ALL_DAEMONS)]), *firsts,
-            *stores, ("the S3 model", warm_up, "s3"), *others, ("freeze", _freeze, "")]
+    groups = [(preload, COMMANDS), (("trio", "pyfuse3", *PRELOAD), DAEMONS),
+              *(((name,), scheme) for scheme, name in STORE_MODULES.items()), (later, "")]
+    steps: list[PreloadStep] = [] if prepare is None else [("prepare", prepare, COMMANDS)]
+    for names, by in groups:
+        for name in names:
+            if all(f"import {name}" != taken for taken, _, _ in steps):
+                steps.append((f"import {name}", functools.partial(importlib.import_module,
+                                                                   name), by))
+        if by == "s3":
+            steps.append(("the S3 model", warm_up, by))
+    return [*steps, ("freeze", _freeze, "")]
 
 
 def _freeze() -> None:
