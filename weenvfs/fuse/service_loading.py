@@ -1,8 +1,10 @@
 """What the node service (mountd.py) loads for the children it forks, a step at a time
 between requests once its socket listens: the CLI's parsers and the runtime's modules (what
 a handed-over `weenv run` runs), then what mount daemons run (the fuse modules, each store
-backend, the S3 one with its model), then the modules of commands rarely asked for, then a
-`gc.freeze` of all of it.
+backend, the S3 one with its model), then the modules of commands rarely asked for. What
+each step loaded is frozen at once (gc.freeze: made for fork servers, so that no child,
+whenever it was forked, traverses and copies on write these objects in a collection of its
+own: a mount daemon lives for hours).
 
 Why steps, after listening: a client that finds no service starts one and waits for it to
 answer; loading everything first (~450 ms of CPU on the reference node) made that first run
@@ -77,6 +79,9 @@ class Preload:
             action()
         except Exception as error:  # noqa: BLE001 - a child that needs it fails on its own
             log.warning("mount server: preloading (%s) failed: %s", what, error)
+        # Only what this step made is young: collecting then freezing costs that much.
+        gc.collect()
+        gc.freeze()
         self._took += time.monotonic() - started
         if not self._steps:
             log.info("mount server preloaded its children's code in %.0f ms", self._took * 1000)
@@ -87,9 +92,7 @@ def preload_steps(preload: tuple[str, ...] = (), prepare: Callable[[], None] | N
     """The steps of `Preload`: what the commands it forks need (`prepare`: the CLI's
     parsers, then the `preload` modules: the runtime's), what mount daemons need (trio and
     pyfuse3, the largest imports, as steps of their own, PRELOAD, each store backend, the S3
-    one with its model), the `later` modules (commands rarely asked for), and last the
-    freeze of everything loaded (gc.freeze: made for fork servers, so no forked child
-    traverses, and copies on write, these objects in a collection of its own)."""
+    one with its model), and the `later` modules (commands rarely asked for)."""
     import functools
     import importlib
 
@@ -105,10 +108,4 @@ def preload_steps(preload: tuple[str, ...] = (), prepare: Callable[[], None] | N
                                                                    name), by))
         if by == "s3":
             steps.append(("the S3 model", warm_up, by))
-    return [*steps, ("freeze", _freeze, "")]
-
-
-def _freeze() -> None:
-    """Keep everything loaded so far out of the collector (see `preload_steps`)."""
-    gc.collect()
-    gc.freeze()
+    return steps
