@@ -13,58 +13,59 @@ crun from it (`/proc/self/fd/N`, the descriptor passed to the child): the same p
 made once per process instead of once per call.
 
 The copy is named by the binary's identity (device, inode, size, mtime): an upgraded crun
-gets a new copy. Any failure (no memfd, no sealing, a binary that changed while copied)
-answers None and crun runs from its path as before, copying itself as it always did.
+gets a new copy, and the old one stays open (another thread may be starting crun from it;
+an upgrade within one process's life is rare). Any failure (no memfd, no sealing, a binary
+that changed while copied) answers None and crun runs from its path as before, copying
+itself as it always did. Threads share the copies (a lock makes each once).
 
 Owns: `sealed_copy`, `SEALS`. Must not: run crun (crun.py does).
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import logging
 import os
+import threading
 
 log = logging.getLogger(__name__)
 
 # What crun requires of a memfd to run from it without copying itself (all four seals).
 SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
-# This process's copy: the identity of the binary it was made from, and the memfd (one at a
-# time: a process runs one crun).
-_copy_of: tuple[tuple[int, int, int, int], int] | None = None
+# This process's copies, by the identity of the binary each was made from.
+_copies: dict[tuple[int, int, int, int], int] = {}
+_lock = threading.Lock()
+# A child forked while another thread held the lock must not inherit it held.
+os.register_at_fork(after_in_child=lambda: globals().update(_lock=threading.Lock()))
 
 
 def sealed_copy(binary: str) -> int | None:
     """A memfd holding `binary`'s bytes with SEALS set (close-on-exec: a child gets it only
     when passed), made on the first call for this binary in this process; None if it cannot
     be made."""
-    global _copy_of
     try:
         source = os.open(binary, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as error:
         log.debug("no sealed copy of %s: %s", binary, error)
         return None
     try:
-        before = os.fstat(source)
-        identity = (before.st_dev, before.st_ino, before.st_size, before.st_mtime_ns)
-        if _copy_of is not None and _copy_of[0] == identity:
-            return _copy_of[1]
-        copy = _copy(source, before.st_size)
-        after = os.fstat(source)
-        if copy is not None and identity != (after.st_dev, after.st_ino, after.st_size,
-                                             after.st_mtime_ns):
-            os.close(copy)  # changed while copied: a torn copy must never run
-            copy = None
+        with _lock:
+            before = os.fstat(source)
+            identity = (before.st_dev, before.st_ino, before.st_size, before.st_mtime_ns)
+            if identity in _copies:
+                return _copies[identity]
+            copy = _copy(source, before.st_size)
+            after = os.fstat(source)
+            if copy is not None and identity != (after.st_dev, after.st_ino, after.st_size,
+                                                 after.st_mtime_ns):
+                os.close(copy)  # changed while copied: a torn copy must never run
+                copy = None
+            if copy is not None:
+                _copies[identity] = copy
     finally:
         os.close(source)
     if copy is None:
         log.debug("no sealed copy of %s", binary)
-        return None
-    if _copy_of is not None:  # made from a binary since replaced or changed
-        with contextlib.suppress(OSError):
-            os.close(_copy_of[1])
-    _copy_of = (identity, copy)
     return copy
 
 
