@@ -335,8 +335,7 @@ class Sandbox:
             old = box.state
             if old.get("status") != "parked":
                 return None  # taken over or removed meanwhile (it was named in the index)
-            if (old.get("mounts") != keys or rootfs.mounts_at(box.rootfs) != (True, False)
-                    or not parking.pristine(box.upper_root / "upper", old.get("upper_print"))):
+            if old.get("mounts") != keys or not box._root_as_made():
                 box._end(keep=False, park=False)
                 box._remove_folder()
                 return None
@@ -586,9 +585,7 @@ class Sandbox:
         index; whether it was parked."""
         keys = self._mount_keys()
         if (not self.state.get("parkable") or parking.park_seconds() <= 0
-                or not parking.pristine(self.upper_root / "upper", self.state.get("upper_print"))
-                or rootfs.mounts_at(self.rootfs) != (True, False)  # the overlay alone
-                or self.mount_problem()):
+                or not self._root_as_made() or self.mount_problem()):
             return False
         if not parking.has_room(keys):
             return False
@@ -602,6 +599,12 @@ class Sandbox:
             return False
         log.info("sandbox %s parked (its root is as it was made)", self.id)
         return True
+
+    def _root_as_made(self) -> bool:
+        """Whether the root is its overlay alone (nothing mounted in it) over an upper as it
+        was made (parking.py `pristine`): what parking and taking over require."""
+        return (rootfs.mounts_at(self.rootfs) == (True, False)
+                and parking.pristine(self.upper_root / "upper", self.state.get("upper_print")))
 
     # -- running commands -------------------------------------------------------------------
 
