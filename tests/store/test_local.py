@@ -23,6 +23,7 @@ from weenvfs.store import (
     StoreError,
     StoreUnavailable,
     open_store,
+    url_scheme,
 )
 from weenvfs.store.base import TEMP_PREFIX
 
@@ -256,6 +257,12 @@ def test_open_store_plain_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         store = open_store(url)
         assert store.get("blobs/a") == b"a"
         assert store.url == (tmp_path / "s").as_uri()
+
+
+def test_url_scheme_is_what_open_store_picks_by() -> None:
+    assert [url_scheme(u) for u in ("S3://b/p", "https://h/x", "file:///srv", "file:/srv",
+                                    "/srv/store", "rel/store")] == \
+        ["s3", "https", "file", "file", "file", "file"]
 
 
 def test_open_store_does_not_create_unless_asked(tmp_path: Path) -> None:

@@ -58,7 +58,9 @@ class Preload:
         """Take now every step left up to the last one the child of a request needs: a
         command's (`daemon` False: the runtime's modules), or a mount daemon's for `store`
         (its URL; None: not known, every store's)."""
-        scheme = None if store is None else store.split("://")[0] if "://" in store else "file"
+        from weenvfs.store import url_scheme
+
+        scheme = None if store is None else url_scheme(store)
         scheme = "http" if scheme == "https" else scheme
 
         def needed(by: str) -> bool:

@@ -104,6 +104,13 @@ def prebuild_client(url: str, environ: Mapping[str, str]) -> bool:
     return s3.prebuild(url, environ)
 
 
+def url_scheme(url: str) -> str:
+    """The scheme `open_store(url)` picks a backend by, lower-cased ("file" for a directory
+    path or a `file:` URL); not checked against STORE_SCHEMES."""
+    match = _SCHEME.match(url)
+    return "file" if match is None else match.group(1).lower()
+
+
 def open_store(url: str, *, create: bool = False) -> Store:
     """Open the store at `url`: `scheme://...` picks a backend from `STORE_SCHEMES` (and
     `file:/path` is `file:///path`, RFC 8089); a string without a scheme is a local directory
@@ -117,10 +124,9 @@ def open_store(url: str, *, create: bool = False) -> Store:
     if not url:
         raise StoreError("empty store URL")
     url = _file_url(url)
-    match = _SCHEME.match(url)
-    if match is None:
+    if _SCHEME.match(url) is None:
         return STORE_SCHEMES["file"](Path(os.path.abspath(url)).as_uri(), create)
-    scheme = match.group(1).lower()
+    scheme = url_scheme(url)
     factory = STORE_SCHEMES.get(scheme)
     if factory is None:
         supported = ", ".join(f"{s}://" for s in sorted(STORE_SCHEMES))
@@ -145,6 +151,7 @@ __all__ = [
     "StoreFactory",
     "StoreUnavailable",
     "open_store",
+    "url_scheme",
     "read_verified",
     "validate_key",
     "validate_prefix",
