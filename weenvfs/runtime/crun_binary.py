@@ -35,8 +35,15 @@ SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SE
 # This process's copies, by the identity of the binary each was made from.
 _copies: dict[tuple[int, int, int, int], int] = {}
 _lock = threading.Lock()
-# A child forked while another thread held the lock must not inherit it held.
-os.register_at_fork(after_in_child=lambda: globals().update(_lock=threading.Lock()))
+
+
+def _new_lock() -> None:
+    """In a child just forked: a lock of its own (another thread may have held the parent's)."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock)
 
 
 def sealed_copy(binary: str) -> int | None:
