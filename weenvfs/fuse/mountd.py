@@ -502,7 +502,7 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
         if replay and _alive(replays) >= MAX_REPLAYS:
             _answer(conn, f"busy: {MAX_REPLAYS} hint replay(s) run already")
             return True
-        if preload is not None:
+        if preload is not None and preload.pending:  # (steady state: nothing to look at)
             preload.take_for(None if attached else option_value(argv_env(request)[0], "--store"),
                              daemon=not attached)
         pid = (fork_attached if attached else fork_daemon)(request, fds, held, run)
