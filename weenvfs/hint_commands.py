@@ -234,7 +234,7 @@ def _record_in(
     try:
         status = _run_chroot(mountpoint, command, env_vars)
     finally:
-        daemon.unmount(mountpoint, lazy=True)
+        daemon.unmount(mountpoint, lazy=True, remove=True)  # our folder: copies go with it
     try:
         outcome = json.loads(result.read_text())
     except (OSError, ValueError):

@@ -8,6 +8,9 @@ lines in their logs fail the test.
 devices) and `fuse` (the tree over FUSE), by setting `mounter.path`; a module opts in with
 `pytestmark = pytest.mark.usefixtures("both_paths")`. The kernel run needs root and EROFS
 (a skip that CI turns into a failure).
+
+`holders`: processes in mount namespaces of their own (support/namespaces.py), ended after
+the test.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from mounts import Mounter
+from support.namespaces import holders  # noqa: F401  (pytest finds fixtures by name)
 
 
 @pytest.fixture

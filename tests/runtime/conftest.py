@@ -23,6 +23,7 @@ $WEENV_RECORD_HINTS=off turns the first-run recording off (test_hints_default.py
 
 from __future__ import annotations
 
+from support.namespaces import holders  # noqa: F401
 from support.runtime_fixtures import (  # noqa: F401  (pytest finds fixtures by name here)
     GROUP,
     _runtime_requirements,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from rt_support import EnvRef, run_weenv
+from support.namespaces import Holder
 from support.polling import wait_for
 
 from weenvfs.fuse import daemon
@@ -170,3 +171,23 @@ def test_weenv_mounts_lists_and_evicts(warm_root: Path, make_env: Callable[..., 
     run_weenv("mounts", "evict", one.digest, "--force")
     assert mounts.list_mounts() == []
     assert not daemon.is_mounted(mounts.mountpoint(one.digest))
+
+
+def test_a_mount_namespace_made_meanwhile_never_holds_up_the_teardown(
+        warm_root: Path, make_env: Callable[..., EnvRef], holders: list[Holder],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A namespace made while a sandbox runs (`ip netns exec`, `unshare -m`: private here,
+    as on a host whose root mount is private) holds copies of the sandbox's overlay and of
+    its shared mount. Closing with keep-warm 0 unmounts both and removes their folders,
+    which detaches the copies: the daemon exits at once and the unmount never falls back to
+    a lazy one (before: each unmount waited out the daemon's timeout twice)."""
+    env = make_env()
+    with caplog.at_level("INFO", logger="weenvfs.runtime.mounts"), \
+            Environment.open(env.ref, store=env.store, cache=env.cache, keep_warm=0) as box:
+        assert box.exec(["true"]).ok
+        rootfs, [info] = box.sandbox.rootfs, mounts.list_mounts()
+        holders.append(Holder("private"))
+        assert holders[0].mounts_under(rootfs) != [] and holders[0].mounts_under(warm_root)
+    assert [r.message for r in caplog.records if "lazily" in r.message] == []
+    assert info.pid is not None and not daemon.process_alive(info.pid)
+    assert holders[0].mounts_under(rootfs, warm_root) == [] and mounts.list_mounts() == []

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import select
 import shutil
 import signal
@@ -38,6 +37,7 @@ from typing import IO, Any
 from weenvfs.errors import UsageError, WeenvError
 
 from . import node_socket
+from .mount_copies import describe, holders_elsewhere, remove_mount_folder, unescape_mount_field
 
 READY = "ok"
 PID = "pid"  # the daemon's first line: `pid N`
@@ -360,13 +360,16 @@ def fusermount() -> str:
 
 
 def unmount(
-    mountpoint: str | Path, lazy: bool = False, timeout: float = EXIT_TIMEOUT
+    mountpoint: str | Path, lazy: bool = False, timeout: float = EXIT_TIMEOUT,
+    remove: bool = False,
 ) -> int | None:
     """Unmount `mountpoint` and wait for its daemon to exit; return the daemon's pid if known.
 
-    A stale mount whose daemon died is unmounted too. Raises UsageError when nothing is
-    mounted there and WeenvError when fusermount3 fails (e.g. busy without `lazy`) or the
-    daemon does not exit in `timeout` seconds.
+    A stale mount whose daemon died is unmounted too. With `remove` (a mount point of our
+    own) the folder is removed before the wait: copies of the mount in other mount
+    namespaces go with it (mount_copies.py), else they keep the daemon serving them. Raises
+    UsageError when nothing is mounted there and WeenvError when fusermount3 fails (e.g.
+    busy without `lazy`) or the daemon does not exit in `timeout` seconds.
     """
     mp = mount_path(mountpoint)
     record = read_pid_file(mp)
@@ -384,10 +387,25 @@ def unmount(
         if done.returncode != 0:
             message = " ".join(done.stderr.split()) or f"fusermount3 exited with {done.returncode}"
             raise WeenvError(f"cannot unmount {mp}: {message}")
+    if remove:
+        remove_mount_folder(mp)
     if pid is not None:
-        wait_exit(pid, timeout)
+        try:
+            wait_exit(pid, timeout)
+        except WeenvError as error:
+            raise _held_elsewhere(error, mp) from None
         remove_pid_file(mp, pid)
     return pid
+
+
+def _held_elsewhere(error: WeenvError, mp: Path) -> WeenvError:
+    """`error` (a daemon that did not exit), naming the other mount namespaces that still
+    hold a copy of the mount, if any (the likely reason)."""
+    holders = holders_elsewhere([mp, kernel_dir(mp) / "devices"])
+    if not holders:
+        return error
+    return WeenvError(f"{error}: other mount namespaces still hold a copy of {mp} "
+                      f"({describe(holders)}); it is served until they unmount it or end")
 
 
 def check_answers(mountpoint: Path) -> None:
@@ -483,14 +501,7 @@ def mount_points() -> frozenset[bytes] | None:
             lines = f.read().splitlines()
     except OSError:
         return None
-    return frozenset(_unescape(line.split(b" ")[1]) for line in lines if b" " in line)
-
-
-def _unescape(field: bytes) -> bytes:
-    """Undo the octal escapes (\\040 for a space) of /proc/self/mounts."""
-    if b"\\" not in field:
-        return field  # nearly every line: no regular expression for it
-    return re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), field)
+    return frozenset(unescape_mount_field(line.split(b" ")[1]) for line in lines if b" " in line)
 
 
 def wait_exit(pid: int, timeout: float) -> None:

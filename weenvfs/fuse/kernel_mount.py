@@ -55,6 +55,7 @@ from weenvfs.errors import StoreError, WeenvError
 from . import daemon, syscalls
 from .config import MountConfig
 from .device_ops import DeviceOperations, PyfuseDevices
+from .mount_copies import remove_mount_folder
 from .native_devices import NativeDevices
 
 log = logging.getLogger(__name__)
@@ -194,7 +195,9 @@ class KernelMounts:
             self.mounted.append(self.config.mountpoint)
 
     def unmount_all(self) -> None:
-        """Undo every kernel mount, lazily where busy (a detached tree keeps its devices)."""
+        """Undo every kernel mount, lazily where busy (a detached tree keeps its devices).
+        Each private layer folder goes with its mount: copies other mount namespaces made
+        of it go too (mount_copies.py), else they would keep its device forever."""
         for target in reversed(self.mounted):
             try:
                 syscalls.umount(target)
@@ -204,6 +207,8 @@ class KernelMounts:
                 log.info("%s is busy: detaching it", target)
                 with contextlib.suppress(OSError):
                     syscalls.umount(target, detach=True)
+            if target != self.config.mountpoint:
+                remove_mount_folder(target)
         self.mounted.clear()
 
     def still_mounted(self) -> bool:

@@ -49,6 +49,7 @@ from weenvfs.core.tree import FormatError, make_inode
 
 from . import syscalls
 from .errno_map import OnceLog, to_errno
+from .mount_copies import remove_mount_folder
 
 log = logging.getLogger(__name__)
 
@@ -188,8 +189,10 @@ class NativeDevices:
         return self._read_counters()[5]
 
     def close(self) -> None:
-        """Unmount the folder (lazily when busy), let the native server end, release
-        everything (idempotent)."""
+        """Unmount the folder (lazily when busy) and remove it, let the native server end,
+        release everything (idempotent). The folder goes first: a copy of its mount in
+        another mount namespace keeps the connection, so the server waits on (its end is
+        the connection's), until the folder's removal detaches the copy (mount_copies.py)."""
         self._stopping = True
         if self._folder is not None:
             try:
@@ -197,6 +200,7 @@ class NativeDevices:
             except OSError:
                 with contextlib.suppress(OSError):
                     syscalls.umount(self._folder, detach=True)
+            remove_mount_folder(self._folder)
             self._folder = None
         if self._process is not None:
             try:

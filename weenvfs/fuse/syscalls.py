@@ -35,10 +35,11 @@ def mount(source: str | os.PathLike[str], target: str | os.PathLike[str], fstype
 
 
 def umount(target: str | os.PathLike[str], detach: bool = False) -> bool:
-    """umount2(2) `target` (lazily with `detach`); False if nothing was mounted there."""
+    """umount2(2) `target` (lazily with `detach`); False if nothing was mounted there (or
+    the folder is gone: whoever unmounted it first removed it, mount_copies.py)."""
     if _libc.umount2(os.fsencode(target), MNT_DETACH if detach else 0) == 0:
         return True
     code = ctypes.get_errno()
-    if code == errno.EINVAL:  # not a mount point (any more)
+    if code in (errno.EINVAL, errno.ENOENT):  # not a mount point (any more)
         return False
     raise OSError(code, f"cannot unmount {target}: {os.strerror(code)}")

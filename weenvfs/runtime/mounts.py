@@ -59,6 +59,7 @@ from typing import Any
 from weenvfs.errors import UsageError, WeenvError
 from weenvfs.fuse import daemon, mountd
 from weenvfs.fuse.config import mount_args
+from weenvfs.fuse.mount_copies import remove_mount_folder
 from weenvfs.fuse.spawn import spawn
 
 log = logging.getLogger(__name__)
@@ -561,10 +562,11 @@ def _teardown(folder: Path) -> dict[str, Any] | None:
     _stop_timer(info)
     if daemon.is_mounted(mp):
         try:
-            daemon.unmount(mp)
+            daemon.unmount(mp, remove=True)
         except WeenvError as error:
             log.info("unmounting %s lazily: %s", mp, error)
             _force_unmount(mp)
+            remove_mount_folder(mp)
             _wait_daemon(info)
         log.info("unmounted environment %s", folder.name[:12])
     daemon.release_kernel_leftovers(mp)
@@ -575,8 +577,7 @@ def _teardown(folder: Path) -> dict[str, Any] | None:
             continue
         if child.is_dir() and not child.is_symlink():
             if child == mp:
-                with contextlib.suppress(OSError):
-                    mp.rmdir()  # never rmtree a mount point, even one detached lazily
+                remove_mount_folder(mp)  # never rmtree a mount point, even one detached lazily
             else:
                 shutil.rmtree(child, ignore_errors=True)
         else:

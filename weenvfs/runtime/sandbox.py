@@ -45,6 +45,7 @@ from typing import IO, Any
 
 from weenvfs.errors import UsageError, WeenvError
 from weenvfs.fuse import daemon
+from weenvfs.fuse.mount_copies import remove_mount_folder
 
 from . import cgroups, disk, mounts, parking, rootfs, safe_paths, seccomp
 from .cgroups import Limits, cgroup_pids, remove_cgroup
@@ -562,6 +563,7 @@ class Sandbox:
         if self.state.get("status") == "parked":
             parking.withdraw(self.id, self._mount_keys())
         rootfs.unmount(self.rootfs)
+        remove_mount_folder(self.rootfs)  # before the lowers go: copies elsewhere hold them
         if self.upper_mounted:
             rootfs.unmount(self.upper_root)
         if self.disk_image is not None:
