@@ -121,7 +121,10 @@ def test_a_stacks_top_layer_reads_every_layers_hinted_files_into_the_page_cache(
                 or pages["seconds"] is None:
             assert time.monotonic() < deadline, read_stats(top)["hints"]
             time.sleep(0.05)
-        assert pages["files"] == pages["files_read"] == len(hint.files)
+        # Read, or found in the page cache already (the sandbox's start reads a few files
+        # of the lower group itself, e.g. /etc/passwd): every file is there afterwards.
+        assert pages["files"] == pages["files_read"] + pages["files_resident"] == len(hint.files)
+        assert pages["files_read"] > 0 and pages["skipped"] == 0
         assert env.read_file("/work/task") == b"task 0\n"
 
 
