@@ -9,8 +9,10 @@ sets never evict the idle mounts of other jobs on the node, and removes them at 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rt_support import EnvRef, run_weenv
@@ -191,3 +193,25 @@ def test_a_mount_namespace_made_meanwhile_never_holds_up_the_teardown(
     assert [r.message for r in caplog.records if "lazily" in r.message] == []
     assert info.pid is not None and not daemon.process_alive(info.pid)
     assert holders[0].mounts_under(rootfs, warm_root) == [] and mounts.list_mounts() == []
+
+
+def test_a_copy_in_use_in_another_namespace_is_left_to_it_and_the_eviction_goes_on(
+        warm_root: Path, make_env: Callable[..., EnvRef], holders: list[Holder],
+        assert_logs: Any) -> None:
+    """A process of another mount namespace works in its copy of a warm mount: removing
+    the folder detaches the copy, lazily (it is in use), so the daemon serves on. The
+    eviction says so and goes on instead of waiting out the daemon's timeout twice; the
+    daemon ends once that process does."""
+    env = make_env()
+    mp = _use(env)
+    [info] = mounts.list_mounts()
+    holders.append(Holder("private", cwd=mp))
+    holder = holders[0].proc.pid
+    with assert_logs(rf"other mount namespaces hold a copy of .*\(pid {holder} \(sleep\)\)",
+                     count=1):
+        assert mounts.evict(env.digest, force=True)
+    assert not daemon.is_mounted(mp) and mounts.list_mounts() == []
+    assert info.pid is not None and daemon.process_alive(info.pid)
+    assert "etc" in os.listdir(f"/proc/{holders[0].proc.pid}/cwd")  # served still
+    holders.pop().end()
+    daemon.wait_exit(info.pid, 20)

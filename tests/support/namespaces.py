@@ -16,11 +16,13 @@ from support.polling import wait_for
 
 class Holder:
     """A process in a mount namespace of its own, made now: it holds a copy of every mount
-    that is up (with `propagation` "private" no later umount of ours reaches it)."""
+    that is up (with `propagation` "private" no later umount of ours reaches it); with
+    `cwd`, it works in that folder of its copy (a copy in use)."""
 
-    def __init__(self, propagation: str) -> None:
+    def __init__(self, propagation: str, cwd: Path | None = None) -> None:
+        workdir = ["--wd", str(cwd)] if cwd is not None else []
         self.proc = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", propagation, "sleep", "300"])
+            ["unshare", "--mount", "--propagation", propagation, *workdir, "sleep", "300"])
         ours = os.stat("/proc/self/ns/mnt").st_ino
         wait_for(lambda: self._namespace() not in (None, ours), "the holder's namespace", 10)
 

@@ -43,6 +43,7 @@ READY = "ok"
 PID = "pid"  # the daemon's first line: `pid N`
 SPAWN_TIMEOUT = 60.0  # seconds for the daemon to mount and answer
 EXIT_TIMEOUT = 30.0  # seconds for a daemon to exit after its unmount
+HELD_CHECK = 2.0  # seconds after which a daemon not gone yet is checked for copies elsewhere
 _POLL = 0.05
 # Starts `python -m weenvfs ARGS` with readiness pipe and log file descriptors; True if it did.
 Launch = Callable[[list[str], int, int], bool]
@@ -368,8 +369,9 @@ def unmount(
     A stale mount whose daemon died is unmounted too. With `remove` (a mount point of our
     own) the folder is removed before the wait: copies of the mount in other mount
     namespaces go with it (mount_copies.py), else they keep the daemon serving them. Raises
-    UsageError when nothing is mounted there and WeenvError when fusermount3 fails (e.g.
-    busy without `lazy`) or the daemon does not exit in `timeout` seconds.
+    UsageError when nothing is mounted there, WeenvError when fusermount3 fails (e.g. busy
+    without `lazy`) or the daemon does not exit in `timeout` seconds, and HeldElsewhere
+    (unmounted here all the same) when it serves copies of the mount held elsewhere.
     """
     mp = mount_path(mountpoint)
     record = read_pid_file(mp)
@@ -390,22 +392,32 @@ def unmount(
     if remove:
         remove_mount_folder(mp)
     if pid is not None:
-        try:
-            wait_exit(pid, timeout)
-        except WeenvError as error:
-            raise _held_elsewhere(error, mp) from None
+        _wait_unless_held_elsewhere(pid, mp, timeout)
         remove_pid_file(mp, pid)
     return pid
 
 
-def _held_elsewhere(error: WeenvError, mp: Path) -> WeenvError:
-    """`error` (a daemon that did not exit), naming the other mount namespaces that still
-    hold a copy of the mount, if any (the likely reason)."""
-    holders = holders_elsewhere([mp, kernel_dir(mp) / "devices"])
-    if not holders:
-        return error
-    return WeenvError(f"{error}: other mount namespaces still hold a copy of {mp} "
-                      f"({describe(holders)}); it is served until they unmount it or end")
+class HeldElsewhere(WeenvError):
+    """Unmounted here, but its daemon serves copies other mount namespaces hold."""
+
+
+def _wait_unless_held_elsewhere(pid: int, mp: Path, timeout: float) -> None:
+    """Wait for daemon `pid` of the mount just unmounted at `mp` to exit; WeenvError after
+    `timeout` seconds, or as soon as a daemon still running after `HELD_CHECK` seconds turns
+    out to serve copies of the mount other mount namespaces hold (it serves them until they
+    unmount them or end: waiting longer cannot help), naming their processes."""
+    try:
+        wait_exit(pid, min(timeout, HELD_CHECK))
+        return
+    except WeenvError as error:
+        holders = holders_elsewhere([mp, kernel_dir(mp) / "devices"])
+        if holders:
+            raise HeldElsewhere(f"mount daemon {pid} still runs: other mount namespaces hold a "
+                             f"copy of {mp} ({describe(holders)}); it is served until they "
+                             "unmount it or end") from None
+        if timeout <= HELD_CHECK:
+            raise error from None
+    wait_exit(pid, timeout - HELD_CHECK)
 
 
 def check_answers(mountpoint: Path) -> None:

@@ -563,6 +563,8 @@ def _teardown(folder: Path) -> dict[str, Any] | None:
     if daemon.is_mounted(mp):
         try:
             daemon.unmount(mp, remove=True)
+        except daemon.HeldElsewhere as error:
+            log.warning("%s", error)  # unmounted here: it ends once they let go
         except WeenvError as error:
             log.info("unmounting %s lazily: %s", mp, error)
             _force_unmount(mp)
