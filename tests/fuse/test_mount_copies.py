@@ -64,17 +64,20 @@ def test_holders_elsewhere_names_a_copy_until_its_folder_is_removed(
         subprocess.run(["umount", "-l", str(folder)], capture_output=True, check=False)
 
 
-@pytest.mark.parametrize("propagation", ["private", "slave"])
+@pytest.mark.parametrize(("path", "propagation"),
+                         [("kernel", "private"), ("kernel", "slave"), ("fuse", "private")])
 def test_removing_the_mount_point_releases_every_copy_and_the_daemon_exits(
-        tmp_path: Path, mounter: Mounter, holders: list[Holder], propagation: str) -> None:
-    """A merged kernel-path mount: an overlay at the mount point over private EROFS layers on
-    a device folder, each copied into the holder's namespace. The unmount that removes the
-    mount point returns once the daemon exited (its layer and device folders went with their
-    mounts), and the holder keeps none of it. (Before: the daemon waited for a release that
-    never came; the unmount failed after its timeout.)"""
+        tmp_path: Path, mounter: Mounter, holders: list[Holder], path: str,
+        propagation: str) -> None:
+    """A merged mount, on the kernel path an overlay at the mount point over private EROFS
+    layers on a device folder, each copied into the holder's namespace (on the FUSE path the
+    tree's one FUSE mount). The unmount that removes the mount point returns once the daemon
+    exited (its layer and device folders went with their mounts), and the holder keeps none
+    of it. (Before: the daemon waited for a release that never came; the unmount failed
+    after its timeout.)"""
     store_dir, ref = _two_groups(tmp_path)
-    mount = mounter.mount(ref, store_dir, extra=["--path", "kernel"])
-    assert mount.stats()["mount"]["path"] == "kernel"
+    mount = mounter.mount(ref, store_dir, extra=["--path", path])
+    assert mount.stats()["mount"]["path"] == path
     assert (mount.mountpoint / "work" / "task").read_bytes() == b"t\n"
     private = daemon.kernel_dir(mount.mountpoint)
     holders.append(Holder(propagation))
