@@ -20,7 +20,8 @@ from support.polling import wait_for
 from weenvfs.core.cache import ChunkCache
 from weenvfs.core.node_hints import publish_run
 from weenvfs.core.page_warm import PageWarmer, open_beneath
-from weenvfs.format.hints import HintFile, HintRecord
+from weenvfs.format.hints import Hint, HintFile, HintRecord
+from weenvfs.format.index import GroupIndex
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
@@ -47,6 +48,23 @@ def warmed(mount: Mount) -> dict[str, Any]:
 
 def device_reads(mount: Mount) -> int:
     return int(mount.stats()["fetch"]["reads"])
+
+
+def _published_hint(store: Path) -> tuple[Hint, list[GroupIndex]]:
+    """The `latest` hint of env:t in `store`, and the environment's group indexes."""
+    with open_store(str(store)) as opened:
+        repo = Repository(opened)
+        digest, manifest = repo.resolve_env("env:t")
+        indexes = [repo.get_index(g.index) for g in manifest.groups]
+        return repo.get_hint(repo.get_tag("hints", digest, "latest")), indexes
+
+
+def _after_the_replay(hint: Hint, indexes: list[GroupIndex], roots: dict[int, Path],
+                      cache: ChunkCache) -> PageWarmer:
+    """A warm-up of `hint` as if its replay had fetched all it will (nothing is waited for)."""
+    done = threading.Event()
+    done.set()
+    return PageWarmer(hint, indexes, roots, cache, done)
 
 
 def test_hinted_files_are_read_into_the_page_cache(env, mounter: Mounter) -> None:
@@ -89,15 +107,9 @@ def test_missing_chunks_are_skipped_not_fetched(env, mounter: Mounter, tmp_path:
     store, _ = env
     publish_hint(store, "env:t", HINTED, files=True)
     mount = mounter.mount("env:t", store, extra=["--hint", "none"])
-    with open_store(str(store)) as opened:
-        repo = Repository(opened)
-        digest, manifest = repo.resolve_env("env:t")
-        indexes = [repo.get_index(g.index) for g in manifest.groups]
-        hint = repo.get_hint(repo.get_tag("hints", digest, "latest"))
-    done = threading.Event()
-    done.set()
-    warmer = PageWarmer(hint, indexes, {0: mount.mountpoint}, ChunkCache(tmp_path / "empty"),
-                        done)
+    hint, indexes = _published_hint(store)
+    warmer = _after_the_replay(hint, indexes, {0: mount.mountpoint},
+                               ChunkCache(tmp_path / "empty"))
     before = device_reads(mount)
     result = warmer.run()
     assert result["files"] == len(HINTED) and result["files_read"] == 0
@@ -159,21 +171,15 @@ def test_a_group_whose_mount_never_comes_is_skipped_alone(env, mounter: Mounter,
     publish_hint(store, "env:t", HINTED, files=True)
     mount = mounter.mount("env:t", store)
     warmed(mount)  # the mount's own replay has cached the chunks
-    with open_store(str(store)) as opened:
-        repo = Repository(opened)
-        digest, manifest = repo.resolve_env("env:t")
-        indexes = [repo.get_index(g.index) for g in manifest.groups]
-        hint = repo.get_hint(repo.get_tag("hints", digest, "latest"))
+    hint, indexes = _published_hint(store)
     # A file record of a second group, whose folder is no mount: its files are skipped, the
     # first group's are read.
     monkeypatch.setattr("weenvfs.core.page_warm.MOUNT_WAIT", 0.05)
     (tmp_path / "not-a-mount").mkdir()
     hint = hint._replace(files=(*hint.files, hint.files[0]._replace(group=1)))
-    done = threading.Event()
-    done.set()
-    warmer = PageWarmer(hint, [*indexes, indexes[0]],
-                        {0: mount.mountpoint, 1: tmp_path / "not-a-mount"},
-                        ChunkCache(mount.cache), done)
+    warmer = _after_the_replay(hint, [*indexes, indexes[0]],
+                               {0: mount.mountpoint, 1: tmp_path / "not-a-mount"},
+                               ChunkCache(mount.cache))
     result = warmer.run()
     assert result["files"] == len(HINTED) + 1 and result["skipped"] == 1
     # The mount's own warm-up read them: in the page cache already, read again at most one
@@ -185,14 +191,8 @@ def test_a_group_whose_mount_never_comes_is_skipped_alone(env, mounter: Mounter,
 
 def _warmer_of(mount: Mount, store: Path) -> PageWarmer:
     """A second warm-up of `mount`'s hint (its chunks cached by the mount's replay)."""
-    with open_store(str(store)) as opened:
-        repo = Repository(opened)
-        digest, manifest = repo.resolve_env("env:t")
-        indexes = [repo.get_index(g.index) for g in manifest.groups]
-        hint = repo.get_hint(repo.get_tag("hints", digest, "latest"))
-    done = threading.Event()
-    done.set()
-    return PageWarmer(hint, indexes, {0: mount.mountpoint}, ChunkCache(mount.cache), done)
+    hint, indexes = _published_hint(store)
+    return _after_the_replay(hint, indexes, {0: mount.mountpoint}, ChunkCache(mount.cache))
 
 
 def test_ranges_already_in_the_page_cache_are_not_read_again(env, mounter: Mounter) -> None:
