@@ -11,8 +11,8 @@ A multi-chunk file is read only in the chunks the hint names; a file of one chun
 batched file) whole. A range whose chunks are still missing when the replay has ended is
 skipped: reading it would fetch on demand what the replay could not. A range already in the
 page cache (cachestat(2): a group mount another environment keeps warm, the usual case on a
-node that ran a task of the same family) is not read again: copying it cost a warm start's
-replay ~55 ms of CPU beside the workload (docs/design-notes.md).
+node that ran a task of the same family) is not read again: a warm start's replay copied 77
+MB of resident pages for nothing (docs/design-notes.md).
 
 Files are opened with openat2(2) beneath the mount (no symlinks, no magic links, no other
 mount), so a hint cannot make this read anything else. Advisory work: an error skips the file
