@@ -138,7 +138,11 @@ def _register_umount(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         subparsers,
         "umount",
         help="unmount an environment and stop its daemon",
-        description="Unmount MOUNTPOINT (fusermount3 -u) and wait for its daemon to exit.",
+        description=(
+            "Unmount MOUNTPOINT (fusermount3 -u) and wait for its daemon to exit. A mount\n"
+            "namespace made while it was mounted (ip netns exec, unshare -m) may hold a copy\n"
+            "that keeps the daemon serving: then, after 2 s, this fails naming those\n"
+            "processes (the mount is gone here; the daemon ends when they let go)."),
         examples=["weenv umount /mnt/env", "weenv umount --lazy /mnt/env  # even while busy"],
         func=_cmd_umount,
     )
