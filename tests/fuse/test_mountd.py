@@ -26,6 +26,7 @@ import pytest
 from mounts import force_unmount, publish, run_weenv
 from support import trees
 from support.mount_server import mount_server, server_pid
+from support.polling import wait_for
 
 from weenvfs.errors import WeenvError
 from weenvfs.fuse import (
@@ -349,17 +350,36 @@ def test_a_new_server_starts_while_an_old_ones_mounts_live(
 # -- the node service: started by the first mount -------------------------------------------
 
 
-def _test_cgroup(tmp_path: Path) -> Path | None:
-    """A new cgroup of this test (cgroup v1 memory hierarchy, else cgroup2), or None."""
+@pytest.fixture
+def own_cgroup(tmp_path: Path) -> Iterator[Path | None]:
+    """A new cgroup of this test (cgroup v1 memory hierarchy, else cgroup2), or None;
+    removed after the test however it ended (its processes are gone by then: the test
+    waits for its subprocess; a moment is allowed for the kernel to let go)."""
+    folder = None
     for root in (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")):
         if (root / "cgroup.procs").exists() and os.access(root, os.W_OK):
-            folder = root / f"weenv-test-mountd-{os.getpid()}-{tmp_path.name}"
+            candidate = root / f"weenv-test-mountd-{os.getpid()}-{tmp_path.name}"
             try:
-                folder.mkdir()
+                candidate.mkdir()
             except OSError:
                 continue
-            return folder
-    return None
+            folder = candidate
+            break
+    try:
+        yield folder
+    finally:
+        if folder is not None:
+            wait_for(lambda: _removed(folder), f"the removal of {folder}", 10.0)
+
+
+def _removed(folder: Path) -> bool:
+    try:
+        folder.rmdir()
+    except FileNotFoundError:
+        return True
+    except OSError:  # EBUSY while a process in it exits
+        return False
+    return True
 
 
 def _cgroup_of(pid: int, root: Path) -> str:
@@ -374,12 +394,12 @@ def _cgroup_of(pid: int, root: Path) -> str:
 
 
 def test_a_mount_starts_the_node_service_outside_the_callers_cgroup(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, own_cgroup: Path | None,
         require_or_skip: Callable[[object, str], None]) -> None:
     """No server answers: the first mount starts one (which leaves the caller's cgroup
     before it serves) and forks from it; the second mount forks from the same server."""
     require_or_skip(os.geteuid() == 0, "moving processes between cgroups needs root")
-    group = _test_cgroup(tmp_path)
+    group = own_cgroup
     require_or_skip(group is not None, "no writable cgroup hierarchy")
     assert group is not None
     sock = tmp_path / "auto" / "mountd.sock"
@@ -432,7 +452,6 @@ def test_a_mount_starts_the_node_service_outside_the_callers_cgroup(
                     force_unmount(mp)
         pid = mountd.stop()
         assert pid is None or not daemon.process_alive(pid)
-        group.rmdir()
 
 
 def test_opting_out_starts_no_server(tmp_path: Path, launches: list[bool],
