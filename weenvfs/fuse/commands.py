@@ -141,8 +141,9 @@ def _register_umount(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         description=(
             "Unmount MOUNTPOINT (fusermount3 -u) and wait for its daemon to exit. A mount\n"
             "namespace made while it was mounted (ip netns exec, unshare -m) may hold a copy\n"
-            "that keeps the daemon serving: then, after 2 s, this fails naming those\n"
-            "processes (the mount is gone here; the daemon ends when they let go)."),
+            "that keeps the daemon serving: then this fails naming those processes, after\n"
+            "2 s (10 s for a copy in use; the mount is gone here, the daemon ends when they\n"
+            "let go)."),
         examples=["weenv umount /mnt/env", "weenv umount --lazy /mnt/env  # even while busy"],
         func=_cmd_umount,
     )

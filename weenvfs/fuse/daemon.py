@@ -43,7 +43,10 @@ READY = "ok"
 PID = "pid"  # the daemon's first line: `pid N`
 SPAWN_TIMEOUT = 60.0  # seconds for the daemon to mount and answer
 EXIT_TIMEOUT = 30.0  # seconds for a daemon to exit after its unmount
-HELD_CHECK = 2.0  # seconds after which a daemon not gone yet is checked for copies elsewhere
+# Seconds after which a daemon not gone yet is checked for copies held elsewhere: of its mount
+# point, then also of its device folder (`_wait_unless_held_elsewhere`).
+HELD_CHECK = 2.0
+HELD_CHECK_IN_USE = 10.0
 _POLL = 0.05
 # Starts `python -m weenvfs ARGS` with readiness pipe and log file descriptors; True if it did.
 Launch = Callable[[list[str], int, int], bool]
@@ -403,21 +406,30 @@ class HeldElsewhere(WeenvError):
 
 def _wait_unless_held_elsewhere(pid: int, mp: Path, timeout: float) -> None:
     """Wait for daemon `pid` of the mount just unmounted at `mp` to exit; WeenvError after
-    `timeout` seconds, or as soon as a daemon still running after `HELD_CHECK` seconds turns
-    out to serve copies of the mount other mount namespaces hold (it serves them until they
-    unmount them or end: waiting longer cannot help), naming their processes."""
-    try:
-        wait_exit(pid, min(timeout, HELD_CHECK))
-        return
-    except WeenvError as error:
-        holders = holders_elsewhere([mp, kernel_dir(mp) / "devices"])
-        if holders:
-            raise HeldElsewhere(f"mount daemon {pid} still runs: other mount namespaces hold a "
-                             f"copy of {mp} ({describe(holders)}); it is served until they "
-                             "unmount it or end") from None
-        if timeout <= HELD_CHECK:
-            raise error from None
-    wait_exit(pid, timeout - HELD_CHECK)
+    `timeout` seconds, or HeldElsewhere, naming their processes, as soon as the daemon turns
+    out to serve copies of the mount that other mount namespaces hold (it serves them until
+    they unmount them or end: waiting longer cannot help). A copy of the mount point itself
+    says so after HELD_CHECK seconds. A namespace that shows only a copy of the daemon's
+    device folder may hold a copy in use (its removal detached it, lazily) or nothing that
+    matters to a daemon still ending, so it is named only after HELD_CHECK_IN_USE."""
+    devices = kernel_dir(mp) / "devices"
+    waited = 0.0
+    for until, watched in ((HELD_CHECK, (mp,)), (HELD_CHECK_IN_USE, (mp, devices))):
+        step = max(0.0, min(until, timeout) - waited)
+        try:
+            wait_exit(pid, step)
+            return
+        except WeenvError as error:
+            waited += step
+            holders = holders_elsewhere(watched)
+            if holders:
+                raise HeldElsewhere(
+                    f"mount daemon {pid} still runs: other mount namespaces hold a copy of "
+                    f"{mp} ({describe(holders)}); it is served until they unmount it or "
+                    "end") from None
+            if waited >= timeout:
+                raise error from None
+    wait_exit(pid, timeout - waited)
 
 
 def check_answers(mountpoint: Path) -> None:
