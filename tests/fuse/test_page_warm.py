@@ -113,6 +113,7 @@ def test_missing_chunks_are_skipped_not_fetched(env, mounter: Mounter, tmp_path:
     before = device_reads(mount)
     result = warmer.run()
     assert result["files"] == len(HINTED) and result["files_read"] == 0
+    assert result["files_resident"] == 0  # opened and asked, but nothing is in memory
     assert result["skipped"] >= len(HINTED) and result["bytes_read"] == 0
     assert device_reads(mount) == before
 

@@ -204,25 +204,28 @@ class PageWarmer:
             step = index.chunk_size
             ranges = [(k * step, min(size, (k + 1) * step), [c])
                       for k, c in enumerate(chunks) if (group, c) in hinted]
-        fd, read = -1, False
+        fd, read, resident = -1, False, 0
         try:
             for start, end, needed in ranges:
-                if not all(self._cached(index, c) for c in needed):
-                    self.progress["skipped"] += 1
-                    continue
                 if fd < 0:
                     fd = open_beneath(folder, path)
                     # Exactly the hinted ranges: the kernel's read-ahead would go on into the
                     # next chunk, which the mount then fetches on demand (the hint says the
                     # workload does not read it).
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                # Asked first: a resident range needs neither its chunks nor a read.
                 if in_page_cache(fd, start, end):
                     self.progress["bytes_resident"] += end - start
-                    continue
-                self._read(fd, start, end)
-                read = True
-            if fd >= 0:
-                self.progress["files_read" if read else "files_resident"] += 1
+                    resident += 1
+                elif all(self._cached(index, c) for c in needed):
+                    self._read(fd, start, end)
+                    read = True
+                else:
+                    self.progress["skipped"] += 1
+            if read:
+                self.progress["files_read"] += 1
+            elif ranges and resident == len(ranges):
+                self.progress["files_resident"] += 1
         except OSError as error:
             self.progress["skipped"] += 1
             log.debug("page-cache warm-up skips %r: %s", path, error)
