@@ -1,5 +1,6 @@
 """The FUSE side of a mount: the pyfuse3 adapter (ops.py), its errno table (errno_map.py), the
-mount lifecycle (mount.py), the background daemon (daemon.py), the node service (mountd.py,
+mount lifecycle (mount.py), the background daemon (daemon.py; the copies other mount
+namespaces hold of its mounts: mount_copies.py), the node service (mountd.py,
 with the children it forks: service_forks.py, the evictions it runs: service_evictions.py,
 the code it loads for them once it listens: service_loading.py, and what it prepares for
 its next children: service_preload.py) and its metrics

@@ -107,8 +107,13 @@ def prebuild_client(url: str, environ: Mapping[str, str]) -> bool:
 def url_scheme(url: str) -> str:
     """The scheme `open_store(url)` picks a backend by, lower-cased ("file" for a directory
     path or a `file:` URL); not checked against STORE_SCHEMES."""
+    return _scheme_of(url) or "file"
+
+
+def _scheme_of(url: str) -> str | None:
+    """The lower-cased scheme of `url`, None for a plain path."""
     match = _SCHEME.match(url)
-    return "file" if match is None else match.group(1).lower()
+    return None if match is None else match.group(1).lower()
 
 
 def open_store(url: str, *, create: bool = False) -> Store:
@@ -124,9 +129,9 @@ def open_store(url: str, *, create: bool = False) -> Store:
     if not url:
         raise StoreError("empty store URL")
     url = _file_url(url)
-    if _SCHEME.match(url) is None:
+    scheme = _scheme_of(url)
+    if scheme is None:
         return STORE_SCHEMES["file"](Path(os.path.abspath(url)).as_uri(), create)
-    scheme = url_scheme(url)
     factory = STORE_SCHEMES.get(scheme)
     if factory is None:
         supported = ", ".join(f"{s}://" for s in sorted(STORE_SCHEMES))
