@@ -13,10 +13,11 @@ stays, stopped, with the status `parked`, no owner, no process and no cgroup, st
 its shared mounts, and is named in this module's index under its stack of mount keys. The
 next sandbox over the same stack (`Sandbox.create`) takes it over: same id, folder, overlay
 and upper, everything else made anew. At most one root per stack is parked and
-MAX_PARKED in all; a parked root expires after $WEENV_PARK_SECONDS (60; 0 parks nothing,
-nor does a node whose mounts are not kept warm); the node service's housekeeping and
-`weenv sandbox gc` remove expired ones, and every eviction of shared mounts removes those
-over the mounts it evicts first (sandbox.py `drop_parked`).
+MAX_PARKED in all; a parked root expires after $WEENV_PARK_SECONDS of the run that parked
+it (60; 0 parks nothing, nor does a node whose mounts are not kept warm; its state keeps the
+end, so a remover with another setting does not cut it short); the node service's
+housekeeping and `weenv sandbox gc` remove expired ones, and every eviction of shared mounts
+removes those over the mounts it evicts first (sandbox.py `drop_parked`).
 
 Owns: the index `/run/weenv/parked/<stack>` (a file naming the parked sandbox; taking it is
 renaming it away, so two new sandboxes never take the same root), the upper layer's
@@ -145,12 +146,19 @@ def parked_names() -> list[str]:
         return []
 
 
-def parked_record(keys: Sequence[str]) -> dict[str, Any]:
-    """What a parked sandbox's state keeps under `parked`."""
-    return {"at": time.time(), "daemons": daemon_ids(keys)}
+def parked_record(keys: Sequence[str], seconds: float) -> dict[str, Any]:
+    """What a parked sandbox's state keeps under `parked`: when it was parked, until when
+    (the parker's $WEENV_PARK_SECONDS: whoever removes expired roots may have another, e.g.
+    a node service started with parking off), and its mounts' daemons."""
+    now = time.time()
+    return {"at": now, "until": now + seconds, "daemons": daemon_ids(keys)}
 
 
 def expired(record: dict[str, Any] | None, now: float, seconds: float) -> bool:
-    """Whether a root parked with `record` is past its time (or parked by no valid record)."""
-    at = (record or {}).get("at")
+    """Whether a root parked with `record` is past its time (or parked by no valid record);
+    `seconds` counts from its parking time only for a record that names no end."""
+    record = record or {}
+    until, at = record.get("until"), record.get("at")
+    if isinstance(until, int | float):
+        return until <= now
     return not isinstance(at, int | float) or at + seconds <= now

@@ -586,7 +586,8 @@ class Sandbox:
         it was made, its overlay the only mount there, its mounts answering, and room in the
         index; whether it was parked."""
         keys = self._mount_keys()
-        if (not self.state.get("parkable") or parking.park_seconds() <= 0
+        seconds = parking.park_seconds()
+        if (not self.state.get("parkable") or seconds <= 0
                 or not self._root_as_made() or self.mount_problem()):
             return False
         if not parking.has_room(keys):
@@ -595,7 +596,7 @@ class Sandbox:
             self.state.pop(name, None)  # type: ignore[misc]
         # Parked in the state before the index names it: whoever takes it from the index
         # then waits for this lock and finds it parked (else the teardown goes on).
-        self.state.update(status="parked", owner=None, parked=parking.parked_record(keys))
+        self.state.update(status="parked", owner=None, parked=parking.parked_record(keys, seconds))
         self.save()
         if not parking.offer(self.id, keys):
             return False
