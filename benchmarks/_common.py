@@ -8,7 +8,9 @@ run, results are ratios, not absolute times, because the machine is shared and n
 - `add_common_args`: `--quick` (fewer repeats, smaller inputs: a smoke run), `--repeats N`,
   `--out DIR` (where `<name>.json` goes; default benchmarks/results/);
 - `print_table` (plain aligned text on stdout), `write_json` (the run's parameters, the exact
-  command and `machine_info()` next to the results).
+  command and `machine_info()` next to the results);
+- `compile_project`: the project's compiled modules up to date before anything is timed, as
+  scripts/setup.sh leaves them.
 
 Must not: know what any benchmark measures, or import weenvfs (scripts do that themselves).
 """
@@ -22,6 +24,7 @@ import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -165,6 +168,19 @@ def command_line() -> str:
     if exe.startswith(os.getcwd() + os.sep):
         exe = os.path.relpath(exe)  # '.venv/bin/python' reads better than an absolute path
     return shlex.join([exe, *sys.argv])
+
+
+def compile_project() -> None:
+    """Compile the project's modules whose compiled files are missing or stale, as
+    scripts/setup.sh does. Where PYTHONDONTWRITEBYTECODE is set (our machines) Python never
+    writes them itself, so in a checkout changed since setup.sh ran, every Python process a
+    benchmark starts (the Python API's contender, `weenv mount`) recompiled each changed
+    module it imports: `from weenvfs.runtime import Environment` took 0.15 s instead of 0.08
+    s in the benchmark clone (2026-12-05). Users get compiled files from setup.sh or pip."""
+    root = Path(__file__).resolve().parent.parent
+    folders = [str(root / name) for name in ("weenvfs", "format", "tools")]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", *folders],
+                   stdout=subprocess.DEVNULL, check=False)
 
 
 def describe_machine(info: dict[str, Any] | None = None) -> str:

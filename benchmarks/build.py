@@ -34,6 +34,7 @@ from typing import Any
 from _common import (
     Timing,
     add_common_args,
+    compile_project,
     describe_machine,
     measure_interleaved,
     paired_ratio,
@@ -402,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing and args.only != "index":
         sys.exit(f"build.py: {', '.join(missing)} not found (Debian packages tar, zstd, bash)")
     profiles = args.profile or (QUICK_PROFILES if args.quick else FULL_PROFILES)
+    compile_project()  # before anything is timed (_common.py)
     print(describe_machine())
     results: dict[str, Any] = {"tar_zstd_command": TAR_ZSTD}
     if args.only != "index":

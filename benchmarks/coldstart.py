@@ -40,7 +40,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from _common import add_common_args, describe_machine, repeats_for, write_json
+from _common import add_common_args, compile_project, describe_machine, repeats_for, write_json
 from _mounting import BENCH_DIR, can_drop_caches, mount_server
 from coldstart_ready import Contender, Log, ideal_task, ready_rounds, rl_rounds
 from coldstart_report import DOCS, plot_all, report, summarize
@@ -328,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         return _replot(args)
     s = _settings(args)
     _check(s)
+    compile_project()  # before anything is timed (_common.py)
     print(describe_machine())
     tasks = max([*s["n"], *s["shaped_n"], s["update_n"], *s["rl_k"]]) + 1
     family = build_family(tasks, smoke=s["smoke"], reference=s["reference"])

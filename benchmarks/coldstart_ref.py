@@ -71,6 +71,7 @@ from typing import Any
 from _common import (
     Timing,
     add_common_args,
+    compile_project,
     describe_machine,
     paired_ratio,
     print_table,
@@ -365,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = repeats_for(args, FULL_REPEATS)
     profile = args.profile or ("python" if args.quick else "reference")
     code = WORKLOADS[profile]
+    compile_project()  # before anything is timed (_common.py)
     print(describe_machine())
     tree = sample_tree(None, profile, progress=False)
     pub = published(profile, tree)

@@ -35,6 +35,7 @@ from typing import Any
 from _common import (
     Timing,
     add_common_args,
+    compile_project,
     describe_machine,
     measure,
     print_table,
@@ -264,6 +265,7 @@ def main() -> int:
     args = parser.parse_args()
     repeats = repeats_for(args, FULL_REPEATS)
     profile = "minbase" if args.quick else "reference"
+    compile_project()  # before anything is timed (_common.py)
     print(describe_machine())
     tree = sample_tree(None, profile)
     work = args.work or Path(tempfile.mkdtemp(prefix="weenv-bench-convert-"))

@@ -32,6 +32,7 @@ from typing import Any
 
 from _common import (
     add_common_args,
+    compile_project,
     describe_machine,
     measure_interleaved,
     paired_ratio,
@@ -161,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     repeats = repeats_for(args, FULL_REPEATS)
     sizes = QUICK_SIZES if args.quick else SIZES
+    compile_project()  # before anything is timed (_common.py)
     print(describe_machine())
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     work = Path(tempfile.mkdtemp(prefix="weenv-bench-erofs-", dir=base))

@@ -34,6 +34,7 @@ from typing import Any
 from _common import (
     Timing,
     add_common_args,
+    compile_project,
     describe_machine,
     measure,
     paired_ratio,
@@ -159,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     repeats = repeats_for(args, FULL_REPEATS)
     large_files = args.large or (10_000 if args.quick else 100_000)
+    compile_project()  # before anything is timed (_common.py)
     print(describe_machine())
     envs = {"small": environment(args.small), "large": environment(large_files)}
     BENCH_DIR.mkdir(parents=True, exist_ok=True)

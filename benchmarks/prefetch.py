@@ -53,6 +53,7 @@ from typing import Any
 from _common import (
     Timing,
     add_common_args,
+    compile_project,
     describe_machine,
     paired_ratio,
     print_table,
@@ -376,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = args.profile or ("python" if args.quick else "reference")
     workload = QUICK_WORKLOAD if args.quick else WORKLOAD
     stores = [s for s in args.stores.split(",") if s]
+    compile_project()  # before anything is timed (_common.py)
     print(describe_machine(), flush=True)
     if os.geteuid() != 0:
         sys.exit("run as root: the workload runs in a chroot")

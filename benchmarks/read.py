@@ -34,6 +34,7 @@ from typing import Any
 from _common import (
     Timing,
     add_common_args,
+    compile_project,
     describe_machine,
     paired_ratio,
     print_table,
@@ -273,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = repeats_for(args, FULL_REPEATS)
     size_mib = args.size_mb or (128 if args.quick else 1024)
     profile = args.profile or ("python" if args.quick else "reference")
+    compile_project()  # before anything is timed (_common.py)
     print(describe_machine())
     BENCH_DIR.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="read-", dir=BENCH_DIR))

@@ -50,6 +50,7 @@ from typing import Any
 from _common import (
     Timing,
     add_common_args,
+    compile_project,
     describe_machine,
     measure,
     measure_interleaved,
@@ -415,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"runtime.py: {tool} not found (Debian packages runc, bubblewrap, catatonit)")
     if args.store and not args.ref:
         sys.exit("runtime.py: --store needs --ref")
+    compile_project()  # before anything is timed (_common.py)
     print(describe_machine())
     work = Path(tempfile.mkdtemp(prefix="weenv-bench-runtime-", dir=args.work))
     try:

@@ -43,6 +43,7 @@ from typing import Any
 from _common import (
     Timing,
     add_common_args,
+    compile_project,
     describe_machine,
     paired_ratio,
     print_table,
@@ -328,6 +329,7 @@ def main() -> int:
               file=sys.stderr)
         return 2
     repeats = repeats_for(args, FULL_REPEATS)
+    compile_project()  # before anything is timed (_common.py)
     print(describe_machine())
     tree = sample_tree(None, "python")
     files = sum(len(f) for _, _, f in os.walk(tree))
