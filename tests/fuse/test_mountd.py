@@ -46,9 +46,10 @@ pytestmark = pytest.mark.requires_fuse
 
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A mount server of this test (`weenv mountd --detach`); its socket path."""
+    """A mount server of this test (`weenv mountd --detach`, its log in `server.log` beside
+    the socket); its socket path."""
     sock = tmp_path / "mountd" / "mountd.sock"
-    with mount_server(sock, monkeypatch):
+    with mount_server(sock, monkeypatch, log_file=sock.with_name("server.log")):
         yield sock
 
 
@@ -194,6 +195,8 @@ def test_a_stale_server_declines_and_exits(tmp_path: Path, server: Path, launche
     trees.assert_trees_equal(src, mp)
     daemon.wait_exit(pid, 30)
     assert not server.exists()
+    # and says why in its log (it is otherwise gone without a word)
+    assert "exiting: a client runs other code" in server.with_name("server.log").read_text()
 
 
 def test_another_namespace_is_declined(tmp_path: Path, server: Path, launches: list[bool],

@@ -26,13 +26,19 @@ def server_pid(sock: Path) -> int | None:
 
 
 @contextlib.contextmanager
-def mount_server(sock: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> Iterator[int]:
-    """`weenv mountd --detach EXTRA...` on `sock` ($WEENV_MOUNTD_SOCKET for the block, so this
-    process and the CLI it runs use it); yields its pid; `--stop`, or SIGKILL, at the end."""
+def mount_server(sock: Path, monkeypatch: pytest.MonkeyPatch, *extra: str,
+                 log_file: Path | None = None) -> Iterator[int]:
+    """`weenv [--log-file LOG_FILE] mountd --detach EXTRA...` on `sock` ($WEENV_MOUNTD_SOCKET
+    for the block, so this process and the CLI it runs use it); yields its pid; `--stop`, or
+    SIGKILL, at the end."""
     monkeypatch.setenv(mountd.SOCKET_ENV, str(sock))
     monkeypatch.delenv(mountd.SWITCH_ENV, raising=False)
-    subprocess.run([sys.executable, "-m", "weenvfs", "mountd", "--detach", *extra], check=True,
-                   capture_output=True, timeout=120)
+    logging = []
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        logging = ["--log-file", str(log_file)]
+    subprocess.run([sys.executable, "-m", "weenvfs", *logging, "mountd", "--detach", *extra],
+                   check=True, capture_output=True, timeout=120)
     pid = server_pid(sock)
     assert pid is not None and daemon.process_alive(pid)
     try:

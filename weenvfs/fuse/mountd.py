@@ -480,6 +480,10 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
             return True
         if request.get("fingerprint") != code_print:
             _answer(conn, "stale: the installed weenvfs changed since this server started")
+            # Logged: a server that ends this way is otherwise gone without a word (another
+            # checkout's client on the same socket ends it too; its mounts stay).
+            log.info("mount server exiting: a client runs other code (%s, not %s)",
+                     request.get("fingerprint"), code_print)
             return False
         if request.get("namespaces") != namespaces:
             _answer(conn, "declined: the client runs in another mount or network namespace")
