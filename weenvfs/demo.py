@@ -28,6 +28,7 @@ from weenvfs.cli import add_command
 from weenvfs.cli_args import print_json
 from weenvfs.errors import RefNotFound, UsageError, WeenvError
 from weenvfs.format.manifest import RuntimeConfig
+from weenvfs.runtime import mounts, recording
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools.builder import build_group
@@ -113,10 +114,8 @@ def _evict_all(env: dict[str, str]) -> None:
 
 def _fetched(env: dict[str, str]) -> int:
     """Bytes the demo's shared mounts fetched so far (their `weenv stats`)."""
-    listed = json.loads(_weenv("mounts", "--json", env=env, capture=True))
-    rows = listed.get("mounts", listed) if isinstance(listed, dict) else listed
     total = 0
-    for row in rows:
+    for row in json.loads(_weenv("mounts", "--json", env=env, capture=True)):
         stats = json.loads(_weenv("stats", str(row["mountpoint"]), "--json", env=env,
                                   capture=True))
         total += int(stats["fetch"]["bytes_fetched"])
@@ -127,8 +126,8 @@ def _fetched(env: dict[str, str]) -> int:
 def _demo_mounts(workdir: Path) -> Iterator[dict[str, str]]:
     """The environment of the demo's commands: its shared mounts in WORKDIR/envs, kept warm
     between its runs; all of them evicted when the block ends."""
-    env = {**os.environ, "WEENV_ENVS_ROOT": str(workdir / "envs"), "WEENV_KEEP_WARM": "600"}
-    env.pop("WEENV_RECORD_HINTS", None)  # the default: a first run records its hint
+    env = {**os.environ, mounts.ROOT_ENV: str(workdir / "envs"), mounts.KEEP_WARM_ENV: "600"}
+    env.pop(recording.SWITCH_ENV, None)  # the default: a first run records its hint
     _evict_all(env)  # what an interrupted demo left
     try:
         yield env
