@@ -180,7 +180,7 @@ def run_demo(args: argparse.Namespace) -> int:
     print(f"  cold node, {'with that hint' if hinted else 'no hint published':28s}"
           f"  {cold_s * 1000:6.0f} ms   fetched {format_size(fetched)} of a "
           f"{format_size(image_bytes)} image ({100 * summary['fraction_fetched']:.1f}%)")
-    print(f"  warm (the node service kept the mounts)  {warm_s * 1000:6.0f} ms")
+    print(f"  warm (the node kept its mounts)          {warm_s * 1000:6.0f} ms")
     return 0
 
 
