@@ -29,12 +29,15 @@ import errno
 import logging
 import mmap
 import os
+import struct
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from stat import S_ISDIR
 from typing import Any
 
+from weenvfs.format.constants import INODE
 from weenvfs.format.hints import Hint
 from weenvfs.format.index import ROOT_INODE, GroupIndex
 
@@ -42,6 +45,8 @@ from .cache import ChunkCache
 from .chunk_plan import chunk_loc
 
 log = logging.getLogger(__name__)
+
+_MODE = struct.Struct("<I")  # the first field of an inode record (SPEC.md 6.4)
 
 MOUNT_WAIT = 30.0  # seconds to wait for a folder to become a mount point (it is being made)
 POLL = 0.002  # seconds between two looks at the cache for a chunk the replay fetches
@@ -103,9 +108,13 @@ def paths_of(index: GroupIndex, wanted: set[int]) -> dict[int, bytes]:
     one: inode numbers are depth-first pre-order (SPEC.md 6, canonical indexes), so a
     folder's subtree is the range from its number up to the next folder beside it. Every
     path returned names its inode; an inode this does not find (a non-canonical index) is
-    left out. A full walk of the reference group took 0.15 s; most of it is not needed."""
+    left out. A full walk of the reference group took 0.15 s; most of it is not needed.
+    Which entries are folders is read from the inode table's mode column, unvalidated: a
+    folder entered is validated by `entries` (the reference workload's 1,011 files: ~12 ms
+    with a validated inode read per entry, ~7 ms so)."""
     targets = sorted(wanted)
     out: dict[int, bytes] = {}
+    table = index.inode_table()
     stack = [(b"", ROOT_INODE, 0, index.header.inode_count)]
     while stack:
         prefix, folder, _, end = stack.pop()
@@ -115,7 +124,7 @@ def paths_of(index: GroupIndex, wanted: set[int]) -> dict[int, bytes]:
             path = prefix + b"/" + name if prefix else name
             if ino in wanted and ino not in out:
                 out[ino] = path
-            elif index.inode(ino).is_dir:
+            elif S_ISDIR(_MODE.unpack_from(table, ino * INODE.size)[0]):
                 folders.append((path, ino))
         for k, (path, ino) in enumerate(folders):
             until = folders[k + 1][1] if k + 1 < len(folders) else end
