@@ -13,10 +13,12 @@ from rt_support import EnvRef, run_weenv
 from support import layers
 from support.trees import dir, file  # noqa: A004
 
-from weenvfs.errors import UsageError
+from weenvfs.errors import UsageError, WeenvError
+from weenvfs.format.refs import object_key
 from weenvfs.fuse import daemon
+from weenvfs.runtime import mounts
 from weenvfs.runtime.environment import Environment
-from weenvfs.runtime.lowers import MAX_LAYERS, plan_lowers
+from weenvfs.runtime.lowers import MAX_LAYERS, acquire_lowers, plan_lowers
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools.builder import build_group, open_source
@@ -102,3 +104,37 @@ def test_plan_keys_a_mount_by_the_groups_below_it_and_where_it_serves_from() -> 
     assert [(m.key, m.layer) for m in deep] == [("e" * 64, None)]
     with pytest.raises(UsageError, match="--lower"):
         plan_lowers("e" * 64, [base], "flat", "s3://b/weenv", cache)
+
+
+def test_lowers_already_up_are_taken_and_given_back_when_another_cannot_be_mounted(
+        warm_root: Path, make_env: Callable[..., EnvRef], minbase_store: Path,
+        tmp_path: Path) -> None:
+    """A warm node: the shared group's mount is up (another task ran), so a sandbox takes it
+    at once (lowers.py, `mounts.acquire_mounted`) and mounts only its own group; when that
+    mount fails, the mount it took is given back: all or nothing."""
+    first, second = (task_env(make_env, minbase_store, tmp_path, 100 + n) for n in range(2))
+    with Environment.open(first.ref, store=first.store, cache=first.cache) as env:
+        assert env.exec(["cat", "/work/task"]).stdout == b"task 100\n"
+    [shared] = [m for m in mounts.list_mounts() if m.key == first.keys[1]]
+    assert shared.mounted and not shared.holders  # kept warm, idle
+    with Environment.open(second.ref, store=second.store, cache=second.cache) as env:
+        assert env.exec(["cat", "/work/task"]).stdout == b"task 101\n"
+        held = {m.key: m.holders for m in mounts.list_mounts()}
+        assert held[second.keys[1]] == (env.sandbox.id,) == held[second.keys[0]]
+    # A third task whose own group cannot be mounted (its index is gone from the store):
+    # the shared mount, taken first, is given back by `acquire_lowers` itself (a sandbox's
+    # teardown would give it back too; here there is none).
+    third = task_env(make_env, minbase_store, tmp_path, 102)
+    with open_store(str(third.store)) as store:
+        digest, manifest = Repository(store).resolve_env(third.ref)
+        store.delete(object_key("indexes", manifest.groups[-1].index))
+        url = store.url
+    planned = plan_lowers(digest, [g.index for g in manifest.groups], "layers", url,
+                          third.cache)
+    assert [m.key for m in planned] == list(third.keys)
+    with pytest.raises(WeenvError):
+        acquire_lowers(planned, "weenv-test-lowers", env=digest, store_url=url,
+                       cache_dir=third.cache, is_live=lambda holder: True)
+    assert {m.key: m.holders for m in mounts.list_mounts()}[third.keys[1]] == ()
+    with pytest.raises(WeenvError):  # and a sandbox of it fails the same way
+        Environment.open(third.ref, store=third.store, cache=third.cache)

@@ -96,11 +96,35 @@ def acquire_lowers(
     planned: Sequence[LowerMount], holder: str, *, env: str, store_url: str, cache_dir: Path,
     is_live: Callable[[str], bool],
 ) -> list[Path]:
-    """Take every mount of `planned` for `holder` (mounting those missing, in parallel: each
-    one starts a daemon); their mount points in the same order. All or nothing: on an
-    error, the mounts already taken are released and the first error is raised. An
-    interrupt (Ctrl-C reaches this thread, not the workers) stops the daemons still starting
-    before the mounts taken are released and it is raised."""
+    """Take every mount of `planned` for `holder` (those up first, one after another;
+    then mounting those missing, in parallel: each one starts a daemon); their mount points
+    in the same order. All or nothing: on an error, the mounts already taken are released
+    and the first error is raised. An interrupt (Ctrl-C reaches this thread, not the
+    workers) stops the daemons still starting before the mounts taken are released and it
+    is raised."""
+    up: dict[str, Path] = {}
+    try:
+        for mount in planned:
+            taken = mounts.acquire_mounted(mount.key, holder, is_live=is_live)
+            if taken is not None:
+                up[mount.key] = taken
+        missing = [m for m in planned if m.key not in up]
+        if missing:  # (`_mount_missing` releases what it took itself when it fails)
+            paths = _mount_missing(missing, planned, holder, env=env, store_url=store_url,
+                                   cache_dir=cache_dir, is_live=is_live)
+            up.update(zip((m.key for m in missing), paths, strict=True))
+    except BaseException:
+        release_lowers(list(up), holder)
+        raise
+    return [up[m.key] for m in planned]
+
+
+def _mount_missing(
+    missing: Sequence[LowerMount], planned: Sequence[LowerMount], holder: str, *, env: str,
+    store_url: str, cache_dir: Path, is_live: Callable[[str], bool],
+) -> list[Path]:
+    """`acquire_lowers`' mounts that were not up, taken in parallel (all or nothing: those
+    taken here are released on an error, which is raised)."""
     cancel = threading.Event()
     # The top layer replays the environment's hint; through the other layers' mounts it
     # reads their hinted files into the page cache too (core/page_warm.py).
@@ -116,8 +140,8 @@ def acquire_lowers(
                                   record=mount.record, page_roots=roots)
 
     interrupted: BaseException | None = None
-    with ThreadPoolExecutor(max_workers=len(planned), thread_name_prefix="lower") as pool:
-        futures = [pool.submit(take, mount) for mount in planned]
+    with ThreadPoolExecutor(max_workers=len(missing), thread_name_prefix="lower") as pool:
+        futures = [pool.submit(take, mount) for mount in missing]
         try:
             wait(futures)
         except BaseException as error:  # Ctrl-C or SIGTERM, which only this thread sees
@@ -126,7 +150,7 @@ def acquire_lowers(
             _settle(futures)
     errors = [f.exception() for f in futures if f.exception() is not None]
     if interrupted is not None or errors:
-        taken = [m.key for m, f in zip(planned, futures, strict=True) if f.exception() is None]
+        taken = [m.key for m, f in zip(missing, futures, strict=True) if f.exception() is None]
         release_lowers(taken, holder)
         raise interrupted or errors[0]
     return [f.result() for f in futures]

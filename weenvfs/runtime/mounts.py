@@ -281,16 +281,36 @@ def acquire(
                 if not _holders(folder):  # nobody else uses the folder: leave nothing
                     _teardown(folder)
                 raise
-        _stop_timer(info)
-        info.pop("warm_until", None)
-        info.pop("idle_since", None)
-        _write_info(folder, info)
-        (folder / "holders").mkdir(exist_ok=True)
-        if anchor is None:
-            (folder / "holders" / holder).touch()
-        else:
-            (folder / "holders" / holder).write_text(str(anchor.absolute()))
+        _hold(folder, info, holder, anchor)
         return mp
+
+
+def acquire_mounted(key: str, holder: str, *, is_live: Callable[[str], bool]) -> Path | None:
+    """`acquire` of a mount that is up: register `holder` and return the mount point; None,
+    having taken nothing, when mount `key` is not up (`acquire` then mounts it). A warm
+    sandbox's lowers are all up: taken one after another here, without the threads that
+    mount missing ones side by side (~1 ms of each warm start)."""
+    with locked(key) as folder:
+        prune_holders(folder, is_live)
+        mp = folder / "root"
+        if not _alive_mount(mp):
+            return None
+        _hold(folder, _read_info(folder), holder, None)
+        return mp
+
+
+def _hold(folder: Path, info: dict[str, Any], holder: str, anchor: Path | None) -> None:
+    """Register `holder` on the mount of `folder` (whose lock the caller holds): its idle
+    timer stopped, its idle marks cleared."""
+    _stop_timer(info)
+    info.pop("warm_until", None)
+    info.pop("idle_since", None)
+    _write_info(folder, info)
+    (folder / "holders").mkdir(exist_ok=True)
+    if anchor is None:
+        (folder / "holders" / holder).touch()
+    else:
+        (folder / "holders" / holder).write_text(str(anchor.absolute()))
 
 
 def _mount(
