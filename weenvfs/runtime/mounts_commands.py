@@ -108,8 +108,8 @@ def _cmd_evict(args: argparse.Namespace) -> int:
     from . import mounts, sandbox_state
 
     if args.expired:
-        if _is_root():
-            _drop_parked(expired_only=True)
+        if _is_root():  # (this node root's own: another root's housekeeping keeps its own)
+            _drop_parked(expired_only=True, own_root=True)
         evicted = mounts.evict_idle(is_live=sandbox_state.exists if _is_root() else None)
     else:
         listed = mounts.list_mounts()
@@ -123,7 +123,7 @@ def _cmd_evict(args: argparse.Namespace) -> int:
         # first: it is the node's cache, not a sandbox anyone runs.
         # (Only those over this node root's mounts: $WEENV_ENVS_ROOT may name another.)
         keys = {m.key for m in (chosen if args.key is not None else listed)}
-        if _is_root() and _drop_parked(keys=keys):
+        if _is_root() and _drop_parked(keys=keys, own_root=True):
             listed = mounts.list_mounts()
         if args.key is not None:
             chosen = [m for m in listed if m.key in keys]

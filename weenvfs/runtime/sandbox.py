@@ -452,8 +452,20 @@ class Sandbox:
 
     @property
     def lowers(self) -> list[Path]:
-        """The shared mounts under the sandbox's overlay, topmost first."""
-        return [mounts.mountpoint(key) for key in self._mount_keys()]
+        """The shared mounts under the sandbox's overlay, topmost first: in the folder of
+        shared mounts it was made in (`envs_root` of its state; a process with another
+        $WEENV_ENVS_ROOT looking at it, such as another node root's housekeeping, must not
+        look in its own), else in this process's."""
+        root = self.state.get("envs_root")
+        if not isinstance(root, str):
+            return [mounts.mountpoint(key) for key in self._mount_keys()]
+        return [Path(root) / mounts.env_dir(key).name / "root" for key in self._mount_keys()]
+
+    def in_envs_root(self) -> bool:
+        """Whether its shared mounts are in this process's folder of shared mounts (states
+        made before it was recorded: taken as yes)."""
+        root = self.state.get("envs_root")
+        return not isinstance(root, str) or Path(root) == mounts.envs_root().absolute()
 
     def _mount_keys(self) -> list[str]:
         # A version 1 state had one merged mount, keyed by the environment's digest, and
@@ -668,11 +680,13 @@ class Sandbox:
 
 
 def drop_parked(keys: set[str] | None = None, *, expired_only: bool = False,
-                now: float | None = None) -> list[str]:
+                now: float | None = None, own_root: bool = False) -> list[str]:
     """Remove parked sandboxes: every one, those over one of the shared mounts `keys`, or
     (`expired_only`) those past their time (parking.py) or over a mount that no longer
-    answers. Their ids. (Here, not in gc.py: the node service's housekeeping runs it after
-    every release, and gc's imports cost that process ~14 ms.)"""
+    answers; with `own_root`, only those over this process's folder of shared mounts
+    ($WEENV_ENVS_ROOT: the node service's housekeeping keeps its own). Their ids. (Here,
+    not in gc.py: the node service's housekeeping runs it after every release, and gc's
+    imports cost that process ~14 ms.)"""
     seconds, now = parking.park_seconds(), time.time() if now is None else now
     dropped = []
     for sandbox_id in list_ids():
@@ -685,6 +699,8 @@ def drop_parked(keys: set[str] | None = None, *, expired_only: bool = False,
         if keys is not None and not keys & set(state.get("mounts") or ()):
             continue
         box = Sandbox(state)
+        if own_root and not box.in_envs_root():
+            continue
         if expired_only and not (parking.expired(state.get("parked"), now, seconds)
                                  or box.mount_problem()):
             continue
@@ -714,6 +730,7 @@ def _record(source: EnvSource, options: SandboxOptions) -> dict[str, Any]:
     return {
         "env": {"ref": source.ref, "digest": source.digest, "store": source.store_url,
                 "cache": str(source.cache_dir)},
+        "envs_root": str(mounts.envs_root().absolute()),
         "limits": asdict(options.limits),
         "network": options.network,
         "tmpfs_upper": options.tmpfs_upper,
