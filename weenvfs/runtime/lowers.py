@@ -128,7 +128,7 @@ def _mount_missing(
     cancel = threading.Event()
     # The top layer replays the environment's hint; through the other layers' mounts it
     # reads their hinted files into the page cache too (core/page_warm.py).
-    layers = {m.layer: mounts.env_dir(m.key) / "root" for m in planned if m.layer is not None}
+    layers = {m.layer: mounts.mountpoint(m.key) for m in planned if m.layer is not None}
     top = max(layers, default=None)
 
     def take(mount: LowerMount) -> Path:

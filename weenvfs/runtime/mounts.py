@@ -140,16 +140,16 @@ def envs_root() -> Path:
     return Path(os.environ.get(ROOT_ENV) or ENVS_ROOT)
 
 
-def env_dir(key: str) -> Path:
-    """The folder of mount `key`."""
+def env_dir(key: str, root: Path | None = None) -> Path:
+    """The folder of mount `key`, in folder of shared mounts `root` (default: `envs_root()`)."""
     if len(key) != KEY_LEN or not all(c in "0123456789abcdef" for c in key):
         raise UsageError(f"not a mount key (64 hex digits): {key!r}")
-    return envs_root() / key
+    return (envs_root() if root is None else root) / key
 
 
-def mountpoint(key: str) -> Path:
-    """Where mount `key` is mounted on this node."""
-    return env_dir(key) / "root"
+def mountpoint(key: str, root: Path | None = None) -> Path:
+    """Where mount `key` is mounted on this node (in `root`, as `env_dir`)."""
+    return env_dir(key, root) / "root"
 
 
 @contextlib.contextmanager

@@ -457,9 +457,8 @@ class Sandbox:
         $WEENV_ENVS_ROOT looking at it, such as another node root's housekeeping, must not
         look in its own), else in this process's."""
         root = self.state.get("envs_root")
-        if not isinstance(root, str):
-            return [mounts.mountpoint(key) for key in self._mount_keys()]
-        return [Path(root) / mounts.env_dir(key).name / "root" for key in self._mount_keys()]
+        folder = Path(root) if isinstance(root, str) else None
+        return [mounts.mountpoint(key, folder) for key in self._mount_keys()]
 
     def in_envs_root(self) -> bool:
         """Whether its shared mounts are in this process's folder of shared mounts (states
