@@ -271,7 +271,7 @@ def acquire(
     with locked(key) as folder:
         prune_holders(folder, is_live)
         mp = folder / "root"
-        info = _read_info(folder)
+        info, mounted = _read_info(folder), False
         if not _alive_mount(mp):
             mp.mkdir(exist_ok=True)
             try:
@@ -281,7 +281,8 @@ def acquire(
                 if not _holders(folder):  # nobody else uses the folder: leave nothing
                     _teardown(folder)
                 raise
-        _hold(folder, info, holder, anchor, new=True)
+            mounted = True
+        _hold(folder, info, holder, anchor, mounted)
         return mp
 
 
@@ -301,15 +302,16 @@ def acquire_mounted(key: str, holder: str, *, is_live: Callable[[str], bool]) ->
 
 
 def _hold(folder: Path, info: dict[str, Any], holder: str, anchor: Path | None,
-          new: bool = False) -> None:
+          mounted: bool = False) -> None:
     """Register `holder` on the mount of `folder` (whose lock the caller holds): its idle
-    timer stopped, its idle marks cleared. `info` is written to mount.json when it is new
-    or had such marks (a mount that is held already, by a parked root say, has none)."""
+    timer stopped, its idle marks cleared. `info` is written to mount.json when the caller
+    just `mounted` it or it had such marks (a mount held already, by a parked root say, has
+    none)."""
     idle = any(key in info for key in ("timer_pid", "warm_until", "idle_since"))
     _stop_timer(info)
     info.pop("warm_until", None)
     info.pop("idle_since", None)
-    if idle or new:
+    if idle or mounted:
         _write_info(folder, info)
     (folder / "holders").mkdir(exist_ok=True)
     if anchor is None:
