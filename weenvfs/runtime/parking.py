@@ -154,11 +154,8 @@ def parked_record(keys: Sequence[str], seconds: float) -> dict[str, Any]:
     return {"at": now, "until": now + seconds, "daemons": daemon_ids(keys)}
 
 
-def expired(record: dict[str, Any] | None, now: float, seconds: float) -> bool:
-    """Whether a root parked with `record` is past its time (or parked by no valid record);
-    `seconds` counts from its parking time only for a record that names no end."""
-    record = record or {}
-    until, at = record.get("until"), record.get("at")
-    if isinstance(until, int | float):
-        return until <= now
-    return not isinstance(at, int | float) or at + seconds <= now
+def expired(record: dict[str, Any] | None, now: float) -> bool:
+    """Whether a root parked with `record` is past its end (or parked by no valid record,
+    one made before ends were recorded among them: a parked root is only a cache)."""
+    until = (record or {}).get("until")
+    return not isinstance(until, int | float) or until <= now

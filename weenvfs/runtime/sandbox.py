@@ -686,7 +686,7 @@ def drop_parked(keys: set[str] | None = None, *, expired_only: bool = False,
     ($WEENV_ENVS_ROOT: the node service's housekeeping keeps its own). Their ids. (Here,
     not in gc.py: the node service's housekeeping runs it after every release, and gc's
     imports cost that process ~14 ms.)"""
-    seconds, now = parking.park_seconds(), time.time() if now is None else now
+    now = time.time() if now is None else now
     dropped = []
     for sandbox_id in list_ids():
         try:
@@ -700,7 +700,7 @@ def drop_parked(keys: set[str] | None = None, *, expired_only: bool = False,
         box = Sandbox(state)
         if own_root and not box.in_envs_root():
             continue
-        if expired_only and not (parking.expired(state.get("parked"), now, seconds)
+        if expired_only and not (parking.expired(state.get("parked"), now)
                                  or box.mount_problem()):
             continue
         try:
