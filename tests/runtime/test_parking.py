@@ -153,18 +153,18 @@ def test_expired_parked_roots_are_removed_by_gc_and_the_housekeeping(
 
 
 def test_another_node_roots_housekeeping_leaves_a_parked_root_alone(
-        parked_env: EnvRef, tmp_path: Path) -> None:
+        parked_env: EnvRef, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A parked root's mounts are in the folder of shared mounts it was made in: the
     housekeeping of another one ($WEENV_ENVS_ROOT), which found no mount at those keys in
     its own folder, took the root for one over dead mounts and removed it (the tests' session
     service did so to this file's roots)."""
     parked = _hostname(parked_env)
-    other = {**os.environ, mounts.ROOT_ENV: str(tmp_path / "other-envs")}
+    own = os.environ[mounts.ROOT_ENV]
+    monkeypatch.setenv(mounts.ROOT_ENV, str(tmp_path / "other-envs"))
     for command in (("mounts", "evict", "--expired", "--quiet"), ("mounts", "evict", "--all")):
-        done = subprocess.run([sys.executable, "-m", "weenvfs", *command], env=other,
-                              capture_output=True, timeout=120, check=True)
-        assert b"Traceback" not in done.stderr
+        assert b"Traceback" not in run_weenv(*command).stderr
         assert _parked(parked_env) == [parked]
+    monkeypatch.setenv(mounts.ROOT_ENV, own)
     listed = json.loads(run_weenv("sandbox", "ls", "--json").stdout)["sandboxes"]
     assert [b["status"] for b in listed if b["id"] == parked] == ["parked"]
     assert _hostname(parked_env) == parked  # and the next run takes it over
