@@ -45,7 +45,6 @@ DEMO_COMMAND = (
     "import json, sqlite3, sys; print('hello from', sys.version.split()[0], 'in weenv')",
 )
 ENV_REF = "demo/python:latest"
-HINT_TAG = "latest"  # what a first run publishes and later mounts replay
 HINT_WAIT = 60.0  # seconds the demo waits for the node service to publish the first run's hint
 
 
@@ -79,8 +78,8 @@ def _publish(tree: Path, store_url: str, quiet: bool) -> tuple[str, int]:
         compose_env(repo, "demo/python", "latest", ["demo/debian-python:latest"], config)
         digest, _ = repo.resolve_env(ENV_REF)
         with contextlib.suppress(RefNotFound):
-            repo.get_tag("hints", digest, HINT_TAG)
-            repo.delete_tag("hints", digest, HINT_TAG)
+            repo.get_tag("hints", digest, recording.HINT_TAG)
+            repo.delete_tag("hints", digest, recording.HINT_TAG)
         _, report = inspect_env(repo, ENV_REF)
     print(f"published: {result.as_dict().get('bytes_new', 0)} new bytes", file=sys.stderr)
     return digest, int(report["size"]["file_bytes"])
@@ -100,7 +99,7 @@ def _wait_for_hint(store_url: str, digest: str) -> bool:
         repo = Repository(store)
         while True:
             with contextlib.suppress(RefNotFound):
-                repo.get_tag("hints", digest, HINT_TAG)
+                repo.get_tag("hints", digest, recording.HINT_TAG)
                 return True
             if time.monotonic() > deadline:
                 return False
