@@ -35,7 +35,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _mounting import BENCH_DIR, Published, drop_caches, evict_shared_mounts, mount_server, weenv
+from _mounting import (
+    BENCH_DIR,
+    Published,
+    drop_caches,
+    evict_shared_mounts,
+    mount_server,
+    weenv,
+    weenv_command,
+)
 from weenv_peer import mirror, point_hint_tag, start_seaweed
 
 from weenvfs.errors import RefNotFound
@@ -55,12 +63,6 @@ with Environment.open(sys.argv[1], store=sys.argv[2], cache=sys.argv[3]) as env:
     result = env.exec(["/usr/bin/python3", "-c", sys.argv[4]], timeout=900)
 sys.exit(result.exit_code)
 """
-
-
-def weenv_command() -> list[str]:
-    """`weenv` as the README runs it: the installed entry point next to this interpreter."""
-    script = Path(sys.executable).parent / "weenv"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "weenvfs"]
 
 
 class ReadmeRuns:

@@ -59,7 +59,7 @@ from _common import (
     repeats_for,
     write_json,
 )
-from _mounting import environment, evict_shared_mounts, mount_server, weenv
+from _mounting import environment, evict_shared_mounts, mount_server, weenv, weenv_command
 from docker_peer import DOCKER, Dockerd, docker_unavailable
 
 from weenvfs.runtime.environment import Environment
@@ -132,9 +132,7 @@ class Bench:
                      runtime: str | None = None) -> Callable[[], object]:
         """`weenv run ... true` as the README runs it (the installed entry point), carried
         out by the node service or (WEENV_NODE_RUN=off) by the client itself."""
-        script = Path(sys.executable).parent / "weenv"
-        argv = [*([str(script)] if script.exists() else [sys.executable, "-m", "weenvfs"]),
-                "run", "--store", str(self.store), "--cache", str(self.cache),
+        argv = [*weenv_command(), "run", "--store", str(self.store), "--cache", str(self.cache),
                 "--no-record-hint", self.ref, "true"]
         env = {**os.environ, "WEENV_NODE_RUN": "on" if node_service else "off",
                **({RUNTIME_ENV: runtime} if runtime else {})}
