@@ -138,3 +138,25 @@ def test_lowers_already_up_are_taken_and_given_back_when_another_cannot_be_mount
     assert {m.key: m.holders for m in mounts.list_mounts()}[third.keys[1]] == ()
     with pytest.raises(WeenvError):  # and a sandbox of it fails the same way
         Environment.open(third.ref, store=third.store, cache=third.cache)
+
+
+def test_a_mount_table_read_before_an_eviction_takes_nothing(
+        warm_root: Path, env_ref: EnvRef, caplog: pytest.LogCaptureFixture) -> None:
+    """`acquire_lowers` reads the node's mount table once for every lower
+    (`mounts.acquire_mounted(..., mounted=)`), before it takes each mount's lock: a mount
+    evicted in between is not taken (nor taken for dead), and one still up is."""
+    with Environment.open(env_ref.ref, store=env_ref.store, cache=env_ref.cache) as env:
+        assert env.exec(["true"]).exit_code == 0
+    key = env_ref.keys[-1]
+    table = daemon.mount_points()
+    assert table is not None and daemon.is_mounted(mounts.mountpoint(key), table)
+    taken = mounts.acquire_mounted(key, "weenv-test-table", is_live=lambda h: True,
+                                   mounted=table)
+    assert taken == mounts.mountpoint(key)
+    mounts.release(key, "weenv-test-table")
+    assert mounts.evict(key, force=True)
+    with caplog.at_level("WARNING"):
+        assert mounts.acquire_mounted(key, "weenv-test-table", is_live=lambda h: True,
+                                      mounted=table) is None
+    assert "dead" not in caplog.text
+    assert key not in {m.key: m.holders for m in mounts.list_mounts() if m.holders}

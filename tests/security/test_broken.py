@@ -8,13 +8,15 @@ import json
 import os
 import signal
 
+import pytest
 from support.polling import wait_for
 from support.runtime import EnvRef, run_weenv
 
 from weenvfs.fuse import daemon
 from weenvfs.runtime import mounts
-from weenvfs.runtime.environment import Environment
-from weenvfs.runtime.sandbox import SandboxBroken
+from weenvfs.runtime import sandbox as sandbox_module
+from weenvfs.runtime.environment import Environment, resolve_source
+from weenvfs.runtime.sandbox import Sandbox, SandboxBroken, SandboxOptions
 
 
 def _kill_daemons(keys: tuple[str, ...]) -> None:
@@ -53,3 +55,27 @@ def test_the_python_api_raises_a_clear_error(env_ref: EnvRef) -> None:
         else:
             raise AssertionError("exec in a broken sandbox did not raise")
         assert env.sandbox.status() == "broken"
+
+
+def test_a_runs_first_command_trusts_the_check_its_create_just_made(
+        env_ref: EnvRef, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's sandbox (`start=False`, `weenv run`) checks its shared mounts in `create`; its
+    first command, which follows at once, does not ask every mount's daemon again
+    (`MOUNTS_FRESH`), its later ones do; past MOUNTS_FRESH the first one does too."""
+    source = resolve_source(env_ref.ref, env_ref.store, env_ref.cache, False)
+    box = Sandbox.create(source, SandboxOptions(), owner_pid=os.getpid(), start=False)
+    try:
+        _kill_daemons(env_ref.keys)
+        assert box.command(("true",)).args == ("true",)  # the window: create's check stands
+        with pytest.raises(SandboxBroken, match="mount"):
+            box.command(("true",))
+    finally:
+        box.destroy(keep_upper=False)
+    monkeypatch.setattr(sandbox_module, "MOUNTS_FRESH", -1.0)
+    box = Sandbox.create(source, SandboxOptions(), owner_pid=os.getpid(), start=False)
+    try:
+        _kill_daemons(env_ref.keys)
+        with pytest.raises(SandboxBroken, match="mount"):
+            box.command(("true",))
+    finally:
+        box.destroy(keep_upper=False)

@@ -79,9 +79,10 @@ def kernel_dir(mountpoint: Path) -> Path:
     return run_dir().parent / "kernel" / pid_file(mountpoint).stem
 
 
-def is_kernel_mount(mountpoint: Path) -> bool:
-    """Whether `mountpoint` is served by the kernel path (its device folder is mounted)."""
-    return is_mounted(kernel_dir(mount_path(mountpoint)) / "devices")
+def is_kernel_mount(mountpoint: Path, mounted: frozenset[bytes] | None = None) -> bool:
+    """Whether `mountpoint` is served by the kernel path (its device folder is mounted;
+    `mounted` as for `is_mounted`)."""
+    return is_mounted(kernel_dir(mount_path(mountpoint)) / "devices", mounted)
 
 
 def write_pid_file(mountpoint: Path, info: dict[str, Any]) -> Path:
@@ -432,13 +433,13 @@ def _wait_unless_held_elsewhere(pid: int, mp: Path, timeout: float) -> None:
     wait_exit(pid, timeout - waited)
 
 
-def check_answers(mountpoint: Path) -> None:
+def check_answers(mountpoint: Path, mounted: frozenset[bytes] | None = None) -> None:
     """Raise OSError (ENOTCONN for a dead daemon) unless the mount at `mountpoint` answers:
     its root, and on the kernel path its device folder too (EROFS answers stat from the
-    kernel even when the daemon serving its data is gone)."""
+    kernel even when the daemon serving its data is gone). `mounted` as for `is_mounted`."""
     mp = mount_path(mountpoint)
     os.stat(mp)
-    if is_kernel_mount(mp):
+    if is_kernel_mount(mp, mounted):
         # statfs always reaches the daemon; a stat may be answered from the attribute cache.
         os.statvfs(kernel_dir(mp) / "devices")
 

@@ -104,8 +104,9 @@ def acquire_lowers(
     is raised."""
     up: dict[str, Path] = {}
     try:
+        table = daemon.mount_points()  # read once for them all (mounts.acquire_mounted)
         for mount in planned:
-            taken = mounts.acquire_mounted(mount.key, holder, is_live=is_live)
+            taken = mounts.acquire_mounted(mount.key, holder, is_live=is_live, mounted=table)
             if taken is not None:
                 up[mount.key] = taken
         missing = [m for m in planned if m.key not in up]
