@@ -77,6 +77,11 @@ class Image:
     config: ImageConfig
     layers: tuple[Layer, ...]
     index_digest: str | None = None  # the image index the manifest was selected from
+    # The manifest and config as the source sent them (verified), for a client that records
+    # the image elsewhere (`weenv pull` writes them into containerd); empty where unknown.
+    manifest_bytes: bytes = field(default=b"", repr=False, compare=False)
+    config_media_type: str = ""
+    config_bytes: bytes = field(default=b"", repr=False, compare=False)
 
     @property
     def platform(self) -> str:
@@ -168,7 +173,7 @@ class ImageSource(ABC):
             obj = load_json(data, f"{self.label} manifest {short_digest(digest)}")
             kind = document_type(obj, declared, f"{self.label} manifest {short_digest(digest)}")
             if kind in MANIFEST_TYPES:
-                return self._image(obj, kind, digest, index_digest, plat)
+                return self._image(obj, data, kind, digest, index_digest, plat)
             index_digest = index_digest or digest
             desc = select_manifest(obj, plat, f"{self.label} index {short_digest(digest)}")
             data = self.fetch_blob(desc, MAX_MANIFEST_BYTES)
@@ -178,6 +183,7 @@ class ImageSource(ABC):
     def _image(
         self,
         manifest: dict[str, Any],
+        manifest_bytes: bytes,
         kind: str,
         digest: str,
         index_digest: str | None,
@@ -185,9 +191,8 @@ class ImageSource(ABC):
     ) -> Image:
         what = f"{self.label} manifest {short_digest(digest)}"
         config_desc = config_descriptor(manifest, what)
-        config = parse_config(
-            self.fetch_blob(config_desc, MAX_CONFIG_BYTES), f"{self.label} config"
-        )
+        config_bytes = self.fetch_blob(config_desc, MAX_CONFIG_BYTES)
+        config = parse_config(config_bytes, f"{self.label} config")
         descs = [
             Descriptor.from_json(d, f"{what} layers[{n}]") for n, d in enumerate(manifest["layers"])
         ]
@@ -210,7 +215,8 @@ class ImageSource(ABC):
             )
             for n, d in enumerate(descs)
         )
-        return Image(self.label, digest, kind, config_desc.digest, config, layers, index_digest)
+        return Image(self.label, digest, kind, config_desc.digest, config, layers, index_digest,
+                     manifest_bytes, config_desc.media_type, config_bytes)
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,19 @@ PROTO_ROOT = Path("/usr/share/gocode/src/github.com/containerd/containerd/api")
 SNAPSHOTS = PROTO_ROOT / "services/snapshots/v1/snapshots.proto"
 MOUNT = PROTO_ROOT / "types/mount.proto"
 LEASES = PROTO_ROOT / "services/leases/v1/leases.proto"
+CONTENT = PROTO_ROOT / "services/content/v1/content.proto"
+IMAGES = PROTO_ROOT / "services/images/v1/images.proto"
+DESCRIPTOR = PROTO_ROOT / "types/descriptor.proto"
 _FIELD = re.compile(r"^\s*(repeated\s+)?(map<string,\s*string>|[\w.]+)\s+(\w+)\s*=\s*(\d+)",
                     re.M)
-_TYPES = {"string": api.STRING, "int64": api.INT64, "bool": api.BOOL, "Kind": api.ENUM}
+_TYPES = {"string": api.STRING, "int64": api.INT64, "bool": api.BOOL, "bytes": api.BYTES,
+          "Kind": api.ENUM, "WriteAction": api.ENUM}
 
 
 @pytest.fixture(autouse=True)
 def _protos(require_or_skip: Callable[[object, str], None]) -> None:
-    require_or_skip(SNAPSHOTS.exists() and MOUNT.exists() and LEASES.exists(),
+    require_or_skip(all(p.exists() for p in (SNAPSHOTS, MOUNT, LEASES, CONTENT, IMAGES,
+                                              DESCRIPTOR)),
                     "containerd's .proto files missing (Debian package "
                     "golang-github-containerd-containerd-dev)")
 
@@ -49,7 +54,8 @@ def test_messages_match_the_proto() -> None:
 
 
 def _rpcs(text: str) -> dict[str, tuple[str, str, bool]]:
-    rpcs = re.findall(r"rpc (\w+)\((\w+)\) returns \((stream )?([\w.]+)\)", text)
+    """rpc -> (request, response, whether the response is streamed)."""
+    rpcs = re.findall(r"rpc (\w+)\((?:stream )?(\w+)\) returns \((stream )?([\w.]+)\)", text)
     return {name: (req, resp, bool(stream)) for name, req, stream, resp in rpcs}
 
 
@@ -67,6 +73,27 @@ def test_the_leases_part_matches_the_proto() -> None:
     assert {name: rpcs[name] for name in api.LEASE_METHODS} == api.LEASE_METHODS
     messages = _messages(text)
     assert _table(api.LEASE_MESSAGES) == {name: messages[name] for name in api.LEASE_MESSAGES}
+
+
+@pytest.mark.parametrize(("path", "messages", "methods"), [
+    (CONTENT, api.CONTENT_MESSAGES, api.CONTENT_METHODS),
+    (IMAGES, api.IMAGES_MESSAGES, api.IMAGES_METHODS),
+])
+def test_the_content_and_images_parts_match_the_proto(
+        path: Path, messages: dict[str, list[api.Field]],
+        methods: dict[str, tuple[str, str, bool]]) -> None:
+    """Only the content and images calls `weenv pull` makes are in the tables: each as the
+    .proto has it (content's Write streams both ways)."""
+    text = path.read_text()
+    rpcs = _rpcs(text)
+    assert {name: rpcs[name] for name in methods} == methods
+    found = _messages(text)
+    assert _table(messages) == {name: found[name] for name in messages}
+    assert _table(api.DESCRIPTOR) == _messages(DESCRIPTOR.read_text())
+    if path == CONTENT:
+        assert "rpc Write(stream WriteContentRequest)" in text
+        actions = dict(re.findall(r"^\s*(STAT|WRITE|COMMIT) = (\d+)", text, re.M))
+        assert {k: int(v) for k, v in actions.items()} == api.WRITE_ACTIONS
 
 
 def test_lease_messages_round_trip() -> None:

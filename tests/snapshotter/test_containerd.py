@@ -39,6 +39,7 @@ def test_pull_run_export_equal_and_removal_leaves_nothing(node: Node, tmp_path: 
     done = node.pull(ref, "--json")
     result = json.loads(done.stdout)
     assert result["weenv_layers"] == [0, 1]  # both prepared through their labels
+    assert result["recorded_by"] == "weenv"  # no ordinary layer: no `ctr images pull`
     assert len(node.snapshots()) == 2
     # The image's config came through: its command checks cwd and env.
     assert node.run(ref, "t-two") == 0
@@ -82,6 +83,47 @@ def test_ctr_pull_reads_the_markers(node: Node) -> None:
     log = (node.tmp / "snapshotter.log").read_text()
     assert "committed as" in log and "(from its marker)" in log
     assert node.run(ref, "t-one", "/bin/sh", "-c", "test -x /bin/ls && test ! -e /.weenv") == 0
+    node.remove_image(ref)
+
+
+def _content_labels(node: Node, namespace: str) -> dict[str, dict[str, str]]:
+    """digest -> labels of the content store of `namespace` (`ctr content ls`)."""
+    out = {}
+    for line in node.ctr("-n", namespace, "content", "ls").stdout.splitlines()[1:]:
+        digest, *_, labels = line.split("\t")
+        out[digest] = dict(kv.split("=", 1) for kv in labels.split(",") if "=" in kv)
+    return out
+
+
+def test_the_direct_record_is_what_ctr_images_pull_writes(node: Node) -> None:
+    """An image of WeEnv layers only is recorded by `weenv pull` itself (image_record.py):
+    its image record, manifest and config, with their labels, as `ctr images pull` of the
+    same image leaves them (here through the markers, in another namespace); only the layer
+    blobs, whose snapshots are present, are not fetched. A second pull (the content there
+    already) keeps the record as it is."""
+    ref = node.push("two", "rec")
+    result = json.loads(node.pull(ref, "--json").stdout)
+    assert result["recorded_by"] == "weenv" and result["weenv_layers"] == [0, 1]
+    node.ctr("-n", "other", "images", "pull", "--plain-http", "--snapshotter", "weenv", ref)
+    try:
+        images = {ns: [line.split()[:3] for line in node.ctr(
+            "-n", ns, "images", "ls").stdout.splitlines()[1:]] for ns in ("default", "other")}
+        assert images["default"] == images["other"] == [[ref, images["other"][0][1],
+                                                          images["other"][0][2]]]
+        ours, ctrs = _content_labels(node, "default"), _content_labels(node, "other")
+        manifest = images["other"][0][2]
+        config = ctrs[manifest]["containerd.io/gc.ref.content.config"]
+        for digest in (manifest, config):
+            assert ours[digest] == ctrs[digest], digest
+        layers = {v for k, v in ctrs[manifest].items() if ".content.l." in k}
+        assert len(layers) == 2 and not layers & set(ours)
+        assert set(ctrs) == {manifest, config} | layers
+        again = json.loads(node.pull(ref, "--json").stdout)
+        assert again["present"] == [0, 1] and again["recorded_by"] == "weenv"
+        assert _content_labels(node, "default") == ours
+        assert node.run(ref, "t-rec", "/bin/sh", "-c", "test -s /work/task.txt") == 0
+    finally:
+        node.ctr("-n", "other", "images", "rm", "--sync", ref, check=False)
     node.remove_image(ref)
 
 

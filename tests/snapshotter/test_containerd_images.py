@@ -87,6 +87,7 @@ def test_a_tar_layer_over_a_weenv_group(node: Node, how: str) -> None:
     if how == "labels":
         result = json.loads(node.pull(ref, "--json").stdout)
         assert result["weenv_layers"] == [0]  # the tar layer is left to `ctr images pull`
+        assert result["recorded_by"] == "ctr"
     else:
         node.ctr("images", "pull", "--plain-http", "--snapshotter", "weenv", ref)
     assert len(node.snapshots()) == 2

@@ -1,9 +1,10 @@
-"""containerd's snapshots API v1 (and the part of its leases API v1 that `weenv pull` uses) as
-protobuf messages, built at import from these tables.
+"""containerd's snapshots API v1 (and the parts of its leases, content and images APIs v1 that
+`weenv pull` uses) as protobuf messages, built at import from these tables.
 
-The tables mirror `api/services/snapshots/v1/snapshots.proto`, `api/types/mount.proto` and
-`api/services/leases/v1/leases.proto` of containerd 1.6 (field names, numbers and types; the
-gogoproto options change only Go code).
+The tables mirror `api/services/snapshots/v1/snapshots.proto`, `api/types/mount.proto`,
+`api/types/descriptor.proto` and the `leases`, `content` and `images` services' .proto files
+of containerd 1.6 (field names, numbers and types; the gogoproto options change only Go
+code).
 Why not generated code or protoc at install time: the .proto files import gogoproto, which no
 Python package ships, and production nodes have no Go sources to compile from; the wire
 format is fixed by names and numbers, which this table states and
@@ -32,13 +33,22 @@ PACKAGE = "containerd.services.snapshots.v1"
 TYPES_PACKAGE = "containerd.types"
 LEASES_SERVICE = "containerd.services.leases.v1.Leases"
 LEASES_PACKAGE = "containerd.services.leases.v1"
+CONTENT_SERVICE = "containerd.services.content.v1.Content"
+CONTENT_PACKAGE = "containerd.services.content.v1"
+IMAGES_SERVICE = "containerd.services.images.v1.Images"
+IMAGES_PACKAGE = "containerd.services.images.v1"
 
-STRING, INT64, BOOL, ENUM, MESSAGE = "string", "int64", "bool", "enum", "message"
+STRING, INT64, BOOL, BYTES, ENUM, MESSAGE = "string", "int64", "bool", "bytes", "enum", "message"
 # message -> fields (name, number, type, repeated, message/enum type name)
 Field = tuple[str, int, str, bool, str]
 MOUNT: dict[str, list[Field]] = {
     "Mount": [("type", 1, STRING, False, ""), ("source", 2, STRING, False, ""),
               ("target", 3, STRING, False, ""), ("options", 4, STRING, True, "")],
+}
+DESCRIPTOR: dict[str, list[Field]] = {
+    "Descriptor": [("media_type", 1, STRING, False, ""), ("digest", 2, STRING, False, ""),
+                   ("size", 3, INT64, False, ""),
+                   ("annotations", 5, MESSAGE, True, "AnnotationsEntry")],
 }
 _LABELS = ("labels", 4, MESSAGE, True, "LabelsEntry")  # map<string, string>
 _MOUNTS = ("mounts", 1, MESSAGE, True, ".containerd.types.Mount")
@@ -104,9 +114,57 @@ LEASE_METHODS: dict[str, tuple[str, str, bool]] = {
     "Create": ("CreateRequest", "CreateResponse", False),
     "Delete": ("DeleteRequest", "google.protobuf.Empty", False),
 }
+# The content messages `weenv pull` sends and receives (content.proto): it writes an image's
+# manifest and config into containerd's content store, with their labels.
+_TIMESTAMP = ".google.protobuf.Timestamp"
+CONTENT_MESSAGES: dict[str, list[Field]] = {
+    "Info": [("digest", 1, STRING, False, ""), ("size", 2, INT64, False, ""),
+             ("created_at", 3, MESSAGE, False, _TIMESTAMP),
+             ("updated_at", 4, MESSAGE, False, _TIMESTAMP),
+             ("labels", 5, MESSAGE, True, "LabelsEntry")],
+    "InfoRequest": [("digest", 1, STRING, False, "")],
+    "InfoResponse": [("info", 1, MESSAGE, False, "Info")],
+    "UpdateRequest": [("info", 1, MESSAGE, False, "Info"),
+                      ("update_mask", 2, MESSAGE, False, ".google.protobuf.FieldMask")],
+    "UpdateResponse": [("info", 1, MESSAGE, False, "Info")],
+    "WriteContentRequest": [("action", 1, ENUM, False, "WriteAction"),
+                            ("ref", 2, STRING, False, ""), ("total", 3, INT64, False, ""),
+                            ("expected", 4, STRING, False, ""), ("offset", 5, INT64, False, ""),
+                            ("data", 6, BYTES, False, ""),
+                            ("labels", 7, MESSAGE, True, "LabelsEntry")],
+    "WriteContentResponse": [("action", 1, ENUM, False, "WriteAction"),
+                             ("started_at", 2, MESSAGE, False, _TIMESTAMP),
+                             ("updated_at", 3, MESSAGE, False, _TIMESTAMP),
+                             ("offset", 4, INT64, False, ""), ("total", 5, INT64, False, ""),
+                             ("digest", 6, STRING, False, "")],
+}
+WRITE_ACTIONS = {"STAT": 0, "WRITE": 1, "COMMIT": 2}
+# method -> (request, response, response streamed); Write streams its requests too.
+CONTENT_METHODS: dict[str, tuple[str, str, bool]] = {
+    "Info": ("InfoRequest", "InfoResponse", False),
+    "Update": ("UpdateRequest", "UpdateResponse", False),
+    "Write": ("WriteContentRequest", "WriteContentResponse", True),
+}
+# The images messages `weenv pull` uses (images.proto): the image record.
+IMAGES_MESSAGES: dict[str, list[Field]] = {
+    "Image": [("name", 1, STRING, False, ""), ("labels", 2, MESSAGE, True, "LabelsEntry"),
+              ("target", 3, MESSAGE, False, ".containerd.types.Descriptor"),
+              ("created_at", 7, MESSAGE, False, _TIMESTAMP),
+              ("updated_at", 8, MESSAGE, False, _TIMESTAMP)],
+    "CreateImageRequest": [("image", 1, MESSAGE, False, "Image")],
+    "CreateImageResponse": [("image", 1, MESSAGE, False, "Image")],
+    "UpdateImageRequest": [("image", 1, MESSAGE, False, "Image"),
+                           ("update_mask", 2, MESSAGE, False, ".google.protobuf.FieldMask")],
+    "UpdateImageResponse": [("image", 1, MESSAGE, False, "Image")],
+}
+IMAGES_METHODS: dict[str, tuple[str, str, bool]] = {
+    "Create": ("CreateImageRequest", "CreateImageResponse", False),
+    "Update": ("UpdateImageRequest", "UpdateImageResponse", False),
+}
 _TYPES = {STRING: descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
           INT64: descriptor_pb2.FieldDescriptorProto.TYPE_INT64,
           BOOL: descriptor_pb2.FieldDescriptorProto.TYPE_BOOL,
+          BYTES: descriptor_pb2.FieldDescriptorProto.TYPE_BYTES,
           ENUM: descriptor_pb2.FieldDescriptorProto.TYPE_ENUM,
           MESSAGE: descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE}
 
@@ -119,9 +177,9 @@ def _add_message(file: descriptor_pb2.FileDescriptorProto, name: str,
         field = msg.field.add(name=fname, number=number, type=_TYPES[kind], json_name=fname)
         field.label = (descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED if repeated
                        else descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
-        if type_name == "LabelsEntry":
-            field.type_name = f".{package}.{name}.LabelsEntry"
-            entry = msg.nested_type.add(name="LabelsEntry")
+        if type_name in ("LabelsEntry", "AnnotationsEntry"):  # map<string, string>
+            field.type_name = f".{package}.{name}.{type_name}"
+            entry = msg.nested_type.add(name=type_name)
             entry.options.map_entry = True
             for key, num in (("key", 1), ("value", 2)):
                 entry.field.add(name=key, number=num, type=_TYPES[STRING], json_name=key,
@@ -142,6 +200,11 @@ def _build_pool() -> descriptor_pool.DescriptorPool:
         package=TYPES_PACKAGE, syntax="proto3")
     _add_message(types, "Mount", MOUNT["Mount"])
     pool.Add(types)
+    descriptor = descriptor_pb2.FileDescriptorProto(
+        name="github.com/containerd/containerd/api/types/descriptor.proto",
+        package=TYPES_PACKAGE, syntax="proto3")
+    _add_message(descriptor, "Descriptor", DESCRIPTOR["Descriptor"])
+    pool.Add(descriptor)
     snaps = descriptor_pb2.FileDescriptorProto(
         name="github.com/containerd/containerd/api/services/snapshots/v1/snapshots.proto",
         package=PACKAGE, syntax="proto3",
@@ -160,6 +223,24 @@ def _build_pool() -> descriptor_pool.DescriptorPool:
     for name, fields in LEASE_MESSAGES.items():
         _add_message(leases, name, fields)
     pool.Add(leases)
+    content = descriptor_pb2.FileDescriptorProto(
+        name="github.com/containerd/containerd/api/services/content/v1/content.proto",
+        package=CONTENT_PACKAGE, syntax="proto3",
+        dependency=["google/protobuf/field_mask.proto", "google/protobuf/timestamp.proto"])
+    action = content.enum_type.add(name="WriteAction")
+    for name, number in WRITE_ACTIONS.items():
+        action.value.add(name=name, number=number)
+    for name, fields in CONTENT_MESSAGES.items():
+        _add_message(content, name, fields)
+    pool.Add(content)
+    images = descriptor_pb2.FileDescriptorProto(
+        name="github.com/containerd/containerd/api/services/images/v1/images.proto",
+        package=IMAGES_PACKAGE, syntax="proto3",
+        dependency=["google/protobuf/field_mask.proto", "google/protobuf/timestamp.proto",
+                    descriptor.name])
+    for name, fields in IMAGES_MESSAGES.items():
+        _add_message(images, name, fields)
+    pool.Add(images)
     return pool
 
 

@@ -77,9 +77,11 @@ def _register_pull(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
             "Pull image REF (HOST/REPO[:TAG], pushed by `weenv push`) into containerd for the\n"
             "snapshotter `weenv`: each WeEnv layer is prepared with its annotations as\n"
             "snapshot labels (as Kubernetes' CRI does), so the snapshotter mounts its group\n"
-            "and containerd neither downloads nor unpacks it; then `ctr images pull` records\n"
-            "the image and unpacks any ordinary layer. Run it with `ctr run --snapshotter\n"
-            "weenv REF ...`. Registry auth as `weenv convert` (docker config, --creds)."
+            "and containerd neither downloads nor unpacks it. An image of WeEnv layers only\n"
+            "is then recorded directly (its manifest and config, as `ctr images pull` would);\n"
+            "any other goes through `ctr images pull`, which unpacks its ordinary layers.\n"
+            "Run it with `ctr run --snapshotter weenv REF ...`. Registry auth as `weenv\n"
+            "convert` (docker config, --creds)."
         ),
         examples=[
             "weenv pull 127.0.0.1:5000/py-env:v1 --insecure",
@@ -156,7 +158,8 @@ def _cmd_pull(args: argparse.Namespace) -> int:
         containerd.close()
     if args.json:
         print_json({"image": args.ref, "chain_ids": result.chain_ids,
-                    "weenv_layers": result.weenv_layers, "present": result.present})
+                    "weenv_layers": result.weenv_layers, "present": result.present,
+                    "recorded_by": result.recorded_by})
     else:
         print(f"pulled {args.ref}: {len(result.chain_ids)} layers, "
               f"{len(result.weenv_layers)} WeEnv layers mounted lazily, "
