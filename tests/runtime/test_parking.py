@@ -170,6 +170,22 @@ def test_another_node_roots_housekeeping_leaves_a_parked_root_alone(
     assert _hostname(parked_env) == parked  # and the next run takes it over
 
 
+def test_a_sandbox_removed_from_another_node_root_gives_its_mounts_back(
+        parked_env: EnvRef, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`weenv sandbox rm` run with another $WEENV_ENVS_ROOT releases the sandbox's mounts in
+    the folder they are in (its state's), not in its own, where they are not: they were
+    left held for good."""
+    parked = _hostname(parked_env)
+    held = {m.key: m.holders for m in mounts.list_mounts()}
+    assert all(held[key] == (parked,) for key in parked_env.keys)
+    own = os.environ[mounts.ROOT_ENV]
+    monkeypatch.setenv(mounts.ROOT_ENV, str(tmp_path / "other-envs"))
+    run_weenv("sandbox", "rm", parked)
+    monkeypatch.setenv(mounts.ROOT_ENV, own)
+    held = {m.key: m.holders for m in mounts.list_mounts()}
+    assert all(held.get(key, ()) == () for key in parked_env.keys), held
+
+
 def test_parking_off_parks_nothing(parked_env: EnvRef, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(parking.PARK_SECONDS_ENV, "0")
     first = _hostname(parked_env)

@@ -170,17 +170,18 @@ def _settle(futures: Sequence[Future[Path]]) -> None:
 
 def release_lowers(
     keys: Sequence[str], holder: str, keep_warm: float | None = None, *,
-    publish_later: bool = False,
+    publish_later: bool = False, root: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """Drop `holder` from every mount of `keys` (see `mounts.release`: `keep_warm` None is
-    the node's policy; `publish_later` leaves a recording mount to the node service), then
+    """Drop `holder` from every mount of `keys` in folder of shared mounts `root` (default:
+    this process's; see `mounts.release`: `keep_warm` None is the node's policy;
+    `publish_later` leaves a recording mount to the node service), then
     evict what is over the node's bounds once for all of them (`mounts.evict_over_bounds`:
     by the node service when it runs); what the recording mounts this ended published (their
     result documents, or `pending` ones)."""
     outcomes = []
     for key in keys:
         outcome = mounts.release(key, holder, keep_warm, evict=False,
-                                 publish_later=publish_later)
+                                 publish_later=publish_later, root=root)
         if outcome is not None:
             outcomes.append(outcome)
     if keys:

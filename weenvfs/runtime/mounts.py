@@ -153,13 +153,14 @@ def mountpoint(key: str, root: Path | None = None) -> Path:
 
 
 @contextlib.contextmanager
-def locked(key: str) -> Iterator[Path]:
-    """Hold the environment's lock (blocking); yields its folder.
+def locked(key: str, root: Path | None = None) -> Iterator[Path]:
+    """Hold the environment's lock (blocking); yields its folder (in folder of shared mounts
+    `root`, as `env_dir`).
 
     A teardown removes the folder, lock file included, while holding the lock. A waiter that
     then wakes holds a lock on an unlinked file, so it checks that the path still names the
     file it locked and starts over otherwise (as the chunk cache's locks do)."""
-    folder = env_dir(key)
+    folder = env_dir(key, root)
     while True:
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -364,8 +365,11 @@ def _mount(
 
 
 def release(key: str, holder: str, keep_warm: float | None = None, *,
-            evict: bool = True, publish_later: bool = False) -> dict[str, Any] | None:
-    """Drop `holder`; when no holder is left, keep the mount warm for `keep_warm` seconds
+            evict: bool = True, publish_later: bool = False,
+            root: Path | None = None) -> dict[str, Any] | None:
+    """Drop `holder` from mount `key` (in folder of shared mounts `root`, default this
+    process's: a sandbox's own, whoever ends it); when no holder is left, keep the mount
+    warm for `keep_warm` seconds
     (None: the node's `WarmPolicy`; 0: unmount now), then evict what is over the node's
     bounds (`evict_over_bounds`; with `evict` False the caller does, once for several
     releases).
@@ -375,11 +379,11 @@ def release(key: str, holder: str, keep_warm: float | None = None, *,
     mount is never kept warm), else None. With `publish_later`, a recording mount is left
     to the node service when one answers (`_publish_later`), and what is returned says so
     (`pending`)."""
-    if not (env_dir(key) / "holders" / holder).exists():
+    if not (env_dir(key, root) / "holders" / holder).exists():
         return None  # not a holder (and `locked` would make the folder of a mount never made)
     policy = WarmPolicy.from_env()
     seconds = policy.seconds if keep_warm is None else keep_warm
-    with locked(key) as folder:
+    with locked(key, root) as folder:
         try:
             (folder / "holders" / holder).unlink()
         except FileNotFoundError:

@@ -465,9 +465,13 @@ class Sandbox:
         shared mounts it was made in (`envs_root` of its state; a process with another
         $WEENV_ENVS_ROOT looking at it, such as another node root's housekeeping, must not
         look in its own), else in this process's."""
+        return [mounts.mountpoint(key, self._envs_root()) for key in self._mount_keys()]
+
+    def _envs_root(self) -> Path | None:
+        """The folder of shared mounts recorded in its state (None: older states, made in
+        the process's)."""
         root = self.state.get("envs_root")
-        folder = Path(root) if isinstance(root, str) else None
-        return [mounts.mountpoint(key, folder) for key in self._mount_keys()]
+        return Path(root) if isinstance(root, str) else None
 
     def in_envs_root(self) -> bool:
         """Whether its shared mounts are in this process's folder of shared mounts (states
@@ -596,7 +600,8 @@ class Sandbox:
         warm = self.state.get("keep_warm")
         outcomes = release_lowers(self._mount_keys(), self.id,
                                   None if warm is None else float(warm),
-                                  publish_later=bool(self.state.get("publish_later")))
+                                  publish_later=bool(self.state.get("publish_later")),
+                                  root=self._envs_root())
         self.hint_outcome = outcomes[0] if outcomes else None
         (self.dir / "state.json").unlink(missing_ok=True)
         return False
