@@ -16,7 +16,8 @@ Owns:
   layers: a few KiB in the registry, the data stays in the store), each run.
 - `ColdSnapshotterRun.run()`: a cold peer, the page cache dropped, the weenv software read
   back (as for the other weenv contenders: a node keeps it warm, as it keeps containerd), then
-  timed: `weenv pull REF --insecure --containerd-socket S --namespace weenv-bench` + `ctr run
+  timed: `weenv pull REF --insecure --containerd-socket S --namespace weenv-bench` (the
+  installed `weenv`, as for the README's runs) + `ctr run
   --rm --snapshotter weenv REF ID ARGV...`. Without a hint (a first pull anywhere), or with
   the workload's hint (`SnapshotterPeer.recorded_hint`, kept under HINT_TAG) as the
   environment's `latest`, as after a first run or `weenv hints record` anywhere: the top
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import timed
-from _mounting import can_drop_caches, drop_caches, weenv_argv
+from _mounting import can_drop_caches, drop_caches, weenv_argv, weenv_command
 from containerd_peer import NAMESPACE, ContainerdPeer, containerd_unavailable
 from docker_peer import Registry, RegistryMeter, _stop
 from weenv_peer import point_hint_tag
@@ -166,9 +167,15 @@ class SnapshotterPeer(ContainerdPeer):
             return Repository(opened).get_tag("hints", digest, HINT_TAG)
 
     def pull_and_run(self, ref: str, argv: Sequence[str]) -> None:
-        """`weenv pull REF` into our containerd, then `ctr run --rm --snapshotter weenv`."""
-        self.weenv("pull", ref, "--insecure", "--containerd-socket", str(self.socket),
-                   "--namespace", NAMESPACE)
+        """`weenv pull REF` into our containerd (the installed `weenv`, as users run it),
+        then `ctr run --rm --snapshotter weenv`."""
+        done = subprocess.run([*weenv_command(), "pull", ref, "--insecure",
+                               "--containerd-socket", str(self.socket), "--namespace",
+                               NAMESPACE], env=self.env(), capture_output=True, text=True,
+                              timeout=CLI_TIMEOUT, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"weenv pull failed ({done.returncode}): "
+                               f"{done.stderr.strip()[-1500:]}")
         self.run(ref, argv, snapshotter=self.PLUGIN)
 
     def fetched(self) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 /*
  * weenv-launch: the `weenv` command of a scripts/setup.sh install (.venv/bin/weenv).
  *
- * A warm `weenv run` is carried out by the node service (weenvfs/hand_over.py): the process
+ * A warm `weenv run` (and `weenv pull`) is carried out by the node service
+ * (weenvfs/hand_over.py, entry.HAND_OVER): the process
  * the user started only hands its arguments, environment and stdio over, then relays
  * signals and waits for the exit status. In Python that stand-in cost ~35 ms before its
  * request went out (the interpreter, site and the editable install's import finder: ~25
@@ -247,8 +248,10 @@ static void put_namespaces(struct buf *b) {
     put(b, "}", 1);
 }
 
-/* The request line of `weenv ARGS` (ARGS with `--owner-pid PID` after the command word). */
+/* The request line of `weenv ARGS` (for `run`, ARGS with `--owner-pid PID` after the command
+ * word: hand_over.delegate; a pull leaves no sandbox to own). */
 static void build_request(struct buf *b, char **args, int count, int at, const char *cwd) {
+    int owned = strcmp(args[at], "run") == 0;
     char pid[32], number[32];
     snprintf(pid, sizeof pid, "%d", (int)getpid());
     puts_(b, "{\"argv\": [");
@@ -256,7 +259,7 @@ static void build_request(struct buf *b, char **args, int count, int at, const c
         if (i > 0)
             puts_(b, ", ");
         put_quoted(b, args[i]);
-        if (i == at) {
+        if (i == at && owned) {
             puts_(b, ", ");
             put_quoted(b, "--owner-pid");
             puts_(b, ", ");
@@ -476,7 +479,8 @@ int main(int argc, char **argv) {
     char **words = argv + 1;
     int count = argc - 1;
     int at = command_at(words, count);
-    if (at < 0 || strcmp(words[at], "run") != 0 || geteuid() != 0
+    if (at < 0 || (strcmp(words[at], "run") != 0 && strcmp(words[at], "pull") != 0)
+        || geteuid() != 0
         || switched_off("WEENV_NODE_RUN") || switched_off("WEENV_MOUNTD"))
         python(argv);
     for (int i = 0; i < count; i++)

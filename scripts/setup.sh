@@ -94,7 +94,7 @@ build_native() {
     done
 }
 
-# The `weenv` command itself (native/weenv-launch.c): it hands a `weenv run` to the node
+# The `weenv` command itself (native/weenv-launch.c): it hands a `weenv run` or `pull` to the node
 # service without starting Python (~30 ms less per warm run) and runs `python -m weenvfs`
 # for everything else. It replaces the console script pip wrote (the same entry point), with
 # the interpreter and code folders the service's code check compares baked in; built every

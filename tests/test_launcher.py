@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -39,6 +40,7 @@ class FakeService:
     def __init__(self, path: Path, answer: Callable[[list[int]], bytes | None]) -> None:
         self.path, self.answer = path, answer
         self.requests: list[bytes] = []
+        self.senders: list[str] = []  # the program that sent each request (/proc/PID/exe)
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with node_socket.addressable(path) as address:
             self.listener.bind(address)
@@ -53,6 +55,12 @@ class FakeService:
             except OSError:
                 return
             with conn:
+                pid = struct.unpack("3i", conn.getsockopt(
+                    socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+                try:
+                    self.senders.append(os.readlink(f"/proc/{pid}/exe"))
+                except OSError:
+                    self.senders.append("")
                 data, fds = b"", array.array("i")
                 while not data.endswith(b"\n"):
                     part, ancillary, _, _ = conn.recvmsg(1 << 20, socket.CMSG_SPACE(64))
@@ -122,6 +130,30 @@ def test_a_run_sends_the_python_clients_request_byte_for_byte(
     expected = subprocess.run([os.fsencode(sys.executable), b"-c", python.encode(),
                                owner.encode(), *words], env=env, cwd=folder,
                               capture_output=True, timeout=WAIT, check=True).stdout
+    assert sent == expected
+
+
+def test_a_pull_is_handed_over_too_with_no_owner(
+        launcher: Path, serve: Callable[..., FakeService], tmp_path: Path) -> None:
+    """`weenv pull` (entry.HAND_OVER) goes to the service the same way, byte for byte as the
+    Python client sends it: with no `--owner-pid` (a pull leaves no sandbox)."""
+    service = serve(lambda fds: (_status(fds, b"exit 0\n"), b"ok")[1])
+    words = [b"--log-file", b"/dev/null", b"pull", b"127.0.0.1:5000/env:v1", b"--insecure",
+             b"--json", HOSTILE]
+    env = _env(service)
+    done = subprocess.run([os.fsencode(launcher), *words], env=env, cwd=tmp_path,
+                          capture_output=True, timeout=WAIT, check=False)
+    assert done.returncode == 0, done.stderr
+    [sent] = service.requests
+    assert service.senders == [str(launcher)]  # the launcher itself, not Python it exec'd
+    assert "--owner-pid" not in json.loads(sent)["argv"]
+    python = ("import os, sys\n"
+              "from weenvfs.fuse import node_socket as n\n"
+              "sys.stdout.buffer.write(n.request_line(sys.argv[1:], n.ATTACHED, "
+              "cwd=os.getcwd()))\n")
+    expected = subprocess.run([os.fsencode(sys.executable), b"-c", python.encode(), *words],
+                              env=env, cwd=tmp_path, capture_output=True, timeout=WAIT,
+                              check=True).stdout
     assert sent == expected
 
 

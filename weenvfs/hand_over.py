@@ -28,8 +28,9 @@ the service has those modules loaded (cli.service_modules) and its child ends wi
 `os._exit`. Only `weenv run` names an owner (`--owner-pid`): a pull leaves no sandbox.
 
 native/weenv-launch.c (the `weenv` of a setup.sh install) does what `delegate` does for `weenv
-run`, in C, before any Python starts: the same request, byte for byte, the same descriptors,
-signal relay and exit status (tests/test_launcher.py compares them); a change here goes there.
+run` and `weenv pull`, in C, before any Python starts: the same request, byte for byte, the
+same descriptors, signal relay and exit status (tests/test_launcher.py compares them); a
+change here goes there.
 
 Must not: import anything but fuse/node_socket.py at start-up (the point is not to: a test
 lists what a handed-over run imports), or interpret the arguments beyond finding the

@@ -195,6 +195,23 @@ def test_pull_is_carried_out_by_the_node_service(node: Node, tmp_path: Path) -> 
     assert "unrecognized arguments: --no-such-option" in bad.stderr
 
 
+def test_the_native_launcher_hands_a_pull_to_the_node_service(
+        node: Node, launcher: Path) -> None:
+    """`weenv pull` through the `weenv` of a setup.sh install (native/weenv-launch.c): no
+    Python of its own, the node service pulls, with the launcher's output and status."""
+    ref = node.push("one", "native")
+    done = subprocess.run([str(launcher), "pull", ref, "--insecure", "--containerd-socket",
+                           str(node.socket), "--json"], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["weenv_layers"] == [0]
+    assert node.run(ref, "t-native", "/bin/sh", "-c", "test -x /bin/ls") == 0
+    bad = subprocess.run([str(launcher), "pull", ref, "--no-such-option"], capture_output=True,
+                         text=True, timeout=300, check=False)
+    assert bad.returncode == 2 and "unrecognized arguments" in bad.stderr
+    node.remove_image(ref)
+
+
 def test_a_store_the_snapshotter_does_not_serve_is_refused(node: Node, tmp_path: Path) -> None:
     ref = node.push("one", "d", "--store-url", "http://192.0.2.1/elsewhere")
     done = node.pull(ref, check=False)
