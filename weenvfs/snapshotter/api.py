@@ -189,58 +189,44 @@ def _add_message(file: descriptor_pb2.FileDescriptorProto, name: str,
                 f".{package}.{type_name}")
 
 
+_PROTO = "github.com/containerd/containerd/api/"
+_EMPTY, _MASK, _TIME = ("google/protobuf/empty.proto", "google/protobuf/field_mask.proto",
+                        "google/protobuf/timestamp.proto")
+
+
+def _add_file(pool: descriptor_pool.DescriptorPool, path: str, package: str,
+              messages: dict[str, list[Field]], dependency: tuple[str, ...] = (),
+              enums: dict[str, dict[str, int]] | None = None) -> str:
+    """The .proto file `path` (under containerd's api/) of `messages` and `enums`, added to
+    `pool`; its name."""
+    file = descriptor_pb2.FileDescriptorProto(name=_PROTO + path, package=package,
+                                              syntax="proto3", dependency=list(dependency))
+    for enum_name, values in (enums or {}).items():
+        enum = file.enum_type.add(name=enum_name)
+        for name, number in values.items():
+            enum.value.add(name=name, number=number)
+    for name, fields in messages.items():
+        _add_message(file, name, fields)
+    pool.Add(file)
+    return file.name
+
+
 def _build_pool() -> descriptor_pool.DescriptorPool:
     pool = descriptor_pool.DescriptorPool()
     for module in (empty_pb2, field_mask_pb2, timestamp_pb2):
         proto = descriptor_pb2.FileDescriptorProto()
         module.DESCRIPTOR.CopyToProto(proto)
         pool.Add(proto)
-    types = descriptor_pb2.FileDescriptorProto(
-        name="github.com/containerd/containerd/api/types/mount.proto",
-        package=TYPES_PACKAGE, syntax="proto3")
-    _add_message(types, "Mount", MOUNT["Mount"])
-    pool.Add(types)
-    descriptor = descriptor_pb2.FileDescriptorProto(
-        name="github.com/containerd/containerd/api/types/descriptor.proto",
-        package=TYPES_PACKAGE, syntax="proto3")
-    _add_message(descriptor, "Descriptor", DESCRIPTOR["Descriptor"])
-    pool.Add(descriptor)
-    snaps = descriptor_pb2.FileDescriptorProto(
-        name="github.com/containerd/containerd/api/services/snapshots/v1/snapshots.proto",
-        package=PACKAGE, syntax="proto3",
-        dependency=["google/protobuf/empty.proto", "google/protobuf/field_mask.proto",
-                    "google/protobuf/timestamp.proto", types.name])
-    kind = snaps.enum_type.add(name="Kind")
-    for name, number in KINDS.items():
-        kind.value.add(name=name, number=number)
-    for name, fields in MESSAGES.items():
-        _add_message(snaps, name, fields)
-    pool.Add(snaps)
-    leases = descriptor_pb2.FileDescriptorProto(
-        name="github.com/containerd/containerd/api/services/leases/v1/leases.proto",
-        package=LEASES_PACKAGE, syntax="proto3",
-        dependency=["google/protobuf/empty.proto", "google/protobuf/timestamp.proto"])
-    for name, fields in LEASE_MESSAGES.items():
-        _add_message(leases, name, fields)
-    pool.Add(leases)
-    content = descriptor_pb2.FileDescriptorProto(
-        name="github.com/containerd/containerd/api/services/content/v1/content.proto",
-        package=CONTENT_PACKAGE, syntax="proto3",
-        dependency=["google/protobuf/field_mask.proto", "google/protobuf/timestamp.proto"])
-    action = content.enum_type.add(name="WriteAction")
-    for name, number in WRITE_ACTIONS.items():
-        action.value.add(name=name, number=number)
-    for name, fields in CONTENT_MESSAGES.items():
-        _add_message(content, name, fields)
-    pool.Add(content)
-    images = descriptor_pb2.FileDescriptorProto(
-        name="github.com/containerd/containerd/api/services/images/v1/images.proto",
-        package=IMAGES_PACKAGE, syntax="proto3",
-        dependency=["google/protobuf/field_mask.proto", "google/protobuf/timestamp.proto",
-                    descriptor.name])
-    for name, fields in IMAGES_MESSAGES.items():
-        _add_message(images, name, fields)
-    pool.Add(images)
+    mount = _add_file(pool, "types/mount.proto", TYPES_PACKAGE, MOUNT)
+    descriptor = _add_file(pool, "types/descriptor.proto", TYPES_PACKAGE, DESCRIPTOR)
+    _add_file(pool, "services/snapshots/v1/snapshots.proto", PACKAGE, MESSAGES,
+              (_EMPTY, _MASK, _TIME, mount), {"Kind": KINDS})
+    _add_file(pool, "services/leases/v1/leases.proto", LEASES_PACKAGE, LEASE_MESSAGES,
+              (_EMPTY, _TIME))
+    _add_file(pool, "services/content/v1/content.proto", CONTENT_PACKAGE, CONTENT_MESSAGES,
+              (_MASK, _TIME), {"WriteAction": WRITE_ACTIONS})
+    _add_file(pool, "services/images/v1/images.proto", IMAGES_PACKAGE, IMAGES_MESSAGES,
+              (_MASK, _TIME, descriptor))
     return pool
 
 
