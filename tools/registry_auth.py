@@ -42,13 +42,16 @@ _DOCKER_HUB_KEYS = (
 TOKEN_TIMEOUT = (10.0, 60.0)
 
 
+def host_name(host: str) -> str:
+    """The name of `host` ('name', 'name:port', '[v6]:port') without its port."""
+    if host.startswith("["):
+        return host[1 : host.find("]")]
+    return host.partition(":")[0] if host.count(":") == 1 else host
+
+
 def is_loopback(host: str) -> bool:
     """Whether `host` ('name', 'name:port', '[v6]:port') is this machine."""
-    name = host
-    if name.startswith("["):
-        name = name[1 : name.find("]")]
-    elif name.count(":") == 1:
-        name = name.partition(":")[0]
+    name = host_name(host)
     if name.lower() == "localhost":
         return True
     try:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from weenvfs.snapshotter.image_record import Blob, manifest_labels, merged_sources
-from weenvfs.snapshotter.pull import _hostname
+from weenvfs.tools.registry_auth import host_name
 
 
 def test_a_manifest_names_its_config_and_layers_by_position() -> None:
@@ -35,4 +35,4 @@ def test_sources_are_a_sorted_list_without_repeats(current: str, repo: str, merg
     ("[::1]:5000", "::1"), ("localhost:443", "localhost"),
 ])
 def test_the_source_label_names_the_host_without_its_port(host: str, name: str) -> None:
-    assert _hostname(host) == name
+    assert host_name(host) == name

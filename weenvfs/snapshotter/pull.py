@@ -39,6 +39,7 @@ from weenvfs.tools.image_source import Image, Layer, SourceOptions
 from weenvfs.tools.image_transports import open_image_source
 from weenvfs.tools.oci_docs import Platform
 from weenvfs.tools.registry import Reference
+from weenvfs.tools.registry_auth import host_name
 
 from . import api, image_record
 from .labels import EXPIRE_LABEL, INHERITED_PREFIX, TARGET_LABEL
@@ -272,15 +273,8 @@ def _recordable(ref: str, image: Image, result: PullResult) -> image_record.Pull
                                    image.manifest_bytes),
         config=image_record.Blob(image.config_media_type, image.config_digest,
                                  image.config_bytes),
-        host=_hostname(parsed.host), repository=parsed.repository,
+        host=host_name(parsed.host), repository=parsed.repository,
         top_chain=result.chain_ids[-1])
-
-
-def _hostname(host: str) -> str:
-    """HOST[:PORT] without its port (the distribution-source label names the host only)."""
-    if host.startswith("["):
-        return host[1:host.index("]")]
-    return host.rpartition(":")[0] if ":" in host else host
 
 
 def _end_lease(containerd: Containerd, done: bool) -> None:
