@@ -46,13 +46,6 @@ def weenv_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "weenvfs", *args]
 
 
-def weenv_command() -> list[str]:
-    """`weenv` as the README runs it: the installed entry point next to this interpreter
-    (`python -m weenvfs` where there is none)."""
-    script = Path(sys.executable).parent / "weenv"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "weenvfs"]
-
-
 def weenv(*args: str) -> str:
     """Run `weenv ARGS` in a subprocess; its stdout, or exit with its error line."""
     done = subprocess.run(

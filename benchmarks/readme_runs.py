@@ -42,13 +42,13 @@ from _mounting import (
     evict_shared_mounts,
     mount_server,
     weenv,
-    weenv_command,
 )
 from weenv_peer import mirror, point_hint_tag, start_seaweed
 
 from weenvfs.errors import RefNotFound
 from weenvfs.format.refs import SEED_TAG
 from weenvfs.fuse.commands import read_stats
+from weenvfs.native_programs import weenv_command
 from weenvfs.runtime.mounts import list_mounts
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository

@@ -59,9 +59,10 @@ from _common import (
     repeats_for,
     write_json,
 )
-from _mounting import environment, evict_shared_mounts, mount_server, weenv, weenv_command
+from _mounting import environment, evict_shared_mounts, mount_server, weenv
 from docker_peer import DOCKER, Dockerd, docker_unavailable
 
+from weenvfs.native_programs import weenv_command
 from weenvfs.runtime.environment import Environment
 from weenvfs.runtime.runtimes import RUNTIME_ENV, default_launcher
 from weenvfs.store import open_store

@@ -44,12 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from _common import timed
-from _mounting import can_drop_caches, drop_caches, weenv_argv, weenv_command
+from _mounting import can_drop_caches, drop_caches, weenv_argv
 from containerd_peer import NAMESPACE, ContainerdPeer, containerd_unavailable
 from docker_peer import Registry, RegistryMeter, _stop
 from weenv_peer import point_hint_tag
 
 from weenvfs.errors import RefNotFound
+from weenvfs.native_programs import weenv_command
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 

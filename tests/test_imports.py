@@ -101,7 +101,7 @@ RULES: dict[str, Rule] = {
     # Command modules at the top of the package (`weenv hints`, `weenv dev`, `weenv demo`): on
     # top of the node side and the build side, like the CLI; no library of their own.
     "top": _rule(set(), {"format", "store", "core", "fuse", "runtime", "tools", "provision",
-                         "errors", "units"}),
+                         "errors", "units", "native"}),
     # The stand-in of a command the node service carries out (hand_over.py): the service's
     # socket client, and its own module only when no service answers (to start one).
     "stand-in": _rule(set(), {"fuse"},

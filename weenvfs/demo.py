@@ -28,6 +28,7 @@ from weenvfs.cli import add_command
 from weenvfs.cli_args import print_json
 from weenvfs.errors import RefNotFound, UsageError, WeenvError
 from weenvfs.format.manifest import RuntimeConfig
+from weenvfs.native_programs import weenv_command
 from weenvfs.runtime import mounts, recording
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
@@ -48,16 +49,9 @@ ENV_REF = "demo/python:latest"
 HINT_WAIT = 60.0  # seconds the demo waits for the node service to publish the first run's hint
 
 
-def _weenv_command() -> list[str]:
-    """`weenv` as a user runs it: the installed command next to this interpreter (setup.sh's
-    native launcher, which hands `weenv run` to the node service), else the module."""
-    script = Path(sys.executable).parent / "weenv"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "weenvfs"]
-
-
 def _weenv(*args: str, env: dict[str, str], capture: bool = False) -> str:
     """Run the weenv CLI as a user would; raise WeenvError with its message on failure."""
-    proc = subprocess.run([*_weenv_command(), *args], env=env,
+    proc = subprocess.run([*weenv_command(), *args], env=env,
                           capture_output=True, text=True, check=False)
     if proc.returncode:
         lines = proc.stderr.strip().splitlines()
