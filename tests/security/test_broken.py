@@ -14,7 +14,6 @@ from support.runtime import EnvRef, run_weenv
 
 from weenvfs.fuse import daemon
 from weenvfs.runtime import mounts
-from weenvfs.runtime import sandbox as sandbox_module
 from weenvfs.runtime.environment import Environment, resolve_source
 from weenvfs.runtime.sandbox import Sandbox, SandboxBroken, SandboxOptions
 
@@ -57,25 +56,23 @@ def test_the_python_api_raises_a_clear_error(env_ref: EnvRef) -> None:
         assert env.sandbox.status() == "broken"
 
 
-def test_a_runs_first_command_trusts_the_check_its_create_just_made(
-        env_ref: EnvRef, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run's sandbox (`start=False`, `weenv run`) checks its shared mounts in `create`; its
-    first command, which follows at once, does not ask every mount's daemon again
-    (`MOUNTS_FRESH`), its later ones do; past MOUNTS_FRESH the first one does too."""
+def test_a_runs_command_trusts_the_check_its_create_just_made(env_ref: EnvRef) -> None:
+    """`weenv run` builds its command right after `create`, which checked the shared
+    mounts: that command (`mounts_checked=True`) does not ask every mount's daemon again;
+    every other command does, the first one of a sandbox included."""
     source = resolve_source(env_ref.ref, env_ref.store, env_ref.cache, False)
     box = Sandbox.create(source, SandboxOptions(), owner_pid=os.getpid(), start=False)
     try:
         _kill_daemons(env_ref.keys)
-        assert box.command(("true",)).args == ("true",)  # the window: create's check stands
+        assert box.command(("true",), mounts_checked=True).args == ("true",)  # trusted
         with pytest.raises(SandboxBroken, match="mount"):
             box.command(("true",))
     finally:
         box.destroy(keep_upper=False)
-    monkeypatch.setattr(sandbox_module, "MOUNTS_FRESH", -1.0)
     box = Sandbox.create(source, SandboxOptions(), owner_pid=os.getpid(), start=False)
     try:
         _kill_daemons(env_ref.keys)
         with pytest.raises(SandboxBroken, match="mount"):
-            box.command(("true",))
+            box.command(("true",))  # its first command, not trusted
     finally:
         box.destroy(keep_upper=False)

@@ -428,7 +428,8 @@ def _run_once(box: Sandbox, command: list[str]) -> int:
     interrupt stop the launcher (the caller's `destroy` kills what it started) and re-raise."""
     from .launcher import check_args
 
-    proc = box.run_once(box.command(check_args(command)))
+    # Made just now (`cmd_run`): its create checked the shared mounts.
+    proc = box.run_once(box.command(check_args(command), mounts_checked=True))
     try:
         code = proc.wait()
     except KeyboardInterrupt:

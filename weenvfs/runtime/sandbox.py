@@ -71,7 +71,6 @@ log = logging.getLogger(__name__)
 UPPERS_ROOT = Path("/var/lib/weenv/sandboxes")
 KEPT_MARKER = "KEPT"
 SECCOMP_FILE = "seccomp.json"  # in the bundle: the filter every start of the sandbox applies
-MOUNTS_FRESH = 1.0  # seconds a create's check of the shared mounts stands for its first command
 
 
 class CommandNotFound(WeenvError):
@@ -143,9 +142,6 @@ class Sandbox:
         self.launcher = launcher or launcher_named(str(state.get("launcher") or "runc"))
         # What the recording mount published when `destroy` ended it (recording.py), if any.
         self.hint_outcome: dict[str, Any] | None = None
-        # When `create` (start=False: a run's) found every shared mount under it answering;
-        # its first `command` trusts that for MOUNTS_FRESH seconds (it follows at once).
-        self._mounts_answered: float | None = None
 
     # -- facts ----------------------------------------------------------------------------
 
@@ -309,8 +305,6 @@ class Sandbox:
             sandbox.state["owner"] = owner_record(owner_pid)
         if owner_pid != creator or not start:  # (`_start` saved the started one)
             sandbox.save()
-        if not start:  # `run_once` follows: its command trusts `acquire_lowers`' checks
-            sandbox._mounts_answered = time.monotonic()
         return sandbox
 
     @classmethod
@@ -476,8 +470,8 @@ class Sandbox:
     def in_envs_root(self) -> bool:
         """Whether its shared mounts are in this process's folder of shared mounts (states
         made before it was recorded: taken as yes)."""
-        root = self.state.get("envs_root")
-        return not isinstance(root, str) or Path(root) == mounts.envs_root().absolute()
+        root = self._envs_root()
+        return root is None or root == mounts.envs_root().absolute()
 
     def _mount_keys(self) -> list[str]:
         # A version 1 state had one merged mount, keyed by the environment's digest, and
@@ -637,15 +631,17 @@ class Sandbox:
     # -- running commands -------------------------------------------------------------------
 
     def command(self, argv: tuple[str, ...], *, env: dict[str, str] | None = None,
-                cwd: str | None = None, user: str | None = None) -> ProcessSpec:
+                cwd: str | None = None, user: str | None = None,
+                mounts_checked: bool = False) -> ProcessSpec:
         """The process spec of `argv` with per-command overrides of the defaults
-        (SandboxBroken if the environment's mount is gone)."""
+        (SandboxBroken if the environment's mount is gone; `mounts_checked`: the caller made
+        the sandbox an instant ago, and `create` found every shared mount answering, so the
+        check, a round trip to each mount's daemon, is not made again)."""
         if self.state.get("status") == "parked":
             raise UsageError(f"sandbox {self.id} is parked: its run ended and its root waits "
                              "for the next run of its environment (nothing runs in it)")
-        answered, self._mounts_answered = self._mounts_answered, None
-        if answered is None or time.monotonic() - answered > MOUNTS_FRESH:
-            self.check_mounts()  # a FUSE round trip to each mount's daemon: ~0.3 ms apiece
+        if not mounts_checked:
+            self.check_mounts()
         base = self.process
         spec = replace(base, args=argv)
         if user is not None:
