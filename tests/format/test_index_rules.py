@@ -17,6 +17,7 @@ import pytest
 from format_support import exercise
 
 from weenvfs.format import constants as C
+from weenvfs.format import validate
 from weenvfs.format.compose import ComposedTree
 from weenvfs.format.digest import digest_bytes
 from weenvfs.format.errors import FormatError, UnsupportedFormat
@@ -301,19 +302,43 @@ def test_shared_directory_is_refused() -> None:
         list(GroupIndex(raw).walk())
 
 
-def test_tree_validator_accepts_a_tree() -> None:
+@pytest.fixture(params=["native words", "struct"])
+def columns(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tree validator's tests run with both ways of reading a table's column."""
+    monkeypatch.setattr(validate, "_NATIVE_LE", request.param == "native words")
+
+
+def test_tree_validator_accepts_a_tree(columns: None) -> None:
     check_tree(IDX)
 
 
+@pytest.mark.parametrize(
+    ("table", "path", "fields", "what"),
+    [
+        ("dirent", b"big", {"inode": 0}, "0 is not a valid child inode"),
+        ("dirent", b"a/g", {"inode": 99}, "99 is not a valid child inode"),
+        ("inode", b"a", {"data_count": 99}, r"inode \d+ data: dirent range \d+\+99 exceeds"),
+    ],
+)
+def test_tree_validator_refuses_bad_entries(
+    columns: None, table: str, path: bytes, fields: dict[str, int], what: str
+) -> None:
+    at = _dirent_of(path) if table == "dirent" else INO[path]
+    with pytest.raises(FormatError, match=what):
+        check_tree(GroupIndex(record(table, at, **fields)))
+
+
 @pytest.mark.parametrize(("path", "target"), [(b"a/f", b"sub"), (b"a/f", b"a"), (b"sub", b"a")])
-def test_tree_validator_refuses_a_directory_reached_twice(path: bytes, target: bytes) -> None:
+def test_tree_validator_refuses_a_directory_reached_twice(
+    columns: None, path: bytes, target: bytes
+) -> None:
     # A directory hardlink (the same directory at /a and /sub), or a cycle: one line, at load.
     raw = record("dirent", _dirent_of(path), inode=INO[target])
     with pytest.raises(FormatError, match="directory inode .* reachable by more than one path"):
         check_tree(GroupIndex(raw))
 
 
-def test_tree_validator_refuses_overlapping_directories() -> None:
+def test_tree_validator_refuses_overlapping_directories(columns: None) -> None:
     # 'sub' claims the root's entries: its children would be reached twice.
     root = IDX.inode(0)
     raw = record("inode", INO[b"sub"], data_first=root.data_first, data_count=root.data_count)
