@@ -263,6 +263,11 @@ class GroupIndex:
         h = self.header
         return self._table("inode", h.inode_offset, h.inode_count, C.INODE.size)
 
+    def dirent_table(self) -> memoryview:
+        """The directory entries as stored (SPEC.md 6.5), NOT validated (see `inode_table`)."""
+        h = self.header
+        return self._table("dirent", h.dirent_offset, h.dirent_count, C.DIRENT.size)
+
     def chunk_table(self) -> memoryview:
         """The chunk records as stored (SPEC.md 6.6), NOT validated (see `inode_table`)."""
         h = self.header

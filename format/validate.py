@@ -12,36 +12,21 @@ Must not: do I/O, or repeat the per-record checks beyond what the walk needs.
 
 from __future__ import annotations
 
+import stat
 import struct
-import sys
-from collections.abc import Sequence
 from itertools import compress
 from operator import itemgetter
 from typing import NoReturn
 
 from . import constants as C
+from .columns import kind_flags, u32_column
 from .errors import FormatError
 from .index import ROOT_INODE, GroupIndex
 
 # Byte offsets of the fields the walk reads (the formats before them in C.INODE, C.DIRENT).
-_MODE_TYPE_BYTE = 1  # the second byte of the little-endian mode holds the file type bits
 _DATA_FIRST = struct.calcsize("<IIIIQqIIQ")
 _DATA_COUNT = _DATA_FIRST + 4
 _CHILD = struct.calcsize("<IHxx")
-# 1 for the type byte of a directory (S_IFDIR 0o040000: 0x40 in the high nibble), else 0.
-_DIRECTORY = bytes(int(b >> 4 == 0x4) for b in range(256))
-# Whether a native u32 is little-endian, as the format's are (tests turn it off).
-_NATIVE_LE = sys.byteorder == "little"
-
-
-def _u32_column(raw: bytes, start: int, count: int, size: int, field: int) -> Sequence[int]:
-    """The little-endian u32 at byte `field` of each of `count` records of `size` bytes from
-    `start`, decoded in C: one strided view where native words are little-endian."""
-    table = memoryview(raw)[start : start + count * size]
-    if _NATIVE_LE and size % 4 == 0 and field % 4 == 0:
-        return table.cast("I")[field // 4 :: size // 4].tolist()
-    one = struct.Struct(f"<{field}xI{size - field - 4}x")
-    return [value for (value,) in one.iter_unpack(table)]
 
 
 def check_tree(index: GroupIndex) -> None:
@@ -56,12 +41,11 @@ def check_tree(index: GroupIndex) -> None:
     is used.
     """
     h = index.header
-    raw = index.raw
-    inode_end = h.inode_offset + h.inode_count * C.INODE.size
-    is_dir = raw[h.inode_offset + _MODE_TYPE_BYTE : inode_end : C.INODE.size].translate(_DIRECTORY)
-    firsts = _u32_column(raw, h.inode_offset, h.inode_count, C.INODE.size, _DATA_FIRST)
-    counts = _u32_column(raw, h.inode_offset, h.inode_count, C.INODE.size, _DATA_COUNT)
-    entries = _u32_column(raw, h.dirent_offset, h.dirent_count, C.DIRENT.size, _CHILD)
+    inodes = index.inode_table()
+    is_dir = kind_flags(inodes, stat.S_IFDIR)
+    firsts = u32_column(inodes, C.INODE.size, _DATA_FIRST)
+    counts = u32_column(inodes, C.INODE.size, _DATA_COUNT)
+    entries = u32_column(index.dirent_table(), C.DIRENT.size, _CHILD)
     seen = {ROOT_INODE}
     stack = [ROOT_INODE]
     budget = h.dirent_count

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from format_support import exercise
 
+from weenvfs.format import columns
 from weenvfs.format import constants as C
-from weenvfs.format import validate
 from weenvfs.format.compose import ComposedTree
 from weenvfs.format.digest import digest_bytes
 from weenvfs.format.errors import FormatError, UnsupportedFormat
@@ -303,12 +303,12 @@ def test_shared_directory_is_refused() -> None:
 
 
 @pytest.fixture(params=["native words", "struct"])
-def columns(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+def column_reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tree validator's tests run with both ways of reading a table's column."""
-    monkeypatch.setattr(validate, "_NATIVE_LE", request.param == "native words")
+    monkeypatch.setattr(columns, "NATIVE_LE", request.param == "native words")
 
 
-def test_tree_validator_accepts_a_tree(columns: None) -> None:
+def test_tree_validator_accepts_a_tree(column_reader: None) -> None:
     check_tree(IDX)
 
 
@@ -321,7 +321,7 @@ def test_tree_validator_accepts_a_tree(columns: None) -> None:
     ],
 )
 def test_tree_validator_refuses_bad_entries(
-    columns: None, table: str, path: bytes, fields: dict[str, int], what: str
+    column_reader: None, table: str, path: bytes, fields: dict[str, int], what: str
 ) -> None:
     at = _dirent_of(path) if table == "dirent" else INO[path]
     with pytest.raises(FormatError, match=what):
@@ -330,7 +330,7 @@ def test_tree_validator_refuses_bad_entries(
 
 @pytest.mark.parametrize(("path", "target"), [(b"a/f", b"sub"), (b"a/f", b"a"), (b"sub", b"a")])
 def test_tree_validator_refuses_a_directory_reached_twice(
-    columns: None, path: bytes, target: bytes
+    column_reader: None, path: bytes, target: bytes
 ) -> None:
     # A directory hardlink (the same directory at /a and /sub), or a cycle: one line, at load.
     raw = record("dirent", _dirent_of(path), inode=INO[target])
@@ -338,7 +338,7 @@ def test_tree_validator_refuses_a_directory_reached_twice(
         check_tree(GroupIndex(raw))
 
 
-def test_tree_validator_refuses_overlapping_directories(columns: None) -> None:
+def test_tree_validator_refuses_overlapping_directories(column_reader: None) -> None:
     # 'sub' claims the root's entries: its children would be reached twice.
     root = IDX.inode(0)
     raw = record("inode", INO[b"sub"], data_first=root.data_first, data_count=root.data_count)

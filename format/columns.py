@@ -1,0 +1,51 @@
+"""Columns of the index's fixed-size tables, read in C.
+
+A mount scans whole tables of a group index before it serves anything (the tree check,
+validate.py; the data device's layout, device_layout.py): 46,733 inode records for the
+reference image. Unpacking every record into a tuple, or testing each in a Python loop, cost
+those two scans ~28 ms per cold group mount; with each column read as a strided view of
+machine words (well under a millisecond) and each type test as one `bytes.translate` over
+the records' type bytes, they cost ~12 ms.
+
+Owns: `u32_column`, `u64_column`, `kind_flags`. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+
+from . import constants as C
+
+# Whether native words are little-endian, as the format's are (tests turn it off to run the
+# portable reader).
+NATIVE_LE = sys.byteorder == "little"
+# The little-endian mode's second byte holds the file type bits (S_IFMT, 0o170000).
+_TYPE_BYTE = 1
+
+
+def _column(table: memoryview, size: int, field: int, code: str) -> list[int]:
+    width = struct.calcsize(code)
+    if NATIVE_LE and size % width == 0 and field % width == 0:
+        return table.cast(code)[field // width :: size // width].tolist()
+    one = struct.Struct(f"<{field}x{code}{size - field - width}x")
+    return [value for (value,) in one.iter_unpack(table)]
+
+
+def u32_column(table: memoryview, size: int, field: int) -> list[int]:
+    """The little-endian u32 at byte `field` of each `size`-byte record of `table`."""
+    return _column(table, size, field, "I")
+
+
+def u64_column(table: memoryview, size: int, field: int) -> list[int]:
+    """The little-endian u64 at byte `field` of each `size`-byte record of `table`."""
+    return _column(table, size, field, "Q")
+
+
+def kind_flags(inode_table: memoryview, kind: int) -> bytes:
+    """For each record of `inode_table`, 1 if its file type is `kind` (an S_IF* value),
+    else 0: one byte per inode, indexable by inode number."""
+    match = kind >> 12
+    translate = bytes(int(b >> 4 == match) for b in range(256))
+    return inode_table[_TYPE_BYTE :: C.INODE.size].tobytes().translate(translate)
+
