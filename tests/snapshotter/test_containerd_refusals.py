@@ -95,14 +95,17 @@ def test_a_missing_or_corrupt_group_index_fails_the_pull(
         node: Node, how: str, damage: Callable[[Path], None], fragment: str) -> None:
     ref = _broken_env(node, f"broken-{damage.__name__[1:]}-{how}", damage)
     if how == "labels":
+        content = node.content()
         done = node.pull(ref, check=False)
         assert done.returncode == 1
         line = _weenv_error(done.stderr, fragment)
         assert line.startswith("weenv: error: containerd prepare"), line
         # Layer 0 was mounted before layer 1 failed: the failed pull's lease went
-        # synchronously, and that layer with it, before the command returned.
+        # synchronously, and that layer with it, before the command returned; so did the
+        # manifest and config it wrote while the layers were prepared.
         assert node.snapshots() == [] and node.our_mounts() == []
         assert list((node.snap_root / "snapshots").iterdir()) == []
+        assert node.content() == content and node.leases() == []
     else:
         done = node.ctr("images", "pull", "--plain-http", "--snapshotter", "weenv", ref,
                         check=False)
@@ -111,6 +114,14 @@ def test_a_missing_or_corrupt_group_index_fails_the_pull(
     assert "WeEnv layer 1 of" in line and "mount failed" in line, line
     node.ctr("images", "rm", "--sync", ref, check=False)
     _nothing_left(node)
+
+
+def test_an_image_the_registry_lacks_fails_the_pull_with_no_lease_left(node: Node) -> None:
+    # The lease is made while the registry is asked: a failed ask deletes it.
+    done = node.pull(f"{node.registry.host}/no-such-image:v1", check=False)
+    assert done.returncode == 1
+    _weenv_error(done.stderr, "no-such-image")
+    assert node.leases() == []
 
 
 # -- hostile or wrong annotations -------------------------------------------------------

@@ -154,6 +154,14 @@ class Node:
         out = self.ctr("snapshots", "--snapshotter", "weenv", "ls").stdout.splitlines()[1:]
         return [line.split()[0] for line in out if line.strip()]
 
+    def leases(self) -> list[str]:
+        """IDs of containerd's leases."""
+        return self.ctr("leases", "ls", "-q").stdout.split()
+
+    def content(self) -> set[str]:
+        """Digests of containerd's content store."""
+        return set(self.ctr("content", "ls", "-q").stdout.split())
+
     def our_mounts(self) -> list[str]:
         """Mount points of this module's group mounts and containerd's root still mounted."""
         found = []
