@@ -101,8 +101,8 @@ def test_a_missing_or_corrupt_group_index_fails_the_pull(
         line = _weenv_error(done.stderr, fragment)
         assert line.startswith("weenv: error: containerd prepare"), line
         # Layer 0 was mounted before layer 1 failed: the failed pull's lease went
-        # synchronously, and that layer with it, before the command returned; so did the
-        # manifest and config it wrote while the layers were prepared.
+        # synchronously, and that layer with it, before the command returned: nothing of
+        # the image stays.
         assert node.snapshots() == [] and node.our_mounts() == []
         assert list((node.snap_root / "snapshots").iterdir()) == []
         assert node.content() == content and node.leases() == []
@@ -117,7 +117,6 @@ def test_a_missing_or_corrupt_group_index_fails_the_pull(
 
 
 def test_an_image_the_registry_lacks_fails_the_pull_with_no_lease_left(node: Node) -> None:
-    # The lease is made while the registry is asked: a failed ask deletes it.
     done = node.pull(f"{node.registry.host}/no-such-image:v1", check=False)
     assert done.returncode == 1
     _weenv_error(done.stderr, "no-such-image")

@@ -149,11 +149,11 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     # `ctr images pull` reads no docker config, it must be given them.
     host = Reference.parse(args.ref.removeprefix("docker://")).host
     creds = parse_creds(args.creds) if args.creds else config_creds(host)
+    image = resolve(args.ref, SourceOptions(creds=creds, insecure=args.insecure))
     containerd = Containerd(args.containerd_socket, args.namespace, args.snapshotter,
                             args.insecure, creds)
-    options = SourceOptions(creds=creds, insecure=args.insecure)
     try:
-        result = pull(args.ref, lambda: resolve(args.ref, options), containerd)
+        result = pull(args.ref, image, containerd)
     finally:
         containerd.close()
     if args.json:

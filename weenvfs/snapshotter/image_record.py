@@ -15,9 +15,8 @@ The layer blobs are not fetched: each layer's snapshot is present (prepared thro
 labels), which is what a lazy pull through CRI leaves too (`ctr images check` then lists
 the layers as missing; `ctr run` needs only the manifest and config).
 
-Owns: the labels and the order of the writes (`record`, or its two steps apart: the
-documents may be written while the snapshots are prepared). Must not: resolve images
-(pull.py does) or prepare snapshots.
+Owns: the labels and the order of the writes. Must not: resolve images (pull.py does) or
+prepare snapshots.
 """
 
 from __future__ import annotations
@@ -88,24 +87,11 @@ def merged_sources(current: str, repository: str) -> str:
 def record(calls: Calls, pulled: Pulled, snapshotter: str) -> None:
     """Write the config, then the manifest, then the image record (see the module's text)
     through `calls` (pull.Containerd: its lease holds the content until the image does)."""
-    write_documents(calls, pulled, snapshotter)
-    point_image(calls, pulled)
-
-
-def write_documents(calls: Calls, pulled: Pulled, snapshotter: str) -> None:
-    """The config, then the manifest, with their labels (under the caller's lease: until the
-    image points at them, it is what keeps them; they may be written before the snapshots
-    they name exist)."""
     source_key = f"{SOURCE_LABEL}.{pulled.host}"
     _put(calls, pulled.config, {f"{SNAPSHOT_REF}.{snapshotter}": pulled.top_chain},
          source_key, pulled.repository)
     _put(calls, pulled.manifest, manifest_labels(pulled.manifest), source_key,
          pulled.repository)
-
-
-def point_image(calls: Calls, pulled: Pulled) -> None:
-    """Make the image record NAME -> the manifest, or point an existing one at it (after
-    `write_documents`, once every layer's snapshot exists)."""
     target = api.message(f"{api.TYPES_PACKAGE}.Descriptor")(
         media_type=pulled.manifest.media_type, digest=pulled.manifest.digest,
         size=len(pulled.manifest.data))

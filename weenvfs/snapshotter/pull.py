@@ -11,9 +11,7 @@ images APIs (its manifest and config with the labels `ctr images pull` would giv
 s faster than that process); any other by `ctr images pull`, which does the rest (ordinary
 layers, the garbage-collection labels that keep the snapshots), finding the WeEnv layers'
 snapshots present. A lease holds the new snapshots and content until then; it is made and
-deleted through containerd's leases API (two `ctr leases` processes cost ~0.1 s), made while
-the registry is asked, and an image of WeEnv layers only has its manifest and config written
-while its layers are prepared (they wait on nothing of each other).
+deleted through containerd's leases API (two `ctr leases` processes cost ~0.1 s).
 
 Owns: the chain IDs, the calls to containerd's snapshots, leases, content and images APIs,
 the `ctr` commands.
@@ -22,14 +20,11 @@ Must not: mount anything (the snapshotter does), or parse images (tools/ does).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import shutil
 import subprocess
 import uuid
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -221,38 +216,14 @@ def _labels(layer: Layer, chain: str) -> dict[str, str] | None:
     return labels
 
 
-def pull(ref: str, resolve_image: Callable[[], Image], containerd: Containerd) -> PullResult:
-    """Prepare the image `resolve_image` answers through its WeEnv layers' labels, then
-    record it (image_record.py, or `ctr images pull`); the lease and the documents' writes
-    overlap the registry and the Prepares (see the module's text)."""
-    with ThreadPoolExecutor(1, thread_name_prefix="weenv-pull") as pool:
-        lease = pool.submit(containerd.create_lease)
-        try:
-            image = resolve_image()
-        except BaseException:
-            with contextlib.suppress(WeenvError):
-                containerd.lease = lease.result()
-            _end_lease(containerd, True)  # nothing under it yet
-            raise
-        containerd.lease = lease.result()
-        done = False
-        try:
-            result = _prepare_and_record(ref, image, containerd, pool)
-            done = True
-        finally:
-            _end_lease(containerd, done)
-    return result
-
-
-def _prepare_and_record(ref: str, image: Image, containerd: Containerd,
-                        pool: ThreadPoolExecutor) -> PullResult:
+def pull(ref: str, image: Image, containerd: Containerd) -> PullResult:
+    """Prepare the image's WeEnv layers through their labels, then `ctr images pull`."""
     diff_ids = [layer.diff_id for layer in image.layers]
     if any(d is None for d in diff_ids):
         raise WeenvError(f"{ref}: the image config lists no diff IDs")
     result = PullResult(chain_ids([d for d in diff_ids if d is not None]))
-    ahead = _pulled(ref, image, result) if _all_weenv(image, result) else None
-    written = (pool.submit(image_record.write_documents, containerd, ahead,
-                           containerd.snapshotter) if ahead is not None else None)
+    containerd.lease = containerd.create_lease()
+    done = False
     try:
         parent = ""
         for layer, chain in zip(image.layers, result.chain_ids, strict=True):
@@ -265,36 +236,21 @@ def _prepare_and_record(ref: str, image: Image, containerd: Containerd,
                 containerd.prepare_remote(chain, parent, labels)
                 result.weenv_layers.append(layer.index)
             parent = chain
-    finally:
-        if written is not None:
-            wait([written])  # never left writing under a lease being deleted
-    pulled = _recordable(ref, image, result)
-    if pulled is not None:
-        if written is not None:
-            written.result()
+        pulled = _recordable(ref, image, result)
+        if pulled is not None:
+            image_record.record(containerd, pulled, containerd.snapshotter)
         else:
-            image_record.write_documents(containerd, pulled, containerd.snapshotter)
-        image_record.point_image(containerd, pulled)
-    else:
-        args = ["images", "pull", "--snapshotter", containerd.snapshotter]
-        if containerd.plain_http:
-            args.append("--plain-http")
-        if containerd.creds:
-            args += ["--user", ":".join(containerd.creds)]
-        containerd.ctr(*args, ref.removeprefix("docker://"), timeout=CTR_TIMEOUT)
-    result.recorded_by = "weenv" if pulled is not None else "ctr"
+            args = ["images", "pull", "--snapshotter", containerd.snapshotter]
+            if containerd.plain_http:
+                args.append("--plain-http")
+            if containerd.creds:
+                args += ["--user", ":".join(containerd.creds)]
+            containerd.ctr(*args, ref.removeprefix("docker://"), timeout=CTR_TIMEOUT)
+        result.recorded_by = "weenv" if pulled is not None else "ctr"
+        done = True
+    finally:
+        _end_lease(containerd, done)
     return result
-
-
-def _all_weenv(image: Image, result: PullResult) -> bool:
-    """Whether every layer names a WeEnv group (then the image will be recordable once they
-    are prepared: the layer loop cannot stop early). A layer whose labels are bad is left to
-    that loop to refuse."""
-    try:
-        return all(_labels(layer, chain) is not None
-                   for layer, chain in zip(image.layers, result.chain_ids, strict=True))
-    except WeenvError:
-        return False
 
 
 def _recordable(ref: str, image: Image, result: PullResult) -> image_record.Pulled | None:
@@ -303,14 +259,9 @@ def _recordable(ref: str, image: Image, result: PullResult) -> image_record.Pull
     not an index (whose record, children and platforms `ctr images pull` keeps); else None:
     `ctr images pull` records it."""
     present = len(result.present) + len(result.weenv_layers)
-    return _pulled(ref, image, result) if present == len(image.layers) else None
-
-
-def _pulled(ref: str, image: Image, result: PullResult) -> image_record.Pulled | None:
-    """What `image_record` needs of `image` (its layers aside), or None when `ref` names an
-    index or the image lacks what a record holds."""
-    if (image.index_digest is not None or not image.layers or not image.manifest_bytes
-            or image.manifest_digest is None or image.config_digest is None):
+    if (present != len(image.layers) or image.index_digest is not None or not image.layers
+            or not image.manifest_bytes or image.manifest_digest is None
+            or image.config_digest is None):
         return None
     name = ref.removeprefix("docker://")
     parsed = Reference.parse(name)
