@@ -5,7 +5,7 @@ validate.py; the data device's layout, device_layout.py): 46,733 inode records f
 reference image. Unpacking every record into a tuple, or testing each in a Python loop, cost
 those two scans ~28 ms per cold group mount; with each column read as a strided view of
 machine words (well under a millisecond) and each type test as one `bytes.translate` over
-the records' type bytes, they cost ~12 ms.
+the records' type bytes, they cost ~11 ms.
 
 Owns: `u32_column`, `u64_column`, `kind_flags`. Pure: no I/O.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import struct
 import sys
+from collections.abc import Sequence
 
 from . import constants as C
 
@@ -24,21 +25,24 @@ NATIVE_LE = sys.byteorder == "little"
 _TYPE_BYTE = 1
 
 
-def _column(table: memoryview, size: int, field: int, code: str) -> list[int]:
+def _column(table: memoryview, size: int, field: int, code: str) -> Sequence[int]:
     width = struct.calcsize(code)
     if NATIVE_LE and size % width == 0 and field % width == 0:
-        return table.cast(code)[field // width :: size // width].tolist()
+        return table.cast(code)[field // width :: size // width]
     one = struct.Struct(f"<{field}x{code}{size - field - width}x")
     return [value for (value,) in one.iter_unpack(table)]
 
 
-def u32_column(table: memoryview, size: int, field: int) -> list[int]:
-    """The little-endian u32 at byte `field` of each `size`-byte record of `table`."""
+def u32_column(table: memoryview, size: int, field: int) -> Sequence[int]:
+    """The little-endian u32 at byte `field` of each `size`-byte record of `table`: a view
+    into it where native words are little-endian (ints made only as they are read: a
+    256 MiB index's columns as lists would be hundreds of MB), else a list."""
     return _column(table, size, field, "I")
 
 
-def u64_column(table: memoryview, size: int, field: int) -> list[int]:
-    """The little-endian u64 at byte `field` of each `size`-byte record of `table`."""
+def u64_column(table: memoryview, size: int, field: int) -> Sequence[int]:
+    """The little-endian u64 at byte `field` of each `size`-byte record of `table` (as
+    `u32_column`)."""
     return _column(table, size, field, "Q")
 
 

@@ -56,7 +56,7 @@ class DeviceLayout:
     def __init__(self, index: GroupIndex) -> None:
         # Read as columns of the raw inode table and selected in C (columns.py): this runs
         # at every cold mount of the kernel path (100k files: 110 ms as a loop over decoded
-        # records; 46k: ~9.5 ms as list comprehensions over the columns, ~6 ms so). Records
+        # records; 46k: ~9 ms as list comprehensions over the columns, ~6 ms so). Records
         # are validated where they are used (the image builder and the reader decode them
         # through `GroupIndex.inode`).
         table = index.inode_table()

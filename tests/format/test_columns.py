@@ -35,14 +35,14 @@ def test_columns_match_the_records(reader: None, seed: int) -> None:
     index = _index(seed)
     records = [index.inode(ino) for ino in range(index.inode_count)]
     table = index.inode_table()
-    assert columns.u32_column(table, C.INODE.size, 0) == [r.mode for r in records]
-    assert columns.u32_column(table, C.INODE.size, 48) == [r.data_first for r in records]
-    assert columns.u32_column(table, C.INODE.size, 52) == [r.data_count for r in records]
-    assert columns.u64_column(table, C.INODE.size, 16) == [r.size for r in records]
+    assert list(columns.u32_column(table, C.INODE.size, 0)) == [r.mode for r in records]
+    assert list(columns.u32_column(table, C.INODE.size, 48)) == [r.data_first for r in records]
+    assert list(columns.u32_column(table, C.INODE.size, 52)) == [r.data_count for r in records]
+    assert list(columns.u64_column(table, C.INODE.size, 16)) == [r.size for r in records]
     for kind in KINDS:
         flags = columns.kind_flags(table, kind)
         assert list(flags) == [int(stat.S_IFMT(r.mode) == kind) for r in records]
-    children = columns.u32_column(index.dirent_table(), C.DIRENT.size, 8)
+    children = list(columns.u32_column(index.dirent_table(), C.DIRENT.size, 8))
     dirents = [C.DIRENT.unpack_from(index.dirent_table(), n * C.DIRENT.size)[2]
                for n in range(index.header.dirent_count)]
     assert children == dirents
