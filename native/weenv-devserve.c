@@ -31,8 +31,7 @@
  *
  * Channel records (32 bytes each, several per message) to the daemon: 'R' a read to answer
  * (dev, flags bit 0: it continues the file's last read, size, unique, device offset), 'X'
- * the stats xattr (size, unique), 'S' a statfs (unique: answered by the daemon, so that a
- * statfs of the folder says whether the daemon lives), 'T' a file range this program served
+ * the stats xattr (size, unique), 'T' a file range this program served
  * that starts a file or reaches a chunk no reported read reached (dev, flags, length, file
  * offset, inode): the daemon's read-ahead and hint recording see what they would have seen
  * (each chunk once, at any position), 'U' a trusted cached chunk this program
@@ -518,6 +517,26 @@ static void released_one(void) {
     }
 }
 
+static pid_t daemon_pid; /* this program's parent, the mount daemon */
+
+/* Whether the daemon has ended or is ending: its end of the channel closed, it is no longer
+ * this program's parent, or its main thread has exited (a zombie: its other threads, and so
+ * its files, may still be on their way out, and whoever waits for it sees it gone). */
+static int daemon_ending(void) {
+    struct pollfd channel = {.fd = channel_fd, .events = POLLRDHUP};
+    if (poll(&channel, 1, 0) != 0 || getppid() != daemon_pid) return 1;
+    char path[32], stat[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)daemon_pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 1;
+    ssize_t got = read(fd, stat, sizeof stat - 1);
+    close(fd);
+    if (got <= 0) return 1;
+    stat[got] = 0;
+    const char *end = strrchr(stat, ')'); /* the name may hold anything: the state follows */
+    return end == NULL || end[1] != ' ' || end[2] == 'Z' || end[2] == 'X';
+}
+
 static void handle(const uint8_t *buf, size_t len) {
     const struct fuse_in_header *h = (const void *)buf;
     const void *arg = buf + sizeof *h;
@@ -527,9 +546,17 @@ static void handle(const uint8_t *buf, size_t len) {
     case FUSE_INIT: do_init(unique, arg); return;
     case FUSE_FORGET: case FUSE_BATCH_FORGET: case FUSE_INTERRUPT: return; /* no answer */
     case FUSE_DESTROY: reply(unique, 0, NULL, 0); return;
-    case FUSE_STATFS: { /* the daemon's: `weenv sandbox` asks it whether the daemon lives */
-        struct record r = {.type = 'S', .unique = unique};
-        push_record(&r, 1);
+    case FUSE_STATFS: { /* how `weenv sandbox` asks whether the daemon lives: answered here
+                         * while it does; once it ends, so does this program, and the
+                         * connection with it: the asker gets ENOTCONN */
+        if (daemon_ending()) exit(0);
+        struct fuse_statfs_out o;
+        memset(&o, 0, sizeof o);
+        for (uint32_t d = 0; d < device_count; d++) o.st.blocks += devices[d].size / 4096;
+        o.st.files = device_count + 1;
+        o.st.bsize = o.st.frsize = 4096;
+        o.st.namelen = 255;
+        reply(unique, 0, &o, sizeof o);
         return;
     }
     }
@@ -618,6 +645,7 @@ int main(int argc, char **argv) {
     }
     fuse_fd = atoi(argv[1]);
     channel_fd = atoi(argv[2]);
+    daemon_pid = getppid();
     int map_fd = atoi(argv[3]), counters_fd = atoi(argv[4]);
     if (argc == 7) {
         cache_dir = open(argv[5], O_PATH | O_DIRECTORY | O_CLOEXEC);

@@ -13,6 +13,8 @@ import errno
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -205,6 +207,45 @@ def test_the_python_server_when_asked(env, mounter: Mounter, monkeypatch) -> Non
         _server_pid(mount)
 
 
+def _folder_statfs(mount: Mount) -> tuple[int, ...]:
+    st = os.statvfs(daemon.kernel_dir(mount.mountpoint) / "devices")
+    return (st.f_blocks, st.f_bfree, st.f_files, st.f_bsize, st.f_frsize, st.f_namemax)
+
+
+def test_the_native_server_answers_statfs_as_the_python_server(
+        env, mounter: Mounter, monkeypatch) -> None:
+    # How the runtime asks whether a kernel-path mount's daemon lives (check_answers).
+    store, _contents = env
+    native = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none"])
+    shown = _folder_statfs(native)
+    monkeypatch.setenv(SERVER_VARIABLE, "python")
+    python = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none"])
+    assert shown == _folder_statfs(python)
+    assert shown[0] > 0 and shown[2] >= 2 and shown[3] == 4096 and shown[5] == 255
+
+
+def test_statfs_is_answered_without_a_round_trip_to_the_daemon(env, mounter: Mounter) -> None:
+    # The native server answers it (a warm sandbox's start asks once per shared mount); it
+    # runs only while the daemon does: a stopped daemon still answers, a dead one does not
+    # (test_a_killed_daemon_takes_its_native_server_along).
+    store, _contents = env
+    mount = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none"])
+    os.kill(mount.pid, signal.SIGSTOP)
+    asking = subprocess.Popen([sys.executable, "-c", "import os, sys; os.statvfs(sys.argv[1])",
+                               str(daemon.kernel_dir(mount.mountpoint) / "devices")])
+    try:
+        code = asking.wait(WAIT)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        # A request the daemon was sent waits for its answer whatever signal comes: it must
+        # run again before the asker can end.
+        os.kill(mount.pid, signal.SIGCONT)
+        asking.wait(WAIT)
+    assert code == 0, "the statfs waited for the stopped daemon"
+    daemon.check_answers(mount.mountpoint)
+
+
 def test_a_killed_native_server_fails_reads_and_ends_the_mount(env, mounter: Mounter) -> None:
     store, contents = env
     mount = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none"])
@@ -234,5 +275,8 @@ def test_a_killed_daemon_takes_its_native_server_along(env, mounter: Mounter) ->
     wait_for(lambda: not daemon.process_alive(server), f"{HELPER} ends", WAIT)
     outcome = read_or_error(mount.mountpoint / "lib/big4", WAIT)
     assert isinstance(outcome, OSError), outcome
+    with pytest.raises(OSError) as dead:  # how the runtime finds a shared mount dead
+        daemon.check_answers(mount.mountpoint)
+    assert dead.value.errno == errno.ENOTCONN
     run_weenv("umount", "--lazy", str(mount.mountpoint))
     assert not daemon.is_mounted(mount.mountpoint)

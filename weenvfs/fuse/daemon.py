@@ -440,7 +440,9 @@ def check_answers(mountpoint: Path, mounted: frozenset[bytes] | None = None) -> 
     mp = mount_path(mountpoint)
     os.stat(mp)
     if is_kernel_mount(mp, mounted):
-        # statfs always reaches the daemon; a stat may be answered from the attribute cache.
+        # statfs always reaches the folder's server (a stat may be answered from the
+        # attribute cache): pyfuse3 in the daemon, or the native server, which serves only
+        # while the daemon lives (fuse/native_devices.py) and answers without asking it.
         os.statvfs(kernel_dir(mp) / "devices")
 
 

@@ -10,8 +10,9 @@ files. The rest comes back over a socket (records, see the C file's header): a r
 chunk not handed over yet (served here by the `DeviceReader` exactly as device_ops.py does,
 answered on the FUSE descriptor, then its chunk files are handed over; a chunk the node cache
 trusts, verified in this boot by any process, the server opens itself), the stats xattr,
-statfs (how the runtime asks whether the daemon lives),
-"every device released". What the native server served without asking is reported as
+"every device released". A statfs of the folder, how the runtime asks whether the daemon
+lives (daemon.check_answers), the server answers itself: it serves only while this
+process's end of the channel is open. What the native server served without asking is reported as
 records of file ranges that start a file or reach a new chunk of it, so the reader's
 read-ahead and hint recording (core/reader.py `note_served`) see what they would have seen,
 and its counters (reads, bytes, cache hits) are folded into the mount's `Stats`.
@@ -63,8 +64,6 @@ _MAP_HEAD = struct.Struct("<8sII")
 _MAP_DEVICE = struct.Struct("<16sQIIIIQQQ")
 _OUT_HEADER = struct.Struct("<iiQ")  # fuse_out_header: len, -errno, unique
 _XATTR_SIZE = struct.Struct("<II")  # fuse_getxattr_out
-# fuse_kstatfs: blocks, bfree, bavail, files, ffree, bsize, namelen, frsize, padding, spare
-_STATFS = struct.Struct("<5Q4I6I")
 _COUNTERS = struct.Struct("<7Q")  # reads, bytes, hits, zero chunks, forwarded, open, held
 _MAX_HANDOVER = 64  # chunk descriptors in one message (the C side's receive buffer)
 _STOP_WAIT = 5.0  # seconds the native server gets to end after its folder is unmounted
@@ -291,8 +290,6 @@ class NativeDevices:
                 self.stats.record_demand_use(self.devices[dev].chunk(ino).digest)
         elif kind == ord("X"):
             self._xattr(unique, size)
-        elif kind == ord("S"):
-            self._statfs(unique)
         elif kind == ord("E") and self.on_released is not None:
             self.on_released()
 
@@ -346,13 +343,6 @@ class NativeDevices:
             await self._trio_channel.sendmsg(
                 [b"".join(records)],
                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-
-    def _statfs(self, unique: int) -> None:
-        """Answered here, not by the server: a statfs of the device folder is how the
-        runtime asks whether a kernel-path mount's daemon lives (daemon.check_answers)."""
-        blocks = sum(device.layout.blocks for device in self.devices)
-        self._reply(unique, 0, _STATFS.pack(blocks, 0, 0, len(self.devices) + 1, 0, 4096,
-                                            255, 4096, 0, *(0,) * 6))
 
     def _xattr(self, unique: int, size: int) -> None:
         if self.document is None:
