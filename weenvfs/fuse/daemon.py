@@ -113,24 +113,27 @@ def remove_pid_file(mountpoint: Path, pid: int | None = None) -> None:
     pid_file(mountpoint).unlink(missing_ok=True)
 
 
-def process_alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie counts as exited: its parent may never reap it)."""
+def _running_stat(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the name (field 3, the state, first), or None
+    when `pid` does not run (a zombie counts as exited: its parent may never reap it)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
+            fields = f.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
+        return None
+    return fields if fields and fields[0] not in (b"Z", b"X") else None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie counts as exited)."""
+    return _running_stat(pid) is not None
 
 
 def start_time(pid: int) -> str:
-    """Field 22 of /proc/PID/stat (tells a reused pid apart); '' when it is gone."""
-    if not process_alive(pid):
-        return ""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
+    """Field 22 of /proc/PID/stat (tells a reused pid apart); '' when it is gone. One read
+    (a warm sandbox asks it of each shared mount's daemon, twice)."""
+    fields = _running_stat(pid)
+    return fields[19].decode() if fields is not None and len(fields) > 19 else ""
 
 
 # -- the child's end ------------------------------------------------------------------------
