@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rt_support import EnvRef, run_weenv
@@ -123,6 +124,37 @@ def test_a_root_over_a_mount_that_was_mounted_again_is_not_taken(parked_env: Env
     assert not (SANDBOXES_ROOT / parked).exists()
     [again] = [m for m in mounts.list_mounts() if m.key == parked_env.keys[0]]
     assert again.pid != info.pid
+
+
+def _kill_the_mount(env: EnvRef) -> None:
+    [info] = [m for m in mounts.list_mounts() if m.key == env.keys[0]]
+    assert info.pid is not None
+    os.kill(info.pid, signal.SIGKILL)
+    wait_for(lambda: not daemon.process_alive(info.pid), "the daemon's death", 30.0)
+
+
+def test_a_root_parked_over_a_mount_that_died_in_its_run_is_never_taken(
+        parked_env: EnvRef, assert_logs: Any) -> None:
+    """The shared mount's daemon dies during a run, whose end does not ask (a round trip to
+    every mount's daemon at the end of every run): gc removes the root parked over the dead
+    mount, and a run before gc gets a new root (the old one removed)."""
+    for removed_by in ("gc", "the next run"):
+        if removed_by == "gc":
+            env = Environment.open(parked_env.ref, store=parked_env.store,
+                                   cache=parked_env.cache)
+        else:  # the mount gc's turn left dead is mounted again
+            with assert_logs(r"environment mount .* is dead .*; remounting", count=1):
+                env = Environment.open(parked_env.ref, store=parked_env.store,
+                                       cache=parked_env.cache)
+        root = env.sandbox.id
+        _kill_the_mount(parked_env)
+        env.close()
+        assert _parked(parked_env) == [root], removed_by
+        if removed_by == "gc":
+            assert drop_parked(expired_only=True) == [root]
+        else:
+            assert _hostname(parked_env) != root
+        assert not (SANDBOXES_ROOT / root).exists(), removed_by
 
 
 def test_expired_parked_roots_are_removed_by_gc_and_the_housekeeping(

@@ -602,12 +602,15 @@ class Sandbox:
 
     def _park(self) -> bool:
         """Park the stopped sandbox (parking.py) if it may be: made parkable, its upper as
-        it was made, its overlay the only mount there, its mounts answering, and room in the
-        index; whether it was parked."""
+        it was made, its overlay the only mount there, and room in the index; whether it
+        was parked. Its mounts are not asked here (a round trip to each one's daemon at the
+        end of every run): whoever takes the root checks them (`_build`: a mount that died
+        is mounted again, and a root over the old one is not taken), and `drop_parked`
+        removes a parked root over a mount that no longer answers (gc, the node service's
+        housekeeping after every release)."""
         keys = self._mount_keys()
         seconds = parking.park_seconds()
-        if (not self.state.get("parkable") or seconds <= 0
-                or not self._root_as_made() or self.mount_problem()):
+        if not self.state.get("parkable") or seconds <= 0 or not self._root_as_made():
             return False
         if not parking.has_room(keys):
             return False
