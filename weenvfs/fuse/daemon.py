@@ -442,11 +442,12 @@ def check_answers(mountpoint: Path, mounted: frozenset[bytes] | None = None) -> 
     kernel even when the daemon serving its data is gone). `mounted` as for `is_mounted`."""
     mp = mount_path(mountpoint)
     os.stat(mp)
-    if is_kernel_mount(mp, mounted):
+    devices = kernel_dir(mp) / "devices"
+    if is_mounted(devices, mounted):  # the kernel path (`is_kernel_mount`)
         # statfs always reaches the folder's server (a stat may be answered from the
         # attribute cache): pyfuse3 in the daemon, or the native server, which serves only
         # while the daemon lives (fuse/native_devices.py) and answers without asking it.
-        os.statvfs(kernel_dir(mp) / "devices")
+        os.statvfs(devices)
 
 
 def force_unmount(mountpoint: Path) -> None:
