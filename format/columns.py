@@ -12,6 +12,7 @@ Owns: `u32_column`, `u64_column`, `kind_flags`. Pure: no I/O.
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 from collections.abc import Sequence
@@ -49,7 +50,11 @@ def u64_column(table: memoryview, size: int, field: int) -> Sequence[int]:
 def kind_flags(inode_table: memoryview, kind: int) -> bytes:
     """For each record of `inode_table`, 1 if its file type is `kind` (an S_IF* value),
     else 0: one byte per inode, indexable by inode number."""
-    match = kind >> 12
-    translate = bytes(int(b >> 4 == match) for b in range(256))
-    return inode_table[_TYPE_BYTE :: C.INODE.size].tobytes().translate(translate)
+    return inode_table[_TYPE_BYTE :: C.INODE.size].tobytes().translate(_kind_table(kind))
+
+
+@functools.cache
+def _kind_table(kind: int) -> bytes:
+    """The `bytes.translate` table of a type byte to 1 for file type `kind`, else 0."""
+    return bytes(int(b >> 4 == kind >> 12) for b in range(256))
 
