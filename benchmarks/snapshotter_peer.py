@@ -98,8 +98,10 @@ class SnapshotterPeer(ContainerdPeer):
         return env
 
     def weenv(self, *args: str) -> str:
-        """`weenv ARGS` in this peer's environment; its stdout, or RuntimeError."""
-        done = subprocess.run(weenv_argv(*args), env=self.env(), capture_output=True,
+        """`weenv ARGS` in this peer's environment, with the installed `weenv` (as users
+        run it: the native launcher hands a `pull` to the node service); its stdout, or
+        RuntimeError."""
+        done = subprocess.run([*weenv_command(), *args], env=self.env(), capture_output=True,
                               text=True, timeout=CLI_TIMEOUT, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"weenv {' '.join(args[:2])} failed ({done.returncode}): "
@@ -168,15 +170,9 @@ class SnapshotterPeer(ContainerdPeer):
             return Repository(opened).get_tag("hints", digest, HINT_TAG)
 
     def pull_and_run(self, ref: str, argv: Sequence[str]) -> None:
-        """`weenv pull REF` into our containerd (the installed `weenv`, as users run it),
-        then `ctr run --rm --snapshotter weenv`."""
-        done = subprocess.run([*weenv_command(), "pull", ref, "--insecure",
-                               "--containerd-socket", str(self.socket), "--namespace",
-                               NAMESPACE], env=self.env(), capture_output=True, text=True,
-                              timeout=CLI_TIMEOUT, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"weenv pull failed ({done.returncode}): "
-                               f"{done.stderr.strip()[-1500:]}")
+        """`weenv pull REF` into our containerd, then `ctr run --rm --snapshotter weenv`."""
+        self.weenv("pull", ref, "--insecure", "--containerd-socket", str(self.socket),
+                   "--namespace", NAMESPACE)
         self.run(ref, argv, snapshotter=self.PLUGIN)
 
     def fetched(self) -> dict[str, Any]:
