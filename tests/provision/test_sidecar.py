@@ -73,14 +73,18 @@ def test_pressure_grows_the_limit_and_every_decision_is_logged_with_its_inputs(
 
 
 class VanishingDriver(FolderV2Driver):
-    """The real v2 driver, except that after one read the cgroup's folder is deleted."""
+    """The real v2 driver, except that one read of `vanish` first calls `before` (which
+    changes what that read sees), then deletes the cgroup's folder."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
         self.vanish: Cgroup | None = None
+        self.before: Callable[[], None] = lambda: None
         self.vanished = threading.Event()
 
     def read(self, cgroup: Cgroup) -> Sample:
+        if cgroup == self.vanish:
+            self.before()
         sample = super().read(cgroup)
         if cgroup == self.vanish:
             self.vanish = None
@@ -99,7 +103,9 @@ def test_survives_a_cgroup_removed_mid_tick(
     # The expectation first: the thread logs from its first tick on, and until it stops.
     with assert_logs("cgroup vanished", count=1), SidecarThread(config, driver) as thread:
         thread.wait_ticks(3)
-        v2_folder.set(a, memory_current=str(195 * MIB))  # so this tick also writes a
+        # In the read of the tick that finds it gone, so that this tick also writes a (set
+        # before it, an earlier tick could read the new usage and write a then: no error).
+        driver.before = lambda: v2_folder.set(a, memory_current=str(195 * MIB))
         driver.vanish = a
         wait_for(driver.vanished.is_set, "the cgroup to vanish")
         wait_for(lambda: "a" not in thread.sidecar.watched, "the sandbox to be dropped")  # type: ignore[union-attr]
