@@ -39,6 +39,17 @@ def _compiler() -> str | None:
     return None
 
 
+def _extra_arguments(source: Path) -> list[str]:
+    """The device server's fetching (zstd, BLAKE3), as scripts/setup.sh builds it: what
+    native/decode-flags.sh prints (nothing where they are missing: it then leaves every
+    fetch to the daemon)."""
+    if source != SOURCE:
+        return []
+    done = subprocess.run(["bash", str(Path("native") / "decode-flags.sh")],
+                          capture_output=True, text=True, check=False)
+    return done.stdout.split() if done.returncode == 0 else []
+
+
 class BuildWithServer(build_py):
     """build_py, then the native programs into the build folder (not for editable installs)."""
 
@@ -58,7 +69,8 @@ class BuildWithServer(build_py):
             print(f"warning: no C compiler: {name} is not built; {without}")
             return
         target.parent.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([compiler, *FLAGS, "-o", str(target), str(source)],
+        done = subprocess.run([compiler, *FLAGS, "-o", str(target), str(source),
+                               *_extra_arguments(source)],
                               capture_output=True, text=True, check=False)
         if done.returncode != 0:
             print(f"warning: {compiler} could not build {name} ({done.stderr.strip()}); "

@@ -25,7 +25,7 @@
  * a chunk whose cached file carries it is served without asking (the cache's own rule).
  *
  * The map, little-endian: "WEDVMAP1", u32 device count, u32 0; per device 64 bytes: name
- * (16, NUL-padded), u64 size, u32 chunk size, u32 inode count, u32 chunk count, u32 0,
+ * (16, NUL-padded), u64 size, u32 chunk size, u32 inode count, u32 chunk count, u32 blob count,
  * u64 offset of the saved layout (format/device_layout.py `to_bytes`), u64 offset of the
  * index's inode table, u64 offset of its chunk table (SPEC.md 6.4, 6.6).
  *
@@ -35,9 +35,26 @@
  * that starts a file or reaches a chunk no reported read reached (dev, flags, length, file
  * offset, inode): the daemon's read-ahead and hint recording see what they would have seen
  * (each chunk once, at any position), 'U' a trusted cached chunk this program
- * opened itself (dev, chunk in `ino`): its first use, 'E' every device handle released.
- * From the daemon: 8-byte records ('C', 0, u16 dev, u32 chunk) each with one chunk file
- * descriptor (SCM_RIGHTS): chunk `chunk` of device `dev` is cached and verified in it.
+ * opened itself (dev, chunk in `ino`): its first use, 'W' a chunk this program fetched,
+ * verified and cached (dev, chunk in `ino`, frame length in `size`, nanoseconds it took in
+ * `offset`), 'E' every device handle released.
+ * From the daemon, each record with one descriptor (SCM_RIGHTS), one kind per message:
+ * 8-byte records ('C', 0, u16 dev, u32 chunk): chunk `chunk` of device `dev` is cached and
+ * verified in it; 24-byte records ('F', 0, u16 dev, u32 blob, u64 start, u64 length): its
+ * bytes from 0 are bytes [start, start + length) of blob `blob` (the index's blob table) of
+ * device `dev`, as stored (frame sources, above).
+ *
+ * Frame sources (built with WEENV_DECODE: zstd and BLAKE3's C sources, scripts/setup.sh): the
+ * daemon may hand over, per device and blob, a descriptor whose bytes are a range of the blob
+ * as stored ('F' records: a local folder store's blob files). A chunk neither handed over nor
+ * trusted whose frame lies in one is fetched here, as the daemon's fetcher would: under the
+ * chunk's cross-process lock (weenvfs/core/chunk_locks.py), the frame is read, its declared
+ * size checked, decompressed, its BLAKE3 compared with the index's digest, and written to the
+ * node cache as weenvfs/core/cache.py writes a chunk (a temp file, the trust marker, a rename),
+ * then served from that file; a 'W' record tells the daemon (stats, the cache's size bound).
+ * Anything that does not go exactly so (no source, the lock held, a short read, a bad frame, a
+ * digest that differs, a cache write that fails) leaves the read to the daemon, whose fetcher
+ * retries, reports and answers EIO as ever: bytes that do not verify are never served.
  *
  * Ends when the folder is unmounted (ENODEV) or the daemon's end of the channel closes (then
  * the FUSE connection goes with the last descriptor: readers get errors, never a hang).
@@ -55,7 +72,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -63,6 +82,10 @@
 #include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef WEENV_DECODE
+#include <blake3.h>
+#include <zstd.h>
+#endif
 
 #define BLOCK_SIZE 4096u
 #define MAX_PAGES 256u                       /* 1 MiB reads, as libfuse negotiates */
@@ -75,8 +98,10 @@
 #define STATS_XATTR "user.weenv.stats"
 #define TRUST_XATTR "user.weenv.verified"
 #define TIMEOUT_S 3600
+#define MAX_SOURCES 65536u /* frame sources held at once (one per blob file of a folder store) */
 
-enum { C_READS, C_BYTES, C_HITS, C_ZERO, C_FORWARDED, C_OPEN, C_HELD, C_COUNTERS };
+enum { C_READS, C_BYTES, C_HITS, C_ZERO, C_FORWARDED, C_OPEN, C_HELD, C_DECODED, C_DECODER,
+       C_COUNTERS };
 
 struct record { /* to the daemon */
     uint8_t type, flags;
@@ -88,10 +113,18 @@ struct record { /* to the daemon */
     uint32_t pad;
 };
 
+/* Bytes [start, start + length) of a blob as stored, at offset 0 of `fd`. */
+struct source {
+    struct source *next;
+    uint64_t start, length;
+    int fd;
+};
+
 struct device {
     char name[17];
     uint64_t size, chunk_size;
-    uint32_t extents, inode_count, chunk_count;
+    uint32_t extents, inode_count, chunk_count, blob_count;
+    struct source **sources;             /* per blob of the index: its frame sources */
     const uint8_t *inos, *sizes, *first; /* the saved layout's columns */
     const uint8_t *inodes, *chunks;      /* the index's tables */
     int32_t *fd;                         /* per chunk: its verified file, or -1 */
@@ -150,6 +183,7 @@ static void load_map(int fd) {
         dev->chunk_size = le32(h + 24);
         dev->inode_count = le32(h + 28);
         dev->chunk_count = le32(h + 32);
+        dev->blob_count = le32(h + 36);
         uint64_t layout = le64(h + 40), inodes = le64(h + 48), chunks = le64(h + 56);
         if (!in_map(layout, 16, map_size) || memcmp(map + layout, "WEENVDL1", 8) != 0
             || le64(map + layout + 8) > UINT32_MAX) {
@@ -174,7 +208,9 @@ static void load_map(int fd) {
         dev->last_end = calloc(n + 1, sizeof(uint64_t));
         dev->file_told = calloc(n + 1, 1);
         dev->chunk_told = calloc(dev->chunk_count + 1, 1);
-        if (!dev->fd || !dev->last_end || !dev->file_told || !dev->chunk_told) die("memory");
+        dev->sources = calloc(dev->blob_count + 1, sizeof *dev->sources);
+        if (!dev->fd || !dev->last_end || !dev->file_told || !dev->chunk_told || !dev->sources)
+            die("memory");
         for (uint32_t c = 0; c <= dev->chunk_count; c++) dev->fd[c] = -1;
     }
 }
@@ -259,8 +295,23 @@ static void hold(uint32_t d, uint32_t chunk, int fd) {
     counters[C_HELD] = held;
 }
 
+static uint32_t source_count;
+
+/* Blob bytes [start, start + length) of `blob` of device `d` are at offset 0 of `fd`. */
+static void add_source(uint32_t d, uint32_t blob, uint64_t start, uint64_t length, int fd) {
+    struct source *s = source_count < MAX_SOURCES ? malloc(sizeof *s) : NULL;
+    if (s == NULL || blob >= devices[d].blob_count || length == 0) {
+        free(s);
+        close(fd);
+        return;
+    }
+    *s = (struct source){devices[d].sources[blob], start, length, fd};
+    devices[d].sources[blob] = s;
+    source_count++;
+}
+
 static void take_chunks(void) {
-    uint8_t data[8 * 64];
+    uint8_t data[24 * 64];
     union { char buf[CMSG_SPACE(sizeof(int) * 64)]; struct cmsghdr align; } control;
     struct iovec iov = {data, sizeof data};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
@@ -276,17 +327,18 @@ static void take_chunks(void) {
             memcpy(fds + nfds, CMSG_DATA(c), n * sizeof(int));
             nfds += n;
         }
-    size_t records = (size_t)got / 8;
+    size_t width = data[0] == 'F' ? 24 : 8, records = (size_t)got / width;
     for (size_t k = 0; k < nfds; k++) {
-        const uint8_t *r = data + 8 * k;
-        uint32_t d = r[2] | (uint32_t)r[3] << 8, chunk = le32(r + 4);
+        const uint8_t *r = data + width * k;
+        uint32_t d = r[2] | (uint32_t)r[3] << 8, number = le32(r + 4);
         /* A record without its descriptor, or one naming nothing: drop the descriptor. */
-        if (k >= records || r[0] != 'C' || d >= device_count || chunk >= devices[d].chunk_count
-            || (msg.msg_flags & MSG_CTRUNC)) {
+        if (k >= records || r[0] != data[0] || d >= device_count || (msg.msg_flags & MSG_CTRUNC)
+            || (r[0] == 'C' && number >= devices[d].chunk_count) || (r[0] != 'C' && r[0] != 'F')) {
             close(fds[k]);
             continue;
         }
-        hold(d, chunk, fds[k]);
+        if (r[0] == 'C') hold(d, number, fds[k]);
+        else add_source(d, number, le64(r + 8), le64(r + 16), fds[k]);
     }
 }
 
@@ -300,15 +352,20 @@ static int cache_dir = -1;
 static char boot[128];
 static ssize_t boot_len = -1;
 
+/* "xx/<64 hex>": where chunk record `rec`'s chunk is cached, under the cache folder. */
+static void chunk_name(const uint8_t *rec, char name[3 + 64 + 1]) {
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < 32; i++) {
+        name[3 + 2 * i] = hex[rec[i] >> 4];
+        name[3 + 2 * i + 1] = hex[rec[i] & 15];
+    }
+    name[0] = name[3], name[1] = name[4], name[2] = '/', name[67] = 0;
+}
+
 static int open_trusted(const uint8_t *rec) {
     if (cache_dir < 0 || boot_len <= 0) return -1;
-    static const char hex[] = "0123456789abcdef";
     char path[3 + 64 + 1];
-    for (int i = 0; i < 32; i++) {
-        path[3 + 2 * i] = hex[rec[i] >> 4];
-        path[3 + 2 * i + 1] = hex[rec[i] & 15];
-    }
-    path[0] = path[3], path[1] = path[4], path[2] = '/', path[67] = 0;
+    chunk_name(rec, path);
     int fd = openat(cache_dir, path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return -1;
     char mark[sizeof boot];
@@ -321,6 +378,142 @@ static int open_trusted(const uint8_t *rec) {
     }
     return fd;
 }
+
+/* -- chunks fetched here from frame sources --------------------------------------------- */
+
+#ifdef WEENV_DECODE
+static ZSTD_DCtx *dctx;
+static uint8_t *frame_buffer, *plain_buffer;
+static size_t frame_room, plain_room;
+
+static int room(uint8_t **buffer, size_t *have, size_t need) {
+    if (need <= *have) return 1;
+    uint8_t *bigger = realloc(*buffer, need);
+    if (bigger == NULL) return 0;
+    *buffer = bigger;
+    *have = need;
+    return 1;
+}
+
+static const struct source *source_of(const struct device *dev, uint32_t blob, uint64_t offset,
+                                      uint64_t clen) {
+    if (blob >= dev->blob_count) return NULL;
+    for (const struct source *s = dev->sources[blob]; s; s = s->next)
+        if (offset >= s->start && clen <= s->length && offset - s->start <= s->length - clen)
+            return s;
+    return NULL;
+}
+
+static int read_exactly(int fd, uint8_t *to, uint64_t length, uint64_t at) {
+    for (uint64_t done = 0; done < length;) {
+        ssize_t n = pread(fd, to + done, length - done, (off_t)(at + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return 0;
+        done += (uint64_t)n;
+    }
+    return 1;
+}
+
+/* The chunk's cross-process fetch lock (weenvfs/core/chunk_locks.py: flock on
+ * locks/<hex>, unlinked by its holder before it unlocks), without waiting: -1 when another
+ * process holds it (the daemon then waits for that fetch as its fetcher does). */
+static int try_lock(const char *path) {
+    int fd = openat(cache_dir, path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) return -1;
+    struct stat held, named;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0 || fstat(fd, &held) != 0
+        || fstatat(cache_dir, path, &named, AT_SYMLINK_NOFOLLOW) != 0
+        || held.st_dev != named.st_dev || held.st_ino != named.st_ino) {
+        close(fd); /* held, or its holder unlinked it meanwhile: the daemon's to fetch */
+        return -1;
+    }
+    return fd;
+}
+
+static void unlock(int fd, const char *path) {
+    unlinkat(cache_dir, path, 0);
+    close(fd);
+}
+
+/* Writes `length` verified bytes as cache file `name` the way the cache does (a temp file
+ * flocked while written, this boot's trust marker, a rename into place); its descriptor, or
+ * -1 when it could not (the daemon then fetches the chunk and handles a full disk). */
+static int write_cached(const char *name, const uint8_t *plain, uint64_t length) {
+    uint32_t random = 0;
+    if (getrandom(&random, sizeof random, GRND_NONBLOCK) != sizeof random) random = (uint32_t)rand();
+    char temp[96];
+    snprintf(temp, sizeof temp, "tmp/%s.%d.%08x", name + 3, (int)getpid(), random);
+    int fd = openat(cache_dir, temp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return -1;
+    int ok = flock(fd, LOCK_EX | LOCK_NB) == 0;
+    for (uint64_t done = 0; ok && done < length;) {
+        ssize_t n = write(fd, plain + done, length - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) ok = 0;
+        else done += (uint64_t)n;
+    }
+    ok = ok && fsetxattr(fd, TRUST_XATTR, boot, (size_t)boot_len, 0) == 0;
+    if (ok && renameat(cache_dir, temp, cache_dir, name) != 0) {
+        char folder[3] = {name[0], name[1], 0}; /* the subfolder's first chunk */
+        ok = errno == ENOENT && (mkdirat(cache_dir, folder, 0777) == 0 || errno == EEXIST)
+             && renameat(cache_dir, temp, cache_dir, name) == 0;
+    }
+    if (!ok) {
+        unlinkat(cache_dir, temp, 0);
+        close(fd);
+        return -1;
+    }
+    flock(fd, LOCK_UN);
+    return fd;
+}
+
+/* Fetches chunk `chunk` of `dev` (record `rec`) from a frame source as the daemon's fetcher
+ * would (the file's header): the verified cache file's descriptor, or -1 (the daemon's). */
+static int fetch_from_source(struct device *dev, uint32_t chunk, const uint8_t *rec) {
+    uint64_t offset = le64(rec + 40), clen = le32(rec + 48), ulen = le32(rec + 52);
+    const struct source *source = source_of(dev, le32(rec + 32), offset, clen);
+    if (source == NULL || cache_dir < 0 || boot_len <= 0 || ulen == 0 || clen == 0) return -1;
+    struct timespec began, ended;
+    clock_gettime(CLOCK_MONOTONIC, &began);
+    char name[3 + 64 + 1], lock[6 + 64 + 1];
+    chunk_name(rec, name);
+    snprintf(lock, sizeof lock, "locks/%s", name + 3);
+    int lock_fd = try_lock(lock);
+    if (lock_fd < 0) return -1;
+    int fd = open_trusted(rec); /* cached by another process just before the lock */
+    if (fd >= 0) {
+        unlock(lock_fd, lock);
+        return fd;
+    }
+    uint8_t digest[32];
+    blake3_hasher hasher;
+    size_t plain = 0;
+    if (room(&frame_buffer, &frame_room, clen) && room(&plain_buffer, &plain_room, ulen)
+        && read_exactly(source->fd, frame_buffer, clen, offset - source->start)
+        && ZSTD_getFrameContentSize(frame_buffer, clen) == ulen) /* before decompressing */
+        plain = ZSTD_decompressDCtx(dctx, plain_buffer, ulen, frame_buffer, clen);
+    if (plain == ulen && !ZSTD_isError(plain)) {
+        blake3_hasher_init(&hasher);
+        blake3_hasher_update(&hasher, plain_buffer, ulen);
+        blake3_hasher_finalize(&hasher, digest, sizeof digest);
+        if (memcmp(digest, rec, sizeof digest) == 0) fd = write_cached(name, plain_buffer, ulen);
+    }
+    unlock(lock_fd, lock);
+    if (fd < 0) return -1;
+    clock_gettime(CLOCK_MONOTONIC, &ended);
+    uint64_t took = (uint64_t)(ended.tv_sec - began.tv_sec) * 1000000000u
+                    + (uint64_t)ended.tv_nsec - (uint64_t)began.tv_nsec;
+    struct record fetched = {.type = 'W', .dev = (uint16_t)(dev - devices), .size = (uint32_t)clen,
+                             .offset = took, .ino = chunk};
+    push_record(&fetched, 0);
+    counters[C_DECODED]++;
+    return fd;
+}
+#else
+static int fetch_from_source(struct device *dev, uint32_t chunk, const uint8_t *rec) {
+    return -1; /* built without zstd and BLAKE3: the daemon fetches every chunk */
+}
+#endif
 
 /* -- reads ------------------------------------------------------------------------------ */
 
@@ -341,6 +534,8 @@ static int copy_chunk(struct device *dev, uint32_t chunk, uint64_t start, uint64
         struct record used = {.type = 'U', .dev = (uint16_t)(dev - devices), .ino = chunk};
         push_record(&used, 0);
     }
+    if (fd < 0 && (fd = fetch_from_source(dev, chunk, rec)) >= 0)
+        hold((uint32_t)(dev - devices), chunk, fd);
     if (fd < 0) return 0;
     struct stat st;
     if (fstat(fd, &st) != 0 || st.st_nlink == 0) { /* evicted: let the cache have its space */
@@ -667,10 +862,18 @@ int main(int argc, char **argv) {
         setrlimit(RLIMIT_NOFILE, &files);
     }
     load_map(map_fd);
+#ifdef WEENV_DECODE
+    dctx = ZSTD_createDCtx();
+    if (dctx == NULL) die("zstd");
+    ZSTD_DCtx_setParameter(dctx, ZSTD_d_windowLogMax, 27); /* SPEC.md 5.1's bound */
+#endif
     close(map_fd);
     counters = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, counters_fd, 0);
     if (counters == MAP_FAILED) die("mmap counters");
     close(counters_fd);
+#ifdef WEENV_DECODE
+    counters[C_DECODER] = 1;
+#endif
     uint8_t *buf = malloc(BUFFER_SIZE);
     if (!buf) die("memory");
     struct pollfd fds[2] = {{.fd = fuse_fd, .events = POLLIN}, {.fd = channel_fd, .events = POLLIN}};

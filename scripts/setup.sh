@@ -82,14 +82,17 @@ install_venv() {
 # from Python, `weenv stats`: device_server) and the private cgroup view crun runs in on a
 # hybrid cgroup host (native/weenv-cgroup-view.c; without it, unshare, sh and umount).
 build_native() {
-    local name source target
+    local name source target extra
     for name in weenv-devserve weenv-cgroup-view; do
-        source=native/$name.c target=$VENV/bin/$name
-        if [[ -x $target && $target -nt $source ]]; then
+        source=native/$name.c target=$VENV/bin/$name extra=()
+        if [[ $name == weenv-devserve ]]; then
+            mapfile -t extra < <(bash native/decode-flags.sh)  # its fetching: zstd, BLAKE3
+        fi
+        if [[ -x $target && $target -nt $source && ( $name != weenv-devserve || $target -nt native/decode-flags.sh ) ]]; then
             continue
         fi
         log "building $target"
-        gcc -O2 -Wall -Wextra -Wno-unused-parameter -o "$target.tmp" "$source"
+        gcc -O2 -Wall -Wextra -Wno-unused-parameter -o "$target.tmp" "$source" "${extra[@]}"
         mv "$target.tmp" "$target"
     done
 }

@@ -26,6 +26,8 @@ from weenvfs.store import (
     url_scheme,
 )
 from weenvfs.store.base import TEMP_PREFIX
+from weenvfs.store.faulty import FaultyStore
+from weenvfs.store.retry import RetryingStore
 
 REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
@@ -308,3 +310,21 @@ def test_a_limit_refuses_a_huge_file_from_its_size(local_store: LocalStore) -> N
     with pytest.raises(ObjectTooLarge, match="is 5368709120 bytes: refused, the limit is 4096"):
         local_store.get("manifests/huge", 4096)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB
+
+
+def test_local_file_is_the_key_s_file_unless_something_stands_in_front(tmp_path: Path) -> None:
+    """`local_file`: what the native device server reads blobs through (a folder store's
+    file, behind the retry wrapper too), never a file out of the root, and nothing where
+    reads must pass through a store's own code (injected faults, a server)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "store"
+    store = LocalStore(root, create=True)
+    store.put("blobs/aa", b"frames")
+    (root / "escape").symlink_to(outside)
+    assert store.local_file("blobs/aa") == str(root / "blobs" / "aa")
+    assert Path(store.local_file("blobs/aa") or "").read_bytes() == b"frames"
+    assert store.local_file("escape/secret") is None
+    assert store.local_file("../outside") is None
+    assert RetryingStore(store).local_file("blobs/aa") == store.local_file("blobs/aa")
+    assert FaultyStore(store, "C*").local_file("blobs/aa") is None

@@ -391,10 +391,15 @@ class ChunkCache(CacheBound):
         finally:
             os.close(fd)
         self._verified[digest] = (st.st_dev, st.st_ino)
+        self.note_inserted(len(plain))
+
+    def note_inserted(self, nbytes: int) -> None:
+        """Count a chunk of `nbytes` inserted (here, or by another program for this process:
+        fuse/native_devices.py) toward the size bound."""
         with self._mutex:
-            self._added += len(plain)
+            self._added += nbytes
             if self._estimate is not None:
-                self._estimate += len(plain)
+                self._estimate += nbytes
 
     # -- cross-process locks ------------------------------------------------------------------
 

@@ -458,6 +458,20 @@ class Fetcher:
             lock.release()
         return True
 
+    def note_fetched_elsewhere(self, loc: ChunkLoc, clen: int, seconds: float) -> None:
+        """Count a demand miss another program of this mount served (the native device
+        server fetched `loc`'s frame of `clen` bytes from a local blob file, verified and
+        cached it in `seconds`) as if this fetcher had: stats, and the cache's size bound."""
+        self.stats.cache_misses += 1
+        self.stats.requests += 1
+        self.stats.record_request(clen, seconds)
+        self.stats.chunks_fetched += 1
+        self.stats.bytes_decompressed += loc.ulen
+        self.stats.read_waits.add(seconds)
+        self.cache.note_inserted(loc.ulen)
+        if not self._closed and self._nursery is not None:
+            self._nursery.start_soon(self._schedule_maintenance)
+
     def _claim(self, loc: ChunkLoc, priority: Priority) -> tuple[ChunkLoc, _Flight]:
         """Make this task the in-process fetcher of `loc` (the caller checked nobody is)."""
         flight = self._flights[loc.digest] = _Flight(priority, trio.Event())

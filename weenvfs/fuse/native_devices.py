@@ -60,14 +60,17 @@ SERVER_VARIABLE = "WEENV_DEVICE_SERVER"
 
 _RECORD = struct.Struct("<BBHIQQII")  # type, flags, device, size, unique, offset, inode, pad
 _CHUNK = struct.Struct("<BBHI")  # 'C', 0, device, chunk number (+ one SCM_RIGHTS descriptor)
+# 'F', 0, device, blob number, start, length (+ one descriptor): a frame source
+_SOURCE = struct.Struct("<BBHIQQ")
 _MAP_HEAD = struct.Struct("<8sII")
 _MAP_DEVICE = struct.Struct("<16sQIIIIQQQ")
 _OUT_HEADER = struct.Struct("<iiQ")  # fuse_out_header: len, -errno, unique
 _XATTR_SIZE = struct.Struct("<II")  # fuse_getxattr_out
-_COUNTERS = struct.Struct("<7Q")  # reads, bytes, hits, zero chunks, forwarded, open, held
+# reads, bytes, hits, zero chunks, forwarded, open, held, chunks fetched, fetches natively
+_COUNTERS = struct.Struct("<9Q")
 _MAX_HANDOVER = 64  # chunk descriptors in one message (the C side's receive buffer)
 _STOP_WAIT = 5.0  # seconds the native server gets to end after its folder is unmounted
-assert _RECORD.size == 32 and _MAP_DEVICE.size == 64
+assert _RECORD.size == 32 and _MAP_DEVICE.size == 64 and _SOURCE.size == 24
 
 
 def choose_server() -> tuple[str | None, str | None]:
@@ -99,7 +102,7 @@ def device_map(devices: Mapping[bytes, DeviceReader]) -> list[bytes | memoryview
         # The index's records as stored (SPEC.md 6.4, 6.6): the server reads them in place.
         inodes, chunks = index.inode_table(), index.chunk_table()
         heads.append(_MAP_DEVICE.pack(name, device.size, h.chunk_size, h.inode_count,
-                                      h.chunk_count, 0, at, at + len(layout),
+                                      h.chunk_count, h.blob_count, at, at + len(layout),
                                       at + len(layout) + len(inodes)))
         bodies += [layout, inodes, chunks]
         at += len(layout) + len(inodes) + len(chunks)
@@ -225,14 +228,16 @@ class NativeDevices:
 
     def _read_counters(self) -> tuple[int, ...]:
         if self._counters is None:
-            return (0,) * 7
+            return (0,) * _COUNTERS.size // 8
         return _COUNTERS.unpack_from(self._counters)
 
-    def summary(self) -> dict[str, int]:
+    def summary(self) -> dict[str, int | bool]:
         """What `weenv stats` shows of the native server: reads it served itself, requests
-        it forwarded here, chunk files it holds open."""
-        reads, _, _, _, forwarded, _, held = self._read_counters()
-        return {"served_reads": reads, "forwarded": forwarded, "held_chunks": held}
+        it forwarded here, chunk files it holds open, chunks it fetched from frame sources
+        itself, and whether it can (built with zstd and BLAKE3)."""
+        reads, _, _, _, forwarded, _, held, fetched, fetches = self._read_counters()
+        return {"served_reads": reads, "forwarded": forwarded, "held_chunks": held,
+                "fetched_chunks": fetched, "fetches": bool(fetches)}
 
     def fold_counters(self) -> None:
         """Add what the native server served since the last call to the mount's `Stats`."""
@@ -252,6 +257,7 @@ class NativeDevices:
         why (raised by the caller once the mount is torn down)."""
         channel = self._trio_channel
         with self._cancel:
+            await self._send_sources()
             async with trio.open_nursery() as nursery:
                 while True:
                     try:
@@ -288,6 +294,12 @@ class NativeDevices:
             # A cached chunk the server opened itself (trusted): its first demand use.
             with contextlib.suppress(Exception):
                 self.stats.record_demand_use(self.devices[dev].chunk(ino).digest)
+        elif kind == ord("W") and dev < len(self.devices):
+            # A chunk the server fetched from a frame source, verified and cached itself.
+            device = self.devices[dev]
+            with contextlib.suppress(Exception):
+                device.reader.fetcher.note_fetched_elsewhere(device.chunk(ino), size,
+                                                             offset / 1e9)
         elif kind == ord("X"):
             self._xattr(unique, size)
         elif kind == ord("E") and self.on_released is not None:
@@ -334,6 +346,40 @@ class NativeDevices:
             log.debug("handing chunk files over: %s", error)
         finally:
             for fd in fds:
+                os.close(fd)
+
+    async def _send_sources(self) -> None:
+        """Hand the server the blob files of a store it can read itself (a local folder:
+        `Store.local_file`), as frame sources: it then fetches chunks from them without a
+        round trip here (the C file's header). Blobs several groups share are opened once."""
+        if not self.cache.trust_marker()[1]:
+            return  # the server trusts no cache file, so it caches none either
+        store = self.devices[0].reader.fetcher.store
+        records: list[bytes] = []
+        fds: list[int] = []
+        opened: dict[str, tuple[int, int]] = {}  # blob digest -> (descriptor, size)
+        try:
+            for dev, device in enumerate(self.devices):
+                for number, blob in enumerate(device.reader.tree.groups[device.group]
+                                              .blob_digests()):
+                    if blob not in opened:
+                        path = store.local_file(f"blobs/{blob}")
+                        if path is None:
+                            return  # not a folder of files: the daemon fetches everything
+                        try:
+                            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                        except OSError:
+                            continue  # missing here: a read of it fails the usual way
+                        opened[blob] = (fd, os.fstat(fd).st_size)
+                    fd, size = opened[blob]
+                    records.append(_SOURCE.pack(ord("F"), 0, dev, number, 0, size))
+                    fds.append(fd)
+            for at in range(0, len(fds), _MAX_HANDOVER):
+                await self._send(records[at:at + _MAX_HANDOVER], fds[at:at + _MAX_HANDOVER])
+        except (OSError, trio.ClosedResourceError, trio.BrokenResourceError) as error:
+            log.debug("handing frame sources over: %s", error)
+        finally:
+            for fd, _size in opened.values():
                 os.close(fd)
 
     async def _send(self, records: list[bytes], fds: list[int]) -> None:

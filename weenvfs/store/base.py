@@ -119,6 +119,13 @@ class Store(ABC):
     # decompression and hashing cost it CPU (fuse/mount.py leaves out neighbourhoods).
     cheap_requests: bool = False
 
+    def local_file(self, key: str) -> str | None:
+        """The path of the file `key` is stored in when a read of it is a plain read of that
+        file (a folder on this machine with nothing in front), else None. For a reader that
+        reads ranges of blobs itself (the native device server, fuse/native_devices.py); the
+        file may be gone by the time it is opened, which the reader handles as a miss."""
+        return None
+
     @property
     @abstractmethod
     def url(self) -> str:

@@ -72,6 +72,13 @@ class LocalStore(Store):
 
     # -- reading -------------------------------------------------------------------------
 
+    def local_file(self, key: str) -> str | None:
+        """See `Store.local_file`: the key's file under the root (checked as every read is)."""
+        try:
+            return self._path(key)
+        except StoreError:
+            return None
+
     def get(self, key: str, limit: int | None = None) -> bytes:
         """See `Store.get`; with a `limit`, the file's size is checked before any read."""
         path = self._path(key)

@@ -97,6 +97,10 @@ class RetryingStore(Store):
         """Whether the inner store's requests cost about a local disk read."""
         return self.inner.cheap_requests
 
+    def local_file(self, key: str) -> str | None:
+        """The inner store's file of `key` (a read of it has nothing to retry)."""
+        return self.inner.local_file(key)
+
     def _run(self, what: str, call: Callable[[], T]) -> T:
         """Call `call` until it succeeds, fails permanently or the policy gives up."""
         start = self._clock()
