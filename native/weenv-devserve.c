@@ -40,13 +40,15 @@
  * `offset`), 'E' every device handle released.
  * From the daemon, each record with one descriptor (SCM_RIGHTS), one kind per message:
  * 8-byte records ('C', 0, u16 dev, u32 chunk): chunk `chunk` of device `dev` is cached and
- * verified in it; 24-byte records ('F', 0, u16 dev, u32 blob, u64 start, u64 length): its
- * bytes from 0 are bytes [start, start + length) of blob `blob` (the index's blob table) of
- * device `dev`, as stored (frame sources, above).
+ * verified in it; 24-byte records ('F', flags, u16 dev, u32 blob, u64 start, u64 length):
+ * its bytes from 0 are bytes [start, start + length) of blob `blob` (the index's blob table)
+ * of device `dev`, as stored (frame sources, above); flags bit 0: it expires (a neighbourhood
+ * the daemon fetched: kept SOURCE_TTL_NS at most, SOURCE_BYTES of them at most).
  *
  * Frame sources (built with WEENV_DECODE: zstd and BLAKE3's C sources, scripts/setup.sh): the
  * daemon may hand over, per device and blob, a descriptor whose bytes are a range of the blob
- * as stored ('F' records: a local folder store's blob files). A chunk neither handed over nor
+ * as stored ('F' records: a local folder store's blob files, and the neighbourhoods its
+ * fetcher brings from any other store, in memfds). A chunk neither handed over nor
  * trusted whose frame lies in one is fetched here, as the daemon's fetcher would: under the
  * chunk's cross-process lock (weenvfs/core/chunk_locks.py), the frame is read, its declared
  * size checked, decompressed, its BLAKE3 compared with the index's digest, and written to the
@@ -99,6 +101,12 @@
 #define TRUST_XATTR "user.weenv.verified"
 #define TIMEOUT_S 3600
 #define MAX_SOURCES 65536u /* frame sources held at once (one per blob file of a folder store) */
+/* Sources that expire (flag bit 0: a neighbourhood the daemon fetched, in a memfd) go after
+ * this long or when they hold more than this many bytes, oldest first (the daemon's own
+ * stash, weenvfs/core/frame_stash.py, has the same bounds: a burst of reads is over soon). */
+#define SOURCE_TTL_NS (10ull * 1000000000ull)
+#define SOURCE_BYTES (192ull << 20)
+#define MAX_EXPIRING 4096u
 
 enum { C_READS, C_BYTES, C_HITS, C_ZERO, C_FORWARDED, C_OPEN, C_HELD, C_DECODED, C_DECODER,
        C_COUNTERS };
@@ -118,6 +126,8 @@ struct source {
     struct source *next;
     uint64_t start, length;
     int fd;
+    uint32_t dev, blob;
+    uint64_t arrived; /* CLOCK_MONOTONIC ns; 0: never expires */
 };
 
 struct device {
@@ -296,28 +306,72 @@ static void hold(uint32_t d, uint32_t chunk, int fd) {
 }
 
 static uint32_t source_count;
+/* The expiring sources, oldest first, and their bytes. */
+static struct source *expiring[MAX_EXPIRING];
+static uint32_t expiring_head, expiring_len;
+static uint64_t expiring_bytes;
 
-/* Blob bytes [start, start + length) of `blob` of device `d` are at offset 0 of `fd`. */
-static void add_source(uint32_t d, uint32_t blob, uint64_t start, uint64_t length, int fd) {
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static void drop_oldest_source(void) {
+    struct source *s = expiring[expiring_head];
+    expiring_head = (expiring_head + 1) % MAX_EXPIRING;
+    expiring_len--;
+    expiring_bytes -= s->length;
+    for (struct source **at = &devices[s->dev].sources[s->blob]; *at; at = &(*at)->next)
+        if (*at == s) {
+            *at = s->next;
+            break;
+        }
+    close(s->fd);
+    free(s);
+    source_count--;
+}
+
+/* Drops expiring sources past their time, and more while over `room` bytes or entries. */
+static void expire_sources(uint64_t room, uint32_t entries) {
+    uint64_t now = now_ns();
+    while (expiring_len > 0
+           && (now - expiring[expiring_head]->arrived > SOURCE_TTL_NS
+               || expiring_bytes > room || expiring_len > entries))
+        drop_oldest_source();
+}
+
+/* Blob bytes [start, start + length) of `blob` of device `d` are at offset 0 of `fd`;
+ * `expires`: a neighbourhood (bounded in time and bytes), else for the mount's life. */
+static void add_source(uint32_t d, uint32_t blob, uint64_t start, uint64_t length, int fd,
+                       int expires) {
+    if (expires) expire_sources(length > SOURCE_BYTES ? 0 : SOURCE_BYTES - length,
+                                MAX_EXPIRING - 1);
     struct source *s = source_count < MAX_SOURCES ? malloc(sizeof *s) : NULL;
-    if (s == NULL || blob >= devices[d].blob_count || length == 0) {
+    if (s == NULL || blob >= devices[d].blob_count || length == 0 || length > SOURCE_BYTES) {
         free(s);
         close(fd);
         return;
     }
-    *s = (struct source){devices[d].sources[blob], start, length, fd};
+    *s = (struct source){devices[d].sources[blob], start, length, fd, d, blob,
+                         expires ? now_ns() | 1 : 0};
     devices[d].sources[blob] = s;
     source_count++;
+    if (expires) {
+        expiring[(expiring_head + expiring_len++) % MAX_EXPIRING] = s;
+        expiring_bytes += length;
+    }
 }
 
-static void take_chunks(void) {
+/* Takes one message of hand-overs or sources; 0 when none is waiting. */
+static int take_chunks(void) {
     uint8_t data[24 * 64];
     union { char buf[CMSG_SPACE(sizeof(int) * 64)]; struct cmsghdr align; } control;
     struct iovec iov = {data, sizeof data};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
                          .msg_controllen = sizeof control.buf};
     ssize_t got = recvmsg(channel_fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    if (got < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (got < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
     if (got <= 0) exit(0); /* the daemon closed the channel */
     int fds[64];
     size_t nfds = 0;
@@ -338,8 +392,9 @@ static void take_chunks(void) {
             continue;
         }
         if (r[0] == 'C') hold(d, number, fds[k]);
-        else add_source(d, number, le64(r + 8), le64(r + 16), fds[k]);
+        else add_source(d, number, le64(r + 8), le64(r + 16), fds[k], r[1] & 1);
     }
+    return 1;
 }
 
 /* -- the node cache's trusted chunks ------------------------------------------------------ */
@@ -398,6 +453,7 @@ static int room(uint8_t **buffer, size_t *have, size_t need) {
 static const struct source *source_of(const struct device *dev, uint32_t blob, uint64_t offset,
                                       uint64_t clen) {
     if (blob >= dev->blob_count) return NULL;
+    if (expiring_len > 0) expire_sources(SOURCE_BYTES, MAX_EXPIRING);
     for (const struct source *s = dev->sources[blob]; s; s = s->next)
         if (offset >= s->start && clen <= s->length && offset - s->start <= s->length - clen)
             return s;
@@ -883,7 +939,8 @@ int main(int argc, char **argv) {
             if (errno == EINTR) continue;
             die("poll");
         }
-        if (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) take_chunks();
+        if (fds[1].revents & (POLLIN | POLLHUP | POLLERR))
+            while (take_chunks()) {} /* all of them: a read may need any */
         if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
         /* Several requests in a row without waiting, then the channel again. */
         for (int burst = 0; burst < 64; burst++) {

@@ -138,6 +138,21 @@ def test_a_mount_from_s3_fetches_neighbourhoods(mounted: Mount) -> None:
     assert mounted.stats()["mount"]["neighbourhoods"] is True
 
 
+def test_the_native_server_serves_misses_from_neighbourhoods(mounted: Mount) -> None:
+    """The neighbourhoods the fetcher brings are handed to the kernel path's native server
+    (fuse/native_devices.py `_share_frames`), which fetches from them the chunks readers
+    miss: right bytes, counted as the fetcher's neighbourhood hits."""
+    for path in sorted(CONTENTS):
+        assert read(mounted.mountpoint / path) == CONTENTS[path], path
+    stats = mounted.stats()
+    native = stats["mount"].get("native_server")
+    if native is None:
+        pytest.skip("the FUSE path: no native server")  # not root, or no EROFS
+    assert native["fetched_chunks"] > 0, native
+    hits = stats["fetch"]["neighbourhoods"]["hits"]
+    assert hits >= native["fetched_chunks"], stats["fetch"]
+
+
 @pytest.mark.parametrize("code", FAULTS)
 def test_mounted_reads_under_a_fault(mounted: Mount, proxy: FaultProxy, code: str) -> None:
     """A few faults are absorbed (right bytes); the same fault for good is EIO after the

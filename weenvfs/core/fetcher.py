@@ -146,6 +146,9 @@ class Fetcher:
         # kept undecoded until one is read (core/frame_stash.py).
         self.neighbours: Callable[[ChunkLoc, int], Sequence[ChunkLoc]] | None = None
         self._stash = FrameStash()
+        # Told of every neighbourhood that arrives (blob digest, start, compressed bytes): the
+        # native device server serves misses from them too (fuse/native_devices.py).
+        self.on_stashed: Callable[[str, int, bytes], None] | None = None
         self._near_tasks = 0
         self.near_reach = NEAR_MIN_REACH
         self._maintaining = False
@@ -372,6 +375,8 @@ class Fetcher:
             else:
                 self._stash.land(run, event, data, run[0].offset)
                 self.stats.neighbour_unused_bytes = self._stash.unused_bytes
+                if self.on_stashed is not None and run[0].blob is not None:
+                    self.on_stashed(run[0].blob, run[0].offset, data)
 
     def _time_neighbourhood(self, nbytes: int, seconds: float) -> None:
         """Set the reach from the rate of a neighbourhood that just arrived (half of the
@@ -460,8 +465,15 @@ class Fetcher:
 
     def note_fetched_elsewhere(self, loc: ChunkLoc, clen: int, seconds: float) -> None:
         """Count a demand miss another program of this mount served (the native device
-        server fetched `loc`'s frame of `clen` bytes from a local blob file, verified and
-        cached it in `seconds`) as if this fetcher had: stats, and the cache's size bound."""
+        server fetched `loc`'s frame of `clen` bytes from a local blob file or a neighbourhood
+        this fetcher brought, verified and cached it in `seconds`) as if this fetcher had:
+        stats, the cache's size bound, and a stashed frame taken (with the next neighbourhood
+        asked for when it lay near the edge of its own, as `_widen` does)."""
+        edge = self._stash.at_edge(loc.digest, WIDEN_FROM_SHARE)
+        if self._stash.discard(loc.digest):
+            self.stats.neighbour_hits += 1
+            if edge and self.neighbours is not None:
+                self._fetch_neighbours([loc])
         self.stats.cache_misses += 1
         self.stats.requests += 1
         self.stats.record_request(clen, seconds)

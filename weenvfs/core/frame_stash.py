@@ -121,18 +121,27 @@ class FrameStash:
         event = self._pending.get(loc.digest)
         if event is not None:
             await event.wait()
-        held = self._frames.pop(loc.digest, None)
+        held = self._pop(loc.digest)
         if held is None:
             return None
         # `frame` may be the same chunk stored at another place (a chunk two groups share):
         # decoding verifies it against the digest either way.
         response, frame = held
-        response.frames.discard(loc.digest)
         at = frame.offset - response.start
-        view = memoryview(response.data)[at:at + frame.clen]
-        if not response.frames:
-            self._forget(response)
-        return view
+        return memoryview(response.data)[at:at + frame.clen]
+
+    def discard(self, digest: bytes) -> bool:
+        """Drop `digest`'s frame, which was used elsewhere (not waste); whether it was held."""
+        return self._pop(digest) is not None
+
+    def _pop(self, digest: bytes) -> tuple[_Response, ChunkLoc] | None:
+        """Remove `digest`'s frame (its response goes once it has no frame left)."""
+        held = self._frames.pop(digest, None)
+        if held is not None:
+            held[0].frames.discard(digest)
+            if not held[0].frames:
+                self._forget(held[0])
+        return held
 
     def sweep(self) -> None:
         """Drop responses older than the TTL (the fetcher calls this now and then)."""

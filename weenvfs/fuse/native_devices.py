@@ -6,7 +6,11 @@ a device file, on the reader's critical path; through pyfuse3 and the reader one
 ~150-250 us of Python. Here the daemon mounts the device folder on a /dev/fuse descriptor of
 its own and starts `weenv-devserve`, which answers from C every request it can: lookups,
 attributes, opens, and reads whose chunks this process has handed it as verified chunk
-files. The rest comes back over a socket (records, see the C file's header): a read of a
+files, and reads of chunks it fetches itself from frame sources this process hands it (a
+local folder store's blob files, opened once at mount; the neighbourhoods the fetcher
+brings from any other store, in memfds that expire): it verifies and caches them as the
+fetcher would and reports each ('W': stats, the cache's bound, the stash). The rest
+comes back over a socket (records, see the C file's header): a read of a
 chunk not handed over yet (served here by the `DeviceReader` exactly as device_ops.py does,
 answered on the FUSE descriptor, then its chunk files are handed over; a chunk the node cache
 trusts, verified in this boot by any process, the server opens itself), the stats xattr,
@@ -144,6 +148,7 @@ class NativeDevices:
         self._folder: Path | None = None
         self._stopping = False
         self._cancel = trio.CancelScope()
+        self._places: dict[str, list[tuple[int, int]]] | None = None  # blob -> (dev, number)
         self.failure: str | None = None  # why the server ended before it was told to
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -155,7 +160,6 @@ class NativeDevices:
             self._fuse_fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             self._channel = ours
-            self._trio_channel = trio.socket.from_stdlib_socket(ours)
             fds.append(theirs.detach())
             fds.append(_memfd("weenv-device-map", device_map(dict(zip(self.names,
                                                                         self.devices,
@@ -172,6 +176,8 @@ class NativeDevices:
             self._process = subprocess.Popen(
                 [self.helper, str(self._fuse_fd), *(str(fd) for fd in fds), *trusted],
                 pass_fds=[self._fuse_fd, *fds], stdin=subprocess.DEVNULL)
+            self._send_sources(ours)
+            self._trio_channel = trio.socket.from_stdlib_socket(ours)  # non-blocking from here
         except BaseException:
             self.close()
             raise
@@ -179,6 +185,8 @@ class NativeDevices:
             for fd in fds:
                 os.close(fd)
         log.info("data devices served by %s (pid %d)", self.helper, self._process.pid)
+        if marker:
+            self.devices[0].reader.fetcher.on_stashed = self._share_frames
 
     def terminate(self) -> None:
         """End `main` (the folder stays mounted until `close`)."""
@@ -257,7 +265,6 @@ class NativeDevices:
         why (raised by the caller once the mount is torn down)."""
         channel = self._trio_channel
         with self._cancel:
-            await self._send_sources()
             async with trio.open_nursery() as nursery:
                 while True:
                     try:
@@ -348,39 +355,73 @@ class NativeDevices:
             for fd in fds:
                 os.close(fd)
 
-    async def _send_sources(self) -> None:
+    def _send_sources(self, channel: socket.socket) -> None:
         """Hand the server the blob files of a store it can read itself (a local folder:
         `Store.local_file`), as frame sources: it then fetches chunks from them without a
-        round trip here (the C file's header). Blobs several groups share are opened once."""
+        round trip here (the C file's header). Each file is opened once, whichever devices
+        share it; one missing here is left to the fetcher (which reports it). Sent before
+        the devices are used (the server takes every waiting message before a request)."""
         if not self.cache.trust_marker()[1]:
             return  # the server trusts no cache file, so it caches none either
         store = self.devices[0].reader.fetcher.store
         records: list[bytes] = []
         fds: list[int] = []
-        opened: dict[str, tuple[int, int]] = {}  # blob digest -> (descriptor, size)
+        opened: list[int] = []
         try:
-            for dev, device in enumerate(self.devices):
-                for number, blob in enumerate(device.reader.tree.groups[device.group]
-                                              .blob_digests()):
-                    if blob not in opened:
-                        path = store.local_file(f"blobs/{blob}")
-                        if path is None:
-                            return  # not a folder of files: the daemon fetches everything
-                        try:
-                            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-                        except OSError:
-                            continue  # missing here: a read of it fails the usual way
-                        opened[blob] = (fd, os.fstat(fd).st_size)
-                    fd, size = opened[blob]
+            for blob, places in self._blob_places().items():
+                path = store.local_file(f"blobs/{blob}")
+                if path is None:
+                    return  # not a folder of files: the fetcher fetches everything
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                except OSError:
+                    continue
+                opened.append(fd)
+                size = os.fstat(fd).st_size
+                for dev, number in places:
                     records.append(_SOURCE.pack(ord("F"), 0, dev, number, 0, size))
                     fds.append(fd)
+            channel.settimeout(_STOP_WAIT)  # the server takes them at once; never stuck here
             for at in range(0, len(fds), _MAX_HANDOVER):
-                await self._send(records[at:at + _MAX_HANDOVER], fds[at:at + _MAX_HANDOVER])
-        except (OSError, trio.ClosedResourceError, trio.BrokenResourceError) as error:
+                channel.sendmsg([b"".join(records[at:at + _MAX_HANDOVER])],
+                                [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                  array.array("i", fds[at:at + _MAX_HANDOVER]))])
+        except OSError as error:  # the server ended: main() reports it
             log.debug("handing frame sources over: %s", error)
         finally:
-            for fd, _size in opened.values():
+            for fd in opened:
                 os.close(fd)
+
+    def _blob_places(self) -> dict[str, list[tuple[int, int]]]:
+        """Where each blob is in the devices' indexes: (device, blob number) pairs."""
+        if self._places is None:
+            self._places = {}
+            for dev, device in enumerate(self.devices):
+                index = device.reader.tree.groups[device.group]
+                for number, blob in enumerate(index.blob_digests()):
+                    self._places.setdefault(blob, []).append((dev, number))
+        return self._places
+
+    def _share_frames(self, blob: str, start: int, data: bytes) -> None:
+        """Hand the server a neighbourhood the fetcher just brought (blob bytes from `start`)
+        as an expiring frame source, so that it serves the misses it holds without a round
+        trip here (the C file's header). Best effort: a full channel drops it (the daemon
+        serves those misses from its own copy, as before)."""
+        places = self._blob_places().get(blob)
+        if not places or self._channel is None or not self._read_counters()[8]:
+            return
+        fd = _memfd("weenv-frames", [data])
+        try:
+            for at in range(0, len(places), _MAX_HANDOVER):
+                batch = places[at:at + _MAX_HANDOVER]
+                self._channel.sendmsg(
+                    [b"".join(_SOURCE.pack(ord("F"), 1, dev, number, start, len(data))
+                              for dev, number in batch)],
+                    [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd] * len(batch)))])
+        except OSError as error:  # BlockingIOError: the server is behind; it goes without
+            log.debug("handing a neighbourhood over: %s", error)
+        finally:
+            os.close(fd)
 
     async def _send(self, records: list[bytes], fds: list[int]) -> None:
         if self._channel is None:
