@@ -348,7 +348,8 @@ static void add_source(uint32_t d, uint32_t blob, uint64_t start, uint64_t lengt
     if (expires) expire_sources(length > SOURCE_BYTES ? 0 : SOURCE_BYTES - length,
                                 MAX_EXPIRING - 1);
     struct source *s = source_count < MAX_SOURCES ? malloc(sizeof *s) : NULL;
-    if (s == NULL || blob >= devices[d].blob_count || length == 0 || length > SOURCE_BYTES) {
+    if (s == NULL || blob >= devices[d].blob_count || length == 0
+        || (expires && length > SOURCE_BYTES)) {
         free(s);
         close(fd);
         return;
