@@ -19,36 +19,19 @@ from pathlib import Path
 
 import blake3
 import pytest
-from hint_mounts import publish_varied_env
 from mounts import Mount, Mounter, run_weenv
 from support.polling import read_or_error, wait_for
 
 from weenvfs.format.hints import Hint
 from weenvfs.format.index import GroupIndex
 from weenvfs.fuse import daemon
-from weenvfs.fuse.native_devices import HELPER, SERVER_VARIABLE, choose_server
+from weenvfs.fuse.native_devices import HELPER, SERVER_VARIABLE
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
-pytestmark = pytest.mark.requires_fuse
+pytestmark = [pytest.mark.requires_fuse, pytest.mark.usefixtures("native_server")]
 
 WAIT = 30.0
-
-
-@pytest.fixture(autouse=True)
-def _native(require_or_skip: object) -> None:
-    require_or_skip(os.geteuid() == 0, "the kernel path needs root")  # type: ignore[operator]
-    require_or_skip("erofs" in Path("/proc/filesystems").read_text(),  # type: ignore[operator]
-                    "the kernel has no EROFS")
-    require_or_skip(choose_server()[0] is not None,  # type: ignore[operator]
-                    f"{HELPER} is not installed (scripts/setup.sh builds it)")
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
-    """Environment env:t of varied files: 80 small ones batched in 64 KiB chunks, 6 of six
-    chunks each (tests/fuse/hint_mounts.py)."""
-    return publish_varied_env(tmp_path)
 
 
 def _server_pid(mount: Mount) -> int:
@@ -72,8 +55,8 @@ def _drop_page_cache() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("1")
 
 
-def test_cached_reads_are_served_natively_and_right(env, mounter: Mounter) -> None:
-    store, contents = env
+def test_cached_reads_are_served_natively_and_right(varied_env, mounter: Mounter) -> None:
+    store, contents = varied_env
     mount = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none"])
     for path in sorted(contents):
         assert (mount.mountpoint / path).read_bytes() == contents[path], path
@@ -107,8 +90,8 @@ def _chunk_files(cache: Path) -> list[Path]:
     return [p for p in cache.glob("[0-9a-f][0-9a-f]/*") if len(p.name) == 64]
 
 
-def test_chunks_the_cache_trusts_are_served_without_asking(env, mounter: Mounter) -> None:
-    store, contents = env
+def test_chunks_the_cache_trusts_are_served_without_asking(varied_env, mounter: Mounter) -> None:
+    store, contents = varied_env
     first = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none"])
     for path in sorted(contents):
         assert (first.mountpoint / path).read_bytes() == contents[path], path
@@ -156,8 +139,8 @@ def _recorded(store: Path) -> tuple[Hint, GroupIndex]:
         return repo.get_hint(shown["hint"]), repo.get_index(manifest.groups[0].index)
 
 
-def test_files_read_natively_are_in_the_recorded_hint(env, mounter: Mounter) -> None:
-    store, contents = env
+def test_files_read_natively_are_in_the_recorded_hint(varied_env, mounter: Mounter) -> None:
+    store, contents = varied_env
     small = [path for path in sorted(contents) if path.startswith("etc/")][:30]
     mount = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none",
                                                  "--record-hints", "rec"])
@@ -171,12 +154,12 @@ def test_files_read_natively_are_in_the_recorded_hint(env, mounter: Mounter) -> 
     assert [f.inode for f in hint.files] == [index.resolve(p.encode()) for p in small]
 
 
-def test_every_chunk_read_natively_is_in_the_recorded_hint(env, mounter: Mounter) -> None:
+def test_every_chunk_read_natively_is_in_the_recorded_hint(varied_env, mounter: Mounter) -> None:
     """A file read in its first chunk, then its last, then its second, every chunk served by
     the native server: the second is recorded too (the server once reported only chunks
     above the highest it had reported, so a library's middle chunks read after its tail were
     left out of hints, and each run with the hint fetched them on demand)."""
-    store, contents = env
+    store, contents = varied_env
     first = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none"])
     assert (first.mountpoint / "lib/big2").read_bytes() == contents["lib/big2"]
     run_weenv("umount", str(first.mountpoint))
@@ -198,8 +181,8 @@ def test_every_chunk_read_natively_is_in_the_recorded_hint(env, mounter: Mounter
     assert [r.chunk for r in hint.records] == [chunks[0], chunks[5], chunks[1]]
 
 
-def test_the_python_server_when_asked(env, mounter: Mounter, monkeypatch) -> None:
-    store, contents = env
+def test_the_python_server_when_asked(varied_env, mounter: Mounter, monkeypatch) -> None:
+    store, contents = varied_env
     monkeypatch.setenv(SERVER_VARIABLE, "python")
     mount = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none"])
     for path in sorted(contents):
@@ -218,9 +201,9 @@ def _folder_statfs(mount: Mount) -> tuple[int, ...]:
 
 
 def test_the_native_server_answers_statfs_as_the_python_server(
-        env, mounter: Mounter, monkeypatch) -> None:
+        varied_env, mounter: Mounter, monkeypatch) -> None:
     # How the runtime asks whether a kernel-path mount's daemon lives (check_answers).
-    store, _contents = env
+    store, _contents = varied_env
     native = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none"])
     shown = _folder_statfs(native)
     monkeypatch.setenv(SERVER_VARIABLE, "python")
@@ -229,11 +212,12 @@ def test_the_native_server_answers_statfs_as_the_python_server(
     assert shown[0] > 0 and shown[2] >= 2 and shown[3] == 4096 and shown[5] == 255
 
 
-def test_statfs_is_answered_without_a_round_trip_to_the_daemon(env, mounter: Mounter) -> None:
+def test_statfs_is_answered_without_a_round_trip_to_the_daemon(
+        varied_env, mounter: Mounter) -> None:
     # The native server answers it (a warm sandbox's start asks once per shared mount); it
     # runs only while the daemon does: a stopped daemon still answers, a dead one does not
     # (test_a_killed_daemon_takes_its_native_server_along).
-    store, _contents = env
+    store, _contents = varied_env
     mount = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none"])
     os.kill(mount.pid, signal.SIGSTOP)
     asking = subprocess.Popen([sys.executable, "-c", "import os, sys; os.statvfs(sys.argv[1])",
@@ -251,8 +235,9 @@ def test_statfs_is_answered_without_a_round_trip_to_the_daemon(env, mounter: Mou
     daemon.check_answers(mount.mountpoint)
 
 
-def test_a_killed_native_server_fails_reads_and_ends_the_mount(env, mounter: Mounter) -> None:
-    store, contents = env
+def test_a_killed_native_server_fails_reads_and_ends_the_mount(
+        varied_env, mounter: Mounter) -> None:
+    store, contents = varied_env
     mount = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none"])
     assert (mount.mountpoint / "etc/s000").read_bytes() == contents["etc/s000"]
     mount.expect_log_lines(f"{HELPER} ended")
@@ -271,8 +256,8 @@ def test_a_killed_native_server_fails_reads_and_ends_the_mount(env, mounter: Mou
     assert not daemon.kernel_dir(mount.mountpoint).exists()
 
 
-def test_a_killed_daemon_takes_its_native_server_along(env, mounter: Mounter) -> None:
-    store, contents = env
+def test_a_killed_daemon_takes_its_native_server_along(varied_env, mounter: Mounter) -> None:
+    store, contents = varied_env
     mount = mounter.mount("env:t", store, extra=["--path", "kernel", "--hint", "none"])
     assert (mount.mountpoint / "etc/s001").read_bytes() == contents["etc/s001"]
     server = _server_pid(mount)

@@ -18,34 +18,17 @@ from pathlib import Path
 
 import blake3
 import pytest
-from hint_mounts import publish_varied_env
 from mounts import Mounter
 from support.polling import wait_for
 
 from weenvfs.core.cache import TRUST_XATTR, current_boot_id
-from weenvfs.fuse.native_devices import HELPER, choose_server
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
-pytestmark = pytest.mark.requires_fuse
+pytestmark = [pytest.mark.requires_fuse, pytest.mark.usefixtures("native_server")]
 
 KERNEL = ["--path", "kernel", "--hint", "none"]
 WAIT = 30.0
-
-
-@pytest.fixture(autouse=True)
-def _native(require_or_skip: object) -> None:
-    require_or_skip(os.geteuid() == 0, "the kernel path needs root")  # type: ignore[operator]
-    require_or_skip("erofs" in Path("/proc/filesystems").read_text(),  # type: ignore[operator]
-                    "the kernel has no EROFS")
-    require_or_skip(choose_server()[0] is not None,  # type: ignore[operator]
-                    f"{HELPER} is not installed (scripts/setup.sh builds it)")
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
-    """Environment env:t of varied files in a folder store (tests/fuse/hint_mounts.py)."""
-    return publish_varied_env(tmp_path)
 
 
 def _frame(store: Path, path: str, k: int = 0) -> tuple[Path, int, int, str]:
@@ -74,8 +57,8 @@ def _cached_files(cache: Path) -> list[Path]:
     return [p for p in cache.glob("[0-9a-f][0-9a-f]/*") if len(p.name) == 64]
 
 
-def test_a_folder_store_s_chunks_are_fetched_by_the_server(env, mounter: Mounter) -> None:
-    store, contents = env
+def test_a_folder_store_s_chunks_are_fetched_by_the_server(varied_env, mounter: Mounter) -> None:
+    store, contents = varied_env
     mount = mounter.mount("env:t", store, extra=KERNEL)
     for path in _small(contents):
         assert (mount.mountpoint / path).read_bytes() == contents[path], path
@@ -106,13 +89,13 @@ def test_a_folder_store_s_chunks_are_fetched_by_the_server(env, mounter: Mounter
 
 
 @pytest.mark.parametrize("where", ["header", "payload"])
-def test_a_frame_that_does_not_verify_is_never_served(env, mounter: Mounter,
+def test_a_frame_that_does_not_verify_is_never_served(varied_env, mounter: Mounter,
                                                       where: str) -> None:
     """A frame whose header declares another size (refused before decompressing) or whose
     bytes decode to other bytes (the random data is stored in raw blocks: a flipped byte
     decodes, to a plaintext whose BLAKE3 differs): the read fails with EIO, nothing is
     cached, the chunk is reported corrupt once, and the other files read right."""
-    store, contents = env
+    store, contents = varied_env
     blob, offset, clen, digest = _frame(store, "lib/big3", 1)
     data = bytearray(blob.read_bytes())
     data[offset + (5 if where == "header" else clen // 2)] ^= 0x5A
@@ -134,11 +117,12 @@ def test_a_frame_that_does_not_verify_is_never_served(env, mounter: Mounter,
     assert stats["fetch"]["errors"].get("corrupt", 0) >= 1, stats["fetch"]
 
 
-def test_a_chunk_another_process_fetches_is_left_to_the_daemon(env, mounter: Mounter) -> None:
+def test_a_chunk_another_process_fetches_is_left_to_the_daemon(
+        varied_env, mounter: Mounter) -> None:
     """The server takes a chunk's cross-process fetch lock without waiting; held elsewhere,
     the read goes to the daemon, which waits for the holder as its fetcher does, then
     fetches the chunk itself once the holder let go without caching it."""
-    store, contents = env
+    store, contents = varied_env
     _, _, _, digest = _frame(store, "lib/big1", 0)
     mount = mounter.mount("env:t", store, extra=KERNEL)
     lock_path = mount.cache / "locks" / digest
@@ -167,7 +151,7 @@ def test_a_chunk_another_process_fetches_is_left_to_the_daemon(env, mounter: Mou
     assert blake3.blake3(_cached(mount.cache, digest).read_bytes()).hexdigest() == digest
 
 
-def test_blob_files_handed_over_serve_after_the_store_moves(env, mounter: Mounter,
+def test_blob_files_handed_over_serve_after_the_store_moves(varied_env, mounter: Mounter,
                                                             tmp_path: Path) -> None:
     """The daemon opens a folder store's blob files once, when it mounts, and the server
     reads them through those descriptors: a store moved (or its blobs deleted) afterwards
@@ -175,7 +159,7 @@ def test_blob_files_handed_over_serve_after_the_store_moves(env, mounter: Mounte
     the store where it was). A blob that was missing when the daemon
     mounted is the daemon's to fetch (tests/fuse/test_mount_faults_local.py: EIO, then the
     bytes once it is back)."""
-    store, contents = env
+    store, contents = varied_env
     mount = mounter.mount("env:t", store, extra=KERNEL)
     store.rename(tmp_path / "moved")
     try:
