@@ -345,6 +345,10 @@ static void expire_sources(uint64_t room, uint32_t entries) {
  * `expires`: a neighbourhood (bounded in time and bytes), else for the mount's life. */
 static void add_source(uint32_t d, uint32_t blob, uint64_t start, uint64_t length, int fd,
                        int expires) {
+#ifndef WEENV_DECODE
+    close(fd); /* nothing here could use it */
+    return;
+#endif
     if (expires) expire_sources(length > SOURCE_BYTES ? 0 : SOURCE_BYTES - length,
                                 MAX_EXPIRING - 1);
     struct source *s = source_count < MAX_SOURCES ? malloc(sizeof *s) : NULL;
@@ -497,7 +501,8 @@ static void unlock(int fd, const char *path) {
  * -1 when it could not (the daemon then fetches the chunk and handles a full disk). */
 static int write_cached(const char *name, const uint8_t *plain, uint64_t length) {
     uint32_t random = 0;
-    if (getrandom(&random, sizeof random, GRND_NONBLOCK) != sizeof random) random = (uint32_t)rand();
+    if (getrandom(&random, sizeof random, GRND_NONBLOCK) != sizeof random)
+        random = (uint32_t)rand();
     char temp[96];
     snprintf(temp, sizeof temp, "tmp/%s.%d.%08x", name + 3, (int)getpid(), random);
     int fd = openat(cache_dir, temp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -540,6 +545,8 @@ static int fetch_from_source(struct device *dev, uint32_t chunk, const uint8_t *
     int fd = open_trusted(rec); /* cached by another process just before the lock */
     if (fd >= 0) {
         unlock(lock_fd, lock);
+        struct record used = {.type = 'U', .dev = (uint16_t)(dev - devices), .ino = chunk};
+        push_record(&used, 0);
         return fd;
     }
     uint8_t digest[32];

@@ -64,7 +64,8 @@ SERVER_VARIABLE = "WEENV_DEVICE_SERVER"
 
 _RECORD = struct.Struct("<BBHIQQII")  # type, flags, device, size, unique, offset, inode, pad
 _CHUNK = struct.Struct("<BBHI")  # 'C', 0, device, chunk number (+ one SCM_RIGHTS descriptor)
-# 'F', 0, device, blob number, start, length (+ one descriptor): a frame source
+# 'F', flags (bit 0: it expires), device, blob number, start, length (+ one descriptor): a
+# frame source, its bytes from 0 being the blob's [start, start + length)
 _SOURCE = struct.Struct("<BBHIQQ")
 _MAP_HEAD = struct.Struct("<8sII")
 _MAP_DEVICE = struct.Struct("<16sQIIIIQQQ")
@@ -236,7 +237,7 @@ class NativeDevices:
 
     def _read_counters(self) -> tuple[int, ...]:
         if self._counters is None:
-            return (0,) * _COUNTERS.size // 8
+            return (0,) * (_COUNTERS.size // 8)
         return _COUNTERS.unpack_from(self._counters)
 
     def summary(self) -> dict[str, int | bool]:
