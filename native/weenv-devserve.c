@@ -36,15 +36,14 @@
  * offset, inode): the daemon's read-ahead and hint recording see what they would have seen
  * (each chunk once, at any position), 'U' a trusted cached chunk this program
  * opened itself (dev, chunk in `ino`): its first use, 'W' a chunk this program fetched,
- * verified and cached (dev, flags bit 0: read-ahead, not a read's miss, chunk in `ino`, frame
- * length in `size`, nanoseconds it took in `offset`), 'E' every device handle released.
+ * verified and cached (dev, chunk in `ino`, frame length in `size`, nanoseconds it took in
+ * `offset`), 'E' every device handle released.
  * From the daemon, each record with one descriptor (SCM_RIGHTS), one kind per message:
  * 8-byte records ('C', 0, u16 dev, u32 chunk): chunk `chunk` of device `dev` is cached and
  * verified in it; 24-byte records ('F', flags, u16 dev, u32 blob, u64 start, u64 length):
  * its bytes from 0 are bytes [start, start + length) of blob `blob` (the index's blob table)
  * of device `dev`, as stored (frame sources, above); flags bit 0: it expires (a neighbourhood
- * the daemon fetched: kept SOURCE_TTL_NS at most, SOURCE_BYTES of them at most). And without
- * descriptors, 8-byte records ('P', 0, u16 dev, u32 chunk): read-ahead to fetch (above).
+ * the daemon fetched: kept SOURCE_TTL_NS at most, SOURCE_BYTES of them at most).
  *
  * Frame sources (built with WEENV_DECODE: zstd and BLAKE3's C sources, scripts/setup.sh): the
  * daemon may hand over, per device and blob, a descriptor whose bytes are a range of the blob
@@ -58,9 +57,6 @@
  * Anything that does not go exactly so (no source, the lock held, a short read, a bad frame, a
  * digest that differs, a cache write that fails) leaves the read to the daemon, whose fetcher
  * retries, reports and answers EIO as ever: bytes that do not verify are never served.
- * Read-ahead the daemon hands over ('P' records: chunks its reader queues after a read that
- * a source holds) is fetched the same way while no request waits, one chunk at a time, and
- * dropped when there is no source by then (read-ahead is a guess: a read fetches it anyway).
  *
  * Ends when the folder is unmounted (ENODEV) or the daemon's end of the channel closes (then
  * the FUSE connection goes with the last descriptor: readers get errors, never a hang).
@@ -111,7 +107,6 @@
 #define SOURCE_TTL_NS (10ull * 1000000000ull)
 #define SOURCE_BYTES (192ull << 20)
 #define MAX_EXPIRING 4096u
-#define MAX_AHEAD 4096u /* read-ahead chunks queued at once (more are dropped) */
 
 enum { C_READS, C_BYTES, C_HITS, C_ZERO, C_FORWARDED, C_OPEN, C_HELD, C_DECODED, C_DECODER,
        C_COUNTERS };
@@ -373,22 +368,7 @@ static void add_source(uint32_t d, uint32_t blob, uint64_t start, uint64_t lengt
     }
 }
 
-/* Read-ahead to fetch while idle, oldest first. */
-static struct { uint32_t dev, chunk; } ahead[MAX_AHEAD];
-static uint32_t ahead_head, ahead_len;
-
-static void queue_ahead(const uint8_t *records, size_t count) {
-    for (size_t k = 0; k < count && ahead_len < MAX_AHEAD; k++) {
-        const uint8_t *r = records + 8 * k;
-        uint32_t d = r[2] | (uint32_t)r[3] << 8, chunk = le32(r + 4);
-        if (r[0] != 'P' || d >= device_count || chunk >= devices[d].chunk_count) continue;
-        ahead[(ahead_head + ahead_len) % MAX_AHEAD].dev = d;
-        ahead[(ahead_head + ahead_len) % MAX_AHEAD].chunk = chunk;
-        ahead_len++;
-    }
-}
-
-/* Takes one message of hand-overs, sources or read-ahead; 0 when none is waiting. */
+/* Takes one message of hand-overs or sources; 0 when none is waiting. */
 static int take_chunks(void) {
     uint8_t data[24 * 64];
     union { char buf[CMSG_SPACE(sizeof(int) * 64)]; struct cmsghdr align; } control;
@@ -407,7 +387,6 @@ static int take_chunks(void) {
             nfds += n;
         }
     size_t width = data[0] == 'F' ? 24 : 8, records = (size_t)got / width;
-    if (data[0] == 'P') queue_ahead(data, records);
     for (size_t k = 0; k < nfds; k++) {
         const uint8_t *r = data + width * k;
         uint32_t d = r[2] | (uint32_t)r[3] << 8, number = le32(r + 4);
@@ -552,7 +531,7 @@ static int write_cached(const char *name, const uint8_t *plain, uint64_t length)
 
 /* Fetches chunk `chunk` of `dev` (record `rec`) from a frame source as the daemon's fetcher
  * would (the file's header): the verified cache file's descriptor, or -1 (the daemon's). */
-static int fetch_from_source(struct device *dev, uint32_t chunk, const uint8_t *rec, int ahead) {
+static int fetch_from_source(struct device *dev, uint32_t chunk, const uint8_t *rec) {
     uint64_t offset = le64(rec + 40), clen = le32(rec + 48), ulen = le32(rec + 52);
     const struct source *source = source_of(dev, le32(rec + 32), offset, clen);
     if (source == NULL || cache_dir < 0 || boot_len <= 0 || ulen == 0 || clen == 0) return -1;
@@ -588,30 +567,17 @@ static int fetch_from_source(struct device *dev, uint32_t chunk, const uint8_t *
     clock_gettime(CLOCK_MONOTONIC, &ended);
     uint64_t took = (uint64_t)(ended.tv_sec - began.tv_sec) * 1000000000u
                     + (uint64_t)ended.tv_nsec - (uint64_t)began.tv_nsec;
-    struct record fetched = {.type = 'W', .flags = (uint8_t)ahead, .dev = (uint16_t)(dev - devices),
-                             .size = (uint32_t)clen, .offset = took, .ino = chunk};
+    struct record fetched = {.type = 'W', .dev = (uint16_t)(dev - devices), .size = (uint32_t)clen,
+                             .offset = took, .ino = chunk};
     push_record(&fetched, 0);
     counters[C_DECODED]++;
     return fd;
 }
 #else
-static int fetch_from_source(struct device *dev, uint32_t chunk, const uint8_t *rec, int ahead) {
+static int fetch_from_source(struct device *dev, uint32_t chunk, const uint8_t *rec) {
     return -1; /* built without zstd and BLAKE3: the daemon fetches every chunk */
 }
 #endif
-
-/* Fetches the oldest queued read-ahead chunk unless it is here or cached already. */
-static void fetch_ahead(void) {
-    struct device *dev = &devices[ahead[ahead_head].dev];
-    uint32_t chunk = ahead[ahead_head].chunk;
-    ahead_head = (ahead_head + 1) % MAX_AHEAD;
-    ahead_len--;
-    const uint8_t *rec = dev->chunks + (uint64_t)CHUNK_SIZE_RECORD * chunk;
-    if (dev->fd[chunk] >= 0 || (le32(rec + 36) & CHUNK_ZERO)) return;
-    int fd = open_trusted(rec);
-    if (fd < 0) fd = fetch_from_source(dev, chunk, rec, 1);
-    if (fd >= 0) close(fd); /* cached: a read opens it as a trusted chunk */
-}
 
 /* -- reads ------------------------------------------------------------------------------ */
 
@@ -632,7 +598,7 @@ static int copy_chunk(struct device *dev, uint32_t chunk, uint64_t start, uint64
         struct record used = {.type = 'U', .dev = (uint16_t)(dev - devices), .ino = chunk};
         push_record(&used, 0);
     }
-    if (fd < 0 && (fd = fetch_from_source(dev, chunk, rec, 0)) >= 0)
+    if (fd < 0 && (fd = fetch_from_source(dev, chunk, rec)) >= 0)
         hold((uint32_t)(dev - devices), chunk, fd);
     if (fd < 0) return 0;
     struct stat st;
@@ -977,14 +943,9 @@ int main(int argc, char **argv) {
     struct pollfd fds[2] = {{.fd = fuse_fd, .events = POLLIN}, {.fd = channel_fd, .events = POLLIN}};
     for (;;) {
         flush_records(); /* about to wait: what was served reaches the daemon now */
-        int ready = poll(fds, 2, ahead_len > 0 ? 0 : -1);
-        if (ready < 0) {
+        if (poll(fds, 2, -1) < 0) {
             if (errno == EINTR) continue;
             die("poll");
-        }
-        if (ready == 0) { /* nothing waits: one chunk of read-ahead, then look again */
-            fetch_ahead();
-            continue;
         }
         if (fds[1].revents & (POLLIN | POLLHUP | POLLERR))
             while (take_chunks()) {} /* all of them: a read may need any */

@@ -168,33 +168,3 @@ def test_blob_files_handed_over_serve_after_the_store_moves(varied_env, mounter:
         assert mount.stats()["mount"]["native_server"]["forwarded"] == 0
     finally:
         (tmp_path / "moved").rename(store)
-
-
-def test_read_ahead_is_fetched_by_the_server_while_no_request_waits(
-        varied_env, mounter: Mounter) -> None:
-    """A file's first read queues its other chunks (core/reader.py); where the server can
-    fetch them (here: the folder store's blob files) it takes them and fetches them while
-    idle, and the file's later reads find them cached: prefetch hits, no more misses."""
-    store, contents = varied_env
-    mount = mounter.mount("env:t", store, extra=KERNEL)
-    path = "lib/big2"
-    digests = [_frame(store, path, k)[3] for k in range(6)]
-    fd = os.open(mount.mountpoint / path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # this page only: no kernel read-ahead
-        assert os.pread(fd, 4096, 0) == contents[path][:4096]
-        wait_for(lambda: all(_cached(mount.cache, d).exists() for d in digests),
-                 "the file's other chunks are cached", WAIT)
-        stats = mount.stats()
-        native, fetch = stats["mount"]["native_server"], stats["fetch"]
-        assert native["forwarded"] == 0 and native["fetched_chunks"] == len(digests), native
-        assert fetch["cache_misses"] == 1 and fetch["prefetch"]["chunks"] == len(digests) - 1
-        size = len(contents[path])
-        assert os.pread(fd, size, 0) == contents[path]
-    finally:
-        os.close(fd)
-    fetch = mount.stats()["fetch"]
-    assert fetch["cache_misses"] == 1, fetch
-    assert fetch["prefetch"]["hint_hits"] == len(digests) - 1, fetch["prefetch"]
-    for digest in digests:
-        assert blake3.blake3(_cached(mount.cache, digest).read_bytes()).hexdigest() == digest

@@ -463,33 +463,23 @@ class Fetcher:
             lock.release()
         return True
 
-    def stashed(self, loc: ChunkLoc) -> bool:
-        """Whether `loc`'s frame came with a neighbourhood and is held, not taken yet."""
-        return self._stash.holds(loc.digest)
-
-    def note_fetched_elsewhere(self, loc: ChunkLoc, clen: int, seconds: float,
-                               ahead: bool = False) -> None:
-        """Count a chunk another program of this mount fetched (the native device server
-        fetched `loc`'s frame of `clen` bytes from a local blob file or a neighbourhood this
-        fetcher brought, verified and cached it in `seconds`) as if this fetcher had: a
-        demand miss, or read-ahead (`ahead`); the cache's size bound; and a stashed frame
-        taken (a demand miss asks for the next neighbourhood when it lay near the edge of
-        its own, as `_widen` does)."""
-        edge = not ahead and self._stash.at_edge(loc.digest, WIDEN_FROM_SHARE)
+    def note_fetched_elsewhere(self, loc: ChunkLoc, clen: int, seconds: float) -> None:
+        """Count a demand miss another program of this mount served (the native device
+        server fetched `loc`'s frame of `clen` bytes from a local blob file or a neighbourhood
+        this fetcher brought, verified and cached it in `seconds`) as if this fetcher had:
+        stats, the cache's size bound, and a stashed frame taken (with the next neighbourhood
+        asked for when it lay near the edge of its own, as `_widen` does)."""
+        edge = self._stash.at_edge(loc.digest, WIDEN_FROM_SHARE)
         if self._stash.discard(loc.digest):
             self.stats.neighbour_hits += 1
             if edge and self.neighbours is not None:
                 self._fetch_neighbours([loc])
-        if ahead:
-            self.stats.prefetch_requests += 1
-            self.stats.record_prefetched(loc.digest, loc.ulen)
-        else:
-            self.stats.cache_misses += 1
-            self.stats.read_waits.add(seconds)
+        self.stats.cache_misses += 1
         self.stats.requests += 1
         self.stats.record_request(clen, seconds)
         self.stats.chunks_fetched += 1
         self.stats.bytes_decompressed += loc.ulen
+        self.stats.read_waits.add(seconds)
         self.cache.note_inserted(loc.ulen)
         if not self._closed and self._nursery is not None:
             self._nursery.start_soon(self._schedule_maintenance)

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from weenvfs.format.index import GroupIndex, file_spans
+from weenvfs.format.index import file_spans
 
 from .chunk_plan import ChunkLoc, chunk_loc
 from .fetcher import Fetcher
-from .tree import Tree, split_inode
+from .tree import Tree
 
 if TYPE_CHECKING:
     from .node_hints import HintRecorder
@@ -67,10 +66,6 @@ class Reader:
         self.first_ahead = first_ahead
         # Set by a mount that records a prefetch hint (core/node_hints.py): sees every chunk read.
         self.recorder: HintRecorder | None = None
-        # Set where another program fetches read-ahead itself (the kernel path's native device
-        # server, fuse/native_devices.py): given a group and chunk numbers of its index, it
-        # takes those it can and returns the rest, which the fetcher fetches as ever.
-        self.ahead_elsewhere: Callable[[int, list[int]], list[int]] | None = None
         # inode -> (end of the last read, highest chunk position queued for read-ahead,
         # highest chunk position advised)
         self._positions: OrderedDict[int, tuple[int, int, int]] = OrderedDict()
@@ -151,18 +146,10 @@ class Reader:
         before = list(range(max(first - (budget - len(after)), 0), first))
         if not after and not before:
             return -1
-        if not self._schedule(inode, index, [chunks[k] for k in after + before]) or not after:
+        locs = [chunk_loc(index, chunks[k]) for k in after + before]
+        if not self.fetcher.schedule_prefetch(locs) or not after:
             return -1
         return after[-1]
-
-    def _schedule(self, inode: int, index: GroupIndex, numbers: list[int]) -> bool:
-        """Read ahead chunks `numbers` of `inode`'s index: those `ahead_elsewhere` takes, the
-        rest in the fetcher's background; False when the fetcher dropped them."""
-        if self.ahead_elsewhere is not None:
-            numbers = self.ahead_elsewhere(split_inode(inode)[0], numbers)
-            if not numbers:
-                return True
-        return self.fetcher.schedule_prefetch([chunk_loc(index, n) for n in numbers])
 
     def _queue_after(self, inode: int, end: int, queued: int, advised: int) -> tuple[int, int]:
         """Queue up to `readahead` chunks after the one holding byte `end - 1`, and advise
@@ -175,10 +162,11 @@ class Reader:
         current = (end - 1) // index.chunk_size
         first = max(current + 1, queued + 1)
         last = min(current + self.readahead, len(chunks) - 1)
-        # Dropped (a hint only): a later sequential read may queue it again.
-        if first <= last and self._schedule(inode, index,
-                                            [chunks[k] for k in range(first, last + 1)]):
-            queued = last
+        if first <= last:
+            locs = [chunk_loc(index, chunks[k]) for k in range(first, last + 1)]
+            # Dropped (a hint only): a later sequential read may queue it again.
+            if self.fetcher.schedule_prefetch(locs):
+                queued = last
         near = max(current + self.readahead + 1, advised + 1)
         far = min(current + self.advise_ahead, len(chunks) - 1)
         if near <= far:

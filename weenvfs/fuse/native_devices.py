@@ -64,7 +64,6 @@ SERVER_VARIABLE = "WEENV_DEVICE_SERVER"
 
 _RECORD = struct.Struct("<BBHIQQII")  # type, flags, device, size, unique, offset, inode, pad
 _CHUNK = struct.Struct("<BBHI")  # 'C', 0, device, chunk number (+ one SCM_RIGHTS descriptor)
-# ('P', 0, device, chunk number: read-ahead to fetch, without a descriptor, the same shape)
 # 'F', flags (bit 0: it expires), device, blob number, start, length (+ one descriptor): a
 # frame source, its bytes from 0 being the blob's [start, start + length)
 _SOURCE = struct.Struct("<BBHIQQ")
@@ -151,8 +150,6 @@ class NativeDevices:
         self._stopping = False
         self._cancel = trio.CancelScope()
         self._places: dict[str, list[tuple[int, int]]] | None = None  # blob -> (dev, number)
-        self._local_sources = False  # the server holds every blob file (a folder store)
-        self._device_of = {device.group: dev for dev, device in enumerate(self.devices)}
         self.failure: str | None = None  # why the server ended before it was told to
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -191,7 +188,6 @@ class NativeDevices:
         log.info("data devices served by %s (pid %d)", self.helper, self._process.pid)
         if marker:
             self.devices[0].reader.fetcher.on_stashed = self._share_frames
-            self.devices[0].reader.ahead_elsewhere = self._ahead
 
     def terminate(self) -> None:
         """End `main` (the folder stays mounted until `close`)."""
@@ -311,7 +307,7 @@ class NativeDevices:
             device = self.devices[dev]
             with contextlib.suppress(Exception):
                 device.reader.fetcher.note_fetched_elsewhere(device.chunk(ino), size,
-                                                             offset / 1e9, bool(flags & 1))
+                                                             offset / 1e9)
         elif kind == ord("X"):
             self._xattr(unique, size)
         elif kind == ord("E") and self.on_released is not None:
@@ -391,7 +387,6 @@ class NativeDevices:
                 channel.sendmsg([b"".join(records[at:at + _MAX_HANDOVER])],
                                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                   array.array("i", fds[at:at + _MAX_HANDOVER]))])
-            self._local_sources = bool(opened)
         except OSError as error:  # the server ended: main() reports it
             log.debug("handing frame sources over: %s", error)
         finally:
@@ -407,30 +402,6 @@ class NativeDevices:
                 for number, blob in enumerate(index.blob_digests()):
                     self._places.setdefault(blob, []).append((dev, number))
         return self._places
-
-    def _ahead(self, group: int, numbers: list[int]) -> list[int]:
-        """`Reader.ahead_elsewhere`: hand the server the read-ahead of chunks it can fetch
-        itself (every chunk of a folder store's blob files; of another store, those whose
-        frames a neighbourhood brought), which it does while no request waits; the rest."""
-        dev = self._device_of.get(group)
-        if dev is None or self._channel is None or not self._read_counters()[8]:
-            return numbers
-        device = self.devices[dev]
-        fetcher = device.reader.fetcher
-        mine, rest = [], []
-        for number in numbers:
-            loc = device.chunk(number)
-            if loc.blob is not None and (self._local_sources or fetcher.stashed(loc)):
-                mine.append(number)
-            else:
-                rest.append(number)
-        for at in range(0, len(mine), _MAX_HANDOVER):  # the server's receive buffer
-            try:
-                self._channel.send(b"".join(_CHUNK.pack(ord("P"), 0, dev, n)
-                                            for n in mine[at:at + _MAX_HANDOVER]))
-            except OSError:  # BlockingIOError: the server is behind; the fetcher does it
-                return rest + mine[at:]
-        return rest
 
     def _share_frames(self, blob: str, start: int, data: bytes) -> None:
         """Hand the server a neighbourhood the fetcher just brought (blob bytes from `start`)
