@@ -442,6 +442,7 @@ static int open_trusted(const uint8_t *rec) {
 /* -- chunks fetched here from frame sources --------------------------------------------- */
 
 #ifdef WEENV_DECODE
+static int cannot_mark; /* the cache's file system refused the trust marker: fetch nothing */
 static ZSTD_DCtx *dctx;
 static uint8_t *frame_buffer, *plain_buffer;
 static size_t frame_room, plain_room;
@@ -514,7 +515,10 @@ static int write_cached(const char *name, const uint8_t *plain, uint64_t length)
         if (n <= 0) ok = 0;
         else done += (uint64_t)n;
     }
-    ok = ok && fsetxattr(fd, TRUST_XATTR, boot, (size_t)boot_len, 0) == 0;
+    if (ok && fsetxattr(fd, TRUST_XATTR, boot, (size_t)boot_len, 0) != 0) {
+        ok = 0;
+        cannot_mark = errno == ENOTSUP || errno == EOPNOTSUPP;
+    }
     if (ok && renameat(cache_dir, temp, cache_dir, name) != 0) {
         char folder[3] = {name[0], name[1], 0}; /* the subfolder's first chunk */
         ok = errno == ENOENT && (mkdirat(cache_dir, folder, 0777) == 0 || errno == EEXIST)
@@ -534,7 +538,8 @@ static int write_cached(const char *name, const uint8_t *plain, uint64_t length)
 static int fetch_from_source(struct device *dev, uint32_t chunk, const uint8_t *rec) {
     uint64_t offset = le64(rec + 40), clen = le32(rec + 48), ulen = le32(rec + 52);
     const struct source *source = source_of(dev, le32(rec + 32), offset, clen);
-    if (source == NULL || cache_dir < 0 || boot_len <= 0 || ulen == 0 || clen == 0) return -1;
+    if (source == NULL || cache_dir < 0 || boot_len <= 0 || cannot_mark || ulen == 0 || clen == 0)
+        return -1;
     struct timespec began, ended;
     clock_gettime(CLOCK_MONOTONIC, &began);
     char name[3 + 64 + 1], lock[6 + 64 + 1];

@@ -240,13 +240,19 @@ class NativeDevices:
             return (0,) * (_COUNTERS.size // 8)
         return _COUNTERS.unpack_from(self._counters)
 
-    def summary(self) -> dict[str, int | bool]:
+    def summary(self) -> dict[str, int | bool | str | None]:
         """What `weenv stats` shows of the native server: reads it served itself, requests
         it forwarded here, chunk files it holds open, chunks it fetched from frame sources
-        itself, and whether it can (built with zstd and BLAKE3)."""
-        reads, _, _, _, forwarded, _, held, fetched, fetches = self._read_counters()
+        itself, whether it can, and why not."""
+        reads, _, _, _, forwarded, _, held, fetched, built = self._read_counters()
+        why = (None if built and self.cache.trust_marker()[1] else
+               f"{HELPER} was built without zstd and BLAKE3 (native/decode-flags.sh found "
+               "no zstd.h or no BLAKE3 C sources: Debian's libzstd-dev, librust-blake3-dev)"
+               if not built else
+               "the node cache cannot mark the chunks it verified (no user xattrs on its "
+               "file system), so the server caches none")
         return {"served_reads": reads, "forwarded": forwarded, "held_chunks": held,
-                "fetched_chunks": fetched, "fetches": bool(fetches)}
+                "fetched_chunks": fetched, "fetches": why is None, "fetches_reason": why}
 
     def fold_counters(self) -> None:
         """Add what the native server served since the last call to the mount's `Stats`."""
