@@ -2,7 +2,9 @@
 (native/weenv-devserve.c "Frame sources", fuse/native_devices.py `_send_sources`): the right
 bytes, cached as the cache caches them (trusted by the next process), counted in the mount's
 stats; a frame that does not verify is never served (EIO, as the daemon's fetcher answers);
-a chunk another process is fetching is left to the daemon, which waits for it.
+a chunk another process is fetching is left to the daemon, which waits for it; the blob
+files handed over serve after the store moves; a cache without user xattrs fetches nothing
+here. (Neighbourhoods from S3 as sources: tests/store/test_mount_faults.py.)
 
 Real parts: `weenv mount` daemons on the kernel path, the installed server built with zstd
 and BLAKE3 (scripts/setup.sh; CI fails rather than skip without them).
