@@ -481,7 +481,8 @@ class Fetcher:
         self.stats.bytes_decompressed += loc.ulen
         self.stats.read_waits.add(seconds)
         self.cache.note_inserted(loc.ulen)
-        if not self._closed and self._nursery is not None:
+        if (not self._closed and not self._maintaining and self._nursery is not None
+                and self.cache.needs_maintenance()):
             self._nursery.start_soon(self._schedule_maintenance)
 
     def _claim(self, loc: ChunkLoc, priority: Priority) -> tuple[ChunkLoc, _Flight]:

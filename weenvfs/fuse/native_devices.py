@@ -124,6 +124,15 @@ def _memfd(name: str, parts: list[bytes | memoryview]) -> int:
     return fd
 
 
+def _send_now(channel: socket.socket, records: list[bytes], fds: list[int]) -> None:
+    """Send `records`, each with its descriptor, in messages the server takes whole (at most
+    `_MAX_HANDOVER` each), on the raw socket (not through trio)."""
+    for at in range(0, len(fds), _MAX_HANDOVER):
+        channel.sendmsg([b"".join(records[at:at + _MAX_HANDOVER])],
+                        [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                          array.array("i", fds[at:at + _MAX_HANDOVER]))])
+
+
 class NativeDevices:
     """The folder of `devices` (file name -> device), served by the native server."""
 
@@ -389,10 +398,7 @@ class NativeDevices:
                     records.append(_SOURCE.pack(ord("F"), 0, dev, number, 0, size))
                     fds.append(fd)
             channel.settimeout(_STOP_WAIT)  # the server takes them at once; never stuck here
-            for at in range(0, len(fds), _MAX_HANDOVER):
-                channel.sendmsg([b"".join(records[at:at + _MAX_HANDOVER])],
-                                [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                  array.array("i", fds[at:at + _MAX_HANDOVER]))])
+            _send_now(channel, records, fds)
         except OSError as error:  # the server ended: main() reports it
             log.debug("handing frame sources over: %s", error)
         finally:
@@ -419,12 +425,9 @@ class NativeDevices:
             return
         fd = _memfd("weenv-frames", [data])
         try:
-            for at in range(0, len(places), _MAX_HANDOVER):
-                batch = places[at:at + _MAX_HANDOVER]
-                self._channel.sendmsg(
-                    [b"".join(_SOURCE.pack(ord("F"), 1, dev, number, start, len(data))
-                              for dev, number in batch)],
-                    [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd] * len(batch)))])
+            _send_now(self._channel,
+                      [_SOURCE.pack(ord("F"), 1, dev, number, start, len(data))
+                       for dev, number in places], [fd] * len(places))
         except OSError as error:  # BlockingIOError: the server is behind; it goes without
             log.debug("handing a neighbourhood over: %s", error)
         finally:
