@@ -75,6 +75,7 @@ def test_the_bound_drops_the_oldest_responses_and_counts_what_was_never_read() -
     assert not stash.covers(first.digest)
     assert stash.covers(second.digest) and stash.covers(third.digest)
     assert stash.bytes == 20 and stash.unused_bytes == 10
+    assert stash.unread_bytes == second.clen + third.clen
 
 
 def test_responses_older_than_the_ttl_are_dropped() -> None:
@@ -89,7 +90,7 @@ def test_responses_older_than_the_ttl_are_dropped() -> None:
     assert not stash.covers(old.digest) and stash.covers(new.digest)
     now[0] = 51.0
     stash.sweep()
-    assert stash.bytes == 0 and stash.unused_bytes == 20
+    assert stash.bytes == 0 and stash.unused_bytes == 20 and stash.unread_bytes == 0
 
 
 def test_a_reader_waits_for_a_response_on_its_way_and_gets_none_if_it_fails() -> None:
@@ -123,3 +124,22 @@ def test_the_reach_follows_the_rate_neighbourhoods_arrive_at(tmp_path) -> None:
     assert fetcher.near_reach == before
     fetcher._time_neighbourhood(1 << 20, 1.0)  # 1 MB in 1 s: a slow link, narrow at once
     assert fetcher.near_reach == NEAR_MIN_REACH
+
+
+def test_unread_bytes_are_the_frames_held_and_not_taken() -> None:
+    """What a mount's stats show as `neighbourhoods.held_bytes`: frames that arrived and that
+    no reader took (nor the native server used) yet; a frame outside its response never
+    counts, and what is dropped unread moves to `unused_bytes`."""
+    first, second, outside = _loc(1, 100, 4), _loc(2, 104, 6), _loc(3, 200, 4)
+    stash = FrameStash()
+    run = [first, second, outside]
+    stash.land(run, stash.begin(run), bytes(10), 100)
+    assert stash.unread_bytes == first.clen + second.clen
+
+    async def main() -> None:
+        assert await stash.take(first) is not None
+
+    trio.run(main)
+    assert stash.unread_bytes == second.clen
+    assert stash.discard(second.digest) and stash.unread_bytes == 0
+    assert stash.unused_bytes == 0 and stash.bytes == 0

@@ -122,6 +122,10 @@ def test_a_demand_miss_fetches_the_neighbourhood_undecoded_in_the_background(
     assert snap["neighbourhoods"]["bytes"] == first + (frames[9].offset + frames[9].clen
                                                        - frames[8].offset) + (
         frames[2].offset + frames[2].clen - frames[1].offset)
+    # What is held unread now (`weenv stats` shows it before the TTL makes it waste).
+    held = sum(frames[i].clen for i in (1, 2, 4, 6, 8, 9))
+    assert (snap["neighbourhoods"]["held_bytes"], snap["neighbourhoods"]["unused_bytes"]) == (
+        held, 0)
 
 
 def test_a_stashed_miss_widens_the_neighbourhood_only_near_its_ends(
@@ -292,3 +296,4 @@ def test_neighbourhoods_dropped_unread_are_counted_as_waste(repo, build_group, t
     assert snap["hits"] == 0
     first = [frames[i] for i in (0, 1, 3, 4)]  # two on each side of f02
     assert snap["unused_bytes"] >= sum(loc.clen for loc in first)
+    assert snap["held_bytes"] == 0  # dropped at once: waste, not held

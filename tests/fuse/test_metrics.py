@@ -29,7 +29,7 @@ from support.mount_server import mount_server
 
 from weenvfs.errors import WeenvError
 from weenvfs.fuse import daemon, exporter, mountd
-from weenvfs.fuse.metrics import COUNTERS, NodeCollector
+from weenvfs.fuse.metrics import COUNTERS, NodeCollector, Totals
 from weenvfs.fuse.stats_channel import exits_path
 
 pytestmark = pytest.mark.requires_fuse
@@ -165,6 +165,8 @@ def test_counters_are_the_sums_of_what_the_mounts_counted(
     assert value(later, "weenv_mounts", path="fuse") == 2
     for path, name, _ in COUNTERS:  # every counter is the sum of what `weenv stats` shows
         assert value(later, f"{name}_total") == counter_sum(docs, path), name
+    assert value(later, "weenv_neighbourhood_held_bytes") == counter_sum(
+        docs, ("neighbourhoods", "held_bytes"))  # a gauge of the live mounts
     waits = value(later, "weenv_read_wait_seconds_count")
     assert waits == counter_sum(docs, ("read_waits", "count")) > 0  # the cold reads waited
     buckets = [v for (name, labels), v in sorted(later.items(), key=_le)
@@ -400,3 +402,13 @@ def test_metrics_off_and_a_taken_default_serve_mounts_without_metrics(
         assert "; no metrics" in run_weenv("mountd", "--check").stdout
         log = sock.with_suffix(".log").read_text()
         assert f"cannot serve metrics on {exporter.DEFAULT_METRICS}" in log
+
+
+def test_held_neighbourhood_bytes_are_summed_over_the_live_mounts() -> None:
+    """`weenv_neighbourhood_held_bytes`: the live daemons' `fetch.neighbourhoods.held_bytes`
+    (a daemon without neighbourhoods, or from before the field, adds nothing)."""
+    totals = Totals()
+    for document in ({"fetch": {"neighbourhoods": {"held_bytes": 5 << 20}}},
+                     {"fetch": {"neighbourhoods": {"held_bytes": 7}}}, {"fetch": {}}, {}):
+        totals.add(document)
+    assert totals.held_neighbours == (5 << 20) + 7

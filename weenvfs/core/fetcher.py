@@ -320,7 +320,7 @@ class Fetcher:
                 while True:  # drop neighbourhoods nobody read (their memory) now and then
                     await trio.sleep(STASH_TTL / 2)
                     self._stash.sweep()
-                    self.stats.neighbour_unused_bytes = self._stash.unused_bytes
+                    self._count_stash()
             finally:
                 self._nursery = None
 
@@ -374,9 +374,14 @@ class Fetcher:
                 self._stash.fail(run, event)
             else:
                 self._stash.land(run, event, data, run[0].offset)
-                self.stats.neighbour_unused_bytes = self._stash.unused_bytes
+                self._count_stash()
                 if self.on_stashed is not None and run[0].blob is not None:
                     self.on_stashed(run[0].blob, run[0].offset, data)
+
+    def _count_stash(self) -> None:
+        """The stash's bytes in the stats: dropped unread (waste so far), held unread."""
+        self.stats.neighbour_unused_bytes = self._stash.unused_bytes
+        self.stats.neighbour_held_bytes = self._stash.unread_bytes
 
     def _time_neighbourhood(self, nbytes: int, seconds: float) -> None:
         """Set the reach from the rate of a neighbourhood that just arrived (half of the
@@ -395,6 +400,7 @@ class Fetcher:
         way), verified as any fetched frame; from the store if it is not there or is bad."""
         frame = await self._stash.take(loc)
         if frame is not None:
+            self._count_stash()
             if await self._ranges.decode_frame(loc, frame, priority, out):
                 self.stats.neighbour_hits += 1
                 return
@@ -472,6 +478,7 @@ class Fetcher:
         edge = self._stash.at_edge(loc.digest, WIDEN_FROM_SHARE)
         if self._stash.discard(loc.digest):
             self.stats.neighbour_hits += 1
+            self._count_stash()
             if edge and self.neighbours is not None:
                 self._fetch_neighbours([loc])
         self.stats.cache_misses += 1

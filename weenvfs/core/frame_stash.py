@@ -61,6 +61,7 @@ class FrameStash:
         self._frames: dict[bytes, tuple[_Response, ChunkLoc]] = {}
         self._pending: dict[bytes, trio.Event] = {}
         self.bytes = 0  # compressed bytes held
+        self.unread_bytes = 0  # compressed bytes of the frames held, not taken yet
         self.unused_bytes = 0  # compressed bytes of frames dropped without being taken (waste)
 
     def covers(self, digest: bytes) -> bool:
@@ -101,6 +102,7 @@ class FrameStash:
             if inside and loc.digest not in self._frames:
                 self._frames[loc.digest] = (response, loc)
                 response.frames.add(loc.digest)
+                self.unread_bytes += loc.clen
         event.set()
         if response.frames:
             self._responses[response] = None
@@ -138,6 +140,7 @@ class FrameStash:
         """Remove `digest`'s frame (its response goes once it has no frame left)."""
         held = self._frames.pop(digest, None)
         if held is not None:
+            self.unread_bytes -= held[1].clen
             held[0].frames.discard(digest)
             if not held[0].frames:
                 self._forget(held[0])
@@ -159,6 +162,7 @@ class FrameStash:
         for digest in response.frames:
             held = self._frames.pop(digest, None)
             if held is not None:
+                self.unread_bytes -= held[1].clen
                 self.unused_bytes += held[1].clen
         response.frames.clear()
         self._forget(response)

@@ -136,6 +136,8 @@ class Stats:
         self.neighbour_bytes = 0
         self.neighbour_hits = 0
         self.neighbour_unused_bytes = 0  # of responses dropped (age, bound) with frames unread
+        # Frames held unread now: read later, or dropped as unused (a gauge, not a counter).
+        self.neighbour_held_bytes = 0
         self._prefetched: OrderedDict[bytes, None] = OrderedDict()
         # Chunks demand used before their prefetch was recorded: the prefetch's decoder thread
         # writes the cache before the trio task records the chunk, and a demand read may hit
@@ -231,5 +233,6 @@ class Stats:
                 "bytes": self.neighbour_bytes,
                 "hits": self.neighbour_hits,
                 "unused_bytes": self.neighbour_unused_bytes,
+                "held_bytes": self.neighbour_held_bytes,
             },
         }

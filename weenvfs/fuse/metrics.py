@@ -130,6 +130,7 @@ class Totals:
         self.errors: Counter[str] = Counter()
         self.histograms = {name: Histogram() for _, name, _ in HISTOGRAMS}
         self.unused_prefetched = 0  # prefetched chunks no read used (yet)
+        self.held_neighbours = 0  # compressed bytes of neighbourhood frames held unread
 
     def add(self, document: dict[str, Any]) -> None:
         """Add one daemon's document (what `weenv stats --json` prints); parts it lacks
@@ -149,6 +150,7 @@ class Totals:
                                       int(summary.get("count") or 0),
                                       float(summary.get("total_ms") or 0.0) / 1000.0)
         self.unused_prefetched += int((fetch.get("prefetch") or {}).get("waste") or 0)
+        self.held_neighbours += int((fetch.get("neighbourhoods") or {}).get("held_bytes") or 0)
 
     def plus(self, other: Totals) -> Totals:
         """A new Totals: this one and `other` added."""
@@ -327,6 +329,9 @@ class NodeCollector(Collector):
             exited = dict(self._exited)
             unanswered = self._unanswered
         yield from _families(totals, live.unused_prefetched, wasted)
+        yield GaugeMetricFamily(
+            "weenv_neighbourhood_held_bytes", "Compressed bytes of neighbourhood frames the "
+            "live mounts hold unread: read later, or dropped as unused", value=live.held_neighbours)
         mounts = GaugeMetricFamily("weenv_mounts", "Mount daemons serving, by data path",
                                    labels=["path"])
         for path, n in sorted(paths.items()):
