@@ -128,6 +128,32 @@ def test_a_demand_miss_fetches_the_neighbourhood_undecoded_in_the_background(
         held, 0)
 
 
+def test_the_stash_keeps_the_buffer_the_neighbourhood_was_handed_over_in(
+        repo, build_group, tmp_path, pattern) -> None:
+    """The native devices hand each neighbourhood to their server in a memfd and return a
+    mapping of it, which the stash keeps instead of its own copy (`Fetcher.on_stashed`).
+    What that buffer holds is verified as any fetched frame: here it differs (zeros), so a
+    read of a neighbour fails verification and is served from the store's own copy."""
+    frames, cache, store, fetcher = _row_fetcher(repo, build_group, tmp_path, pattern, 500, 10)
+    handed: list[tuple[str, int, int]] = []
+
+    def share(blob: str, start: int, data: bytes) -> bytes:
+        handed.append((blob, start, len(data)))
+        return bytes(len(data))
+
+    fetcher.on_stashed = share
+
+    async def body() -> None:
+        assert await fetcher.read([(frames[5], 0, frames[5].ulen)]) == pattern(505, CHUNK)
+        await _landed(fetcher, 1)
+        assert await fetcher.read([(frames[6], 0, frames[6].ulen)]) == pattern(506, CHUNK)
+
+    _serve_reads(fetcher, body)
+    assert handed and handed[0][0] == frames[5].blob
+    assert handed[0][1] == frames[3].offset  # the first neighbourhood: frames 3..7
+    assert fetcher.stats.neighbour_hits == 0 and fetcher.stats.retries == 1
+
+
 def test_a_stashed_miss_widens_the_neighbourhood_only_near_its_ends(
         repo, build_group, tmp_path, pattern) -> None:
     reach = 3 * CHUNK + 200  # three frames on each side

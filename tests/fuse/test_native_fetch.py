@@ -194,3 +194,18 @@ def test_a_cache_without_xattrs_leaves_fetching_to_the_daemon(varied_env, mounte
     finally:
         if subprocess.run(["umount", str(cache)], check=False).returncode != 0:
             subprocess.run(["umount", "--lazy", str(cache)], check=False)
+
+
+def test_a_neighbourhood_handed_over_is_kept_as_a_mapping_of_its_memfd() -> None:
+    """What `_share_frames` returns to the fetcher: the memfd's bytes, mapped read-only and
+    still readable once the descriptor is closed (the stash keeps it instead of its copy)."""
+    from weenvfs.fuse.native_devices import _mapped, _memfd
+
+    data = os.urandom(3 << 20)
+    fd = _memfd("weenv-test-frames", [data])
+    mapping = _mapped(fd, len(data))
+    os.close(fd)
+    assert mapping is not None and mapping[:] == data and len(mapping) == len(data)
+    with pytest.raises(TypeError):
+        mapping[0] = 0  # read-only: nothing here can change what the server serves
+    mapping.close()

@@ -43,7 +43,7 @@ from weenvfs.core.chunk_plan import (
     plan_requests,
 )
 from weenvfs.core.fetch_slots import DemandLimiter, NoLock
-from weenvfs.core.frame_stash import STASH_TTL, FrameStash
+from weenvfs.core.frame_stash import STASH_TTL, FrameBytes, FrameStash
 from weenvfs.core.range_fetch import (
     INLINE_CODEC_BYTES,
     PREFETCH_RETRY,
@@ -147,8 +147,10 @@ class Fetcher:
         self.neighbours: Callable[[ChunkLoc, int], Sequence[ChunkLoc]] | None = None
         self._stash = FrameStash()
         # Told of every neighbourhood that arrives (blob digest, start, compressed bytes): the
-        # native device server serves misses from them too (fuse/native_devices.py).
-        self.on_stashed: Callable[[str, int, bytes], None] | None = None
+        # native device server serves misses from them too (fuse/native_devices.py). What it
+        # returns, if anything, holds the same bytes and is kept instead of them (the memory
+        # both share; a copy that differs only fails verification, never serves).
+        self.on_stashed: Callable[[str, int, bytes], FrameBytes | None] | None = None
         self._near_tasks = 0
         self.near_reach = NEAR_MIN_REACH
         self._maintaining = False
@@ -373,10 +375,11 @@ class Fetcher:
             if data is None:
                 self._stash.fail(run, event)
             else:
-                self._stash.land(run, event, data, run[0].offset)
-                self._count_stash()
+                shared = None
                 if self.on_stashed is not None and run[0].blob is not None:
-                    self.on_stashed(run[0].blob, run[0].offset, data)
+                    shared = self.on_stashed(run[0].blob, run[0].offset, data)
+                self._stash.land(run, event, data if shared is None else shared, run[0].offset)
+                self._count_stash()
 
     def _count_stash(self) -> None:
         """The stash's bytes in the stats: dropped unread (waste so far), held unread."""

@@ -19,6 +19,7 @@ Must not: fetch, decode or verify (fetcher.py and range_fetch.py do).
 
 from __future__ import annotations
 
+import mmap
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -38,12 +39,16 @@ STASH_BYTES = 192 << 20
 # push warm mounts out for memory they hold for nothing.
 STASH_TTL = 10.0
 
+# A response's bytes: as received, or a mapping of the same bytes shared with the native
+# device server (fuse/native_devices.py: one copy in memory, not two).
+FrameBytes = bytes | mmap.mmap
+
 
 @dataclass(eq=False)
 class _Response:
     """One neighbourhood response: blob bytes [start, start + len(data))."""
 
-    data: bytes
+    data: FrameBytes
     start: int
     arrived: float
     frames: set[bytes] = field(default_factory=set)  # digests not taken yet
@@ -91,7 +96,8 @@ class FrameStash:
             self._pending.setdefault(loc.digest, event)
         return event
 
-    def land(self, run: Sequence[ChunkLoc], event: trio.Event, data: bytes, start: int) -> None:
+    def land(self, run: Sequence[ChunkLoc], event: trio.Event, data: FrameBytes,
+             start: int) -> None:
         """The response for `run` (blob bytes from `start`) arrived: hold its frames."""
         self._sweep()
         response = _Response(data, start, self._clock())

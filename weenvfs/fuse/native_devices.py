@@ -124,6 +124,16 @@ def _memfd(name: str, parts: list[bytes | memoryview]) -> int:
     return fd
 
 
+def _mapped(fd: int, size: int) -> mmap.mmap | None:
+    """A read-only shared mapping of the first `size` bytes of memfd `fd` (it stays valid
+    once `fd` is closed), or None where the kernel refuses one (the caller keeps its copy)."""
+    try:
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+    except (OSError, ValueError) as error:
+        log.debug("mapping a neighbourhood: %s", error)
+        return None
+
+
 def _send_now(channel: socket.socket, records: list[bytes], fds: list[int]) -> None:
     """Send `records`, each with its descriptor, in messages the server takes whole (at most
     `_MAX_HANDOVER` each), on the raw socket (not through trio)."""
@@ -415,21 +425,25 @@ class NativeDevices:
                     self._places.setdefault(blob, []).append((dev, number))
         return self._places
 
-    def _share_frames(self, blob: str, start: int, data: bytes) -> None:
+    def _share_frames(self, blob: str, start: int, data: bytes) -> mmap.mmap | None:
         """Hand the server a neighbourhood the fetcher just brought (blob bytes from `start`)
         as an expiring frame source, so that it serves the misses it holds without a round
-        trip here (the C file's header). Best effort: a full channel drops it (the daemon
-        serves those misses from its own copy, as before)."""
+        trip here (the C file's header); returns a read-only mapping of the memfd it sent,
+        for the fetcher to keep instead of `data` (one copy of the bytes in memory, not two:
+        ~100 MB less for the reference image's first run), or None. Best effort: a full
+        channel drops it (the daemon serves those misses from its own copy, as before)."""
         places = self._blob_places().get(blob)
         if not places or self._channel is None or not self._read_counters()[8]:
-            return
+            return None
         fd = _memfd("weenv-frames", [data])
         try:
             _send_now(self._channel,
                       [_SOURCE.pack(ord("F"), 1, dev, number, start, len(data))
                        for dev, number in places], [fd] * len(places))
+            return _mapped(fd, len(data))
         except OSError as error:  # BlockingIOError: the server is behind; it goes without
             log.debug("handing a neighbourhood over: %s", error)
+            return None
         finally:
             os.close(fd)
 
