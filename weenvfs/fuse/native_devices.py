@@ -430,7 +430,7 @@ class NativeDevices:
         as an expiring frame source, so that it serves the misses it holds without a round
         trip here (the C file's header); returns a read-only mapping of the memfd it sent,
         for the fetcher to keep instead of `data` (one copy of the bytes in memory, not two:
-        ~100 MB less for the reference image's first run), or None. Best effort: a full
+        ~75 MB less for the reference image's first run), or None. Best effort: a full
         channel drops it (the daemon serves those misses from its own copy, as before)."""
         places = self._blob_places().get(blob)
         if not places or self._channel is None or not self._read_counters()[8]:
