@@ -7,9 +7,10 @@ each side: 72; 4 MiB: 21), but most of it is never read (73% at 512 KiB), and de
 verifying and caching every neighbour took the CPU the reader and the store needed: waits
 grew from ~5 ms (one ranged GET on an idle node) to ~17 ms. A range of a blob costs little
 more to fetch wide than narrow (loopback SeaweedFS: 300 KiB 4.4 ms, 4 MiB 8.7 ms); what costs
-is the work after it. So a neighbourhood's response is kept here as it arrived, and a frame is
-decoded, verified and cached only when a reader (or read-ahead) asks for its chunk; nothing
-unverified ever leaves (the fetcher verifies what `take` returns, as any fetched frame).
+is the work after it. So a neighbourhood's response is kept here as it arrived (or as a
+mapping of the copy handed to the native device server), and a frame is decoded, verified and
+cached only when a reader (or read-ahead) asks for its chunk; nothing unverified ever leaves
+(the fetcher verifies what `take` returns, as any fetched frame).
 
 Owns: the responses (bounded in bytes, least recently arrived dropped first, each dropped
 `STASH_TTL` seconds after it arrived), which chunk frames they hold, and the requests still in
