@@ -306,7 +306,8 @@ def test_neighbourhoods_dropped_unread_are_counted_as_waste(repo, build_group, t
     frames = _frames(group.index)
     store = FaultyStore(repo.store)
     fetcher = Fetcher(store, ChunkCache(tmp_path / "cache"))
-    fetcher._stash = FrameStash(limit=1)  # nothing fits: every response is dropped at once
+    # Nothing fits: every response is dropped at once.
+    fetcher._stash = FrameStash(limit=1, stats=fetcher.stats)
     fetcher.neighbours = Neighbours([group.index], 2 * CHUNK + 100).around
 
     async def body() -> None:

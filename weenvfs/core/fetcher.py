@@ -145,7 +145,7 @@ class Fetcher:
         # background at once, as a cold reader with no hint is likely to want them next, and
         # kept undecoded until one is read (core/frame_stash.py).
         self.neighbours: Callable[[ChunkLoc, int], Sequence[ChunkLoc]] | None = None
-        self._stash = FrameStash()
+        self._stash = FrameStash(stats=self.stats)
         # Told of every neighbourhood that arrives (blob digest, start, compressed bytes): the
         # native device server serves misses from them too (fuse/native_devices.py). What it
         # returns, if anything, holds the same bytes and is kept instead of them (the memory
@@ -322,7 +322,6 @@ class Fetcher:
                 while True:  # drop neighbourhoods nobody read (their memory) now and then
                     await trio.sleep(STASH_TTL / 2)
                     self._stash.sweep()
-                    self._count_stash()
             finally:
                 self._nursery = None
 
@@ -379,12 +378,6 @@ class Fetcher:
                 if self.on_stashed is not None and run[0].blob is not None:
                     shared = self.on_stashed(run[0].blob, run[0].offset, data)
                 self._stash.land(run, event, data if shared is None else shared, run[0].offset)
-                self._count_stash()
-
-    def _count_stash(self) -> None:
-        """The stash's bytes in the stats: dropped unread (waste so far), held unread."""
-        self.stats.neighbour_unused_bytes = self._stash.unused_bytes
-        self.stats.neighbour_held_bytes = self._stash.unread_bytes
 
     def _time_neighbourhood(self, nbytes: int, seconds: float) -> None:
         """Set the reach from the rate of a neighbourhood that just arrived (half of the
@@ -403,7 +396,6 @@ class Fetcher:
         way), verified as any fetched frame; from the store if it is not there or is bad."""
         frame = await self._stash.take(loc)
         if frame is not None:
-            self._count_stash()
             if await self._ranges.decode_frame(loc, frame, priority, out):
                 self.stats.neighbour_hits += 1
                 return
@@ -481,7 +473,6 @@ class Fetcher:
         edge = self._stash.at_edge(loc.digest, WIDEN_FROM_SHARE)
         if self._stash.discard(loc.digest):
             self.stats.neighbour_hits += 1
-            self._count_stash()
             if edge and self.neighbours is not None:
                 self._fetch_neighbours([loc])
         self.stats.cache_misses += 1

@@ -13,8 +13,9 @@ cached only when a reader (or read-ahead) asks for its chunk; nothing unverified
 (the fetcher verifies what `take` returns, as any fetched frame).
 
 Owns: the responses (bounded in bytes, least recently arrived dropped first, each dropped
-`STASH_TTL` seconds after it arrived), which chunk frames they hold, and the requests still in
-flight (so a reader waits for the one already fetching its chunk instead of asking again).
+`STASH_TTL` seconds after it arrived), which chunk frames they hold, the requests still in
+flight (so a reader waits for the one already fetching its chunk instead of asking again), and
+the fetcher's counts of frame bytes held unread and dropped unread (its `Stats`).
 Must not: fetch, decode or verify (fetcher.py and range_fetch.py do).
 """
 
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 import trio
 
 from .chunk_plan import ChunkLoc
+from .stats import Stats
 
 # Compressed bytes of responses kept at once, per fetcher (one per mount daemon): a cold
 # start of the reference image fetched ~150 MB of neighbourhoods at a 4 MiB reach.
@@ -59,16 +61,25 @@ class FrameStash:
     """Frames of neighbourhood responses, by chunk digest, and the requests in flight."""
 
     def __init__(self, limit: int = STASH_BYTES, ttl: float = STASH_TTL,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, stats: Stats | None = None) -> None:
         self.limit = limit
         self.ttl = ttl
         self._clock = clock
+        self.stats = stats if stats is not None else Stats()
         self._responses: OrderedDict[_Response, None] = OrderedDict()  # by arrival
         self._frames: dict[bytes, tuple[_Response, ChunkLoc]] = {}
         self._pending: dict[bytes, trio.Event] = {}
         self.bytes = 0  # compressed bytes held
-        self.unread_bytes = 0  # compressed bytes of the frames held, not taken yet
-        self.unused_bytes = 0  # compressed bytes of frames dropped without being taken (waste)
+
+    @property
+    def unread_bytes(self) -> int:
+        """Compressed bytes of the frames held and not taken yet."""
+        return self.stats.neighbour_held_bytes
+
+    @property
+    def unused_bytes(self) -> int:
+        """Compressed bytes of frames dropped without being taken (waste)."""
+        return self.stats.neighbour_unused_bytes
 
     def covers(self, digest: bytes) -> bool:
         """Whether `digest`'s frame is held or on its way."""
@@ -109,7 +120,7 @@ class FrameStash:
             if inside and loc.digest not in self._frames:
                 self._frames[loc.digest] = (response, loc)
                 response.frames.add(loc.digest)
-                self.unread_bytes += loc.clen
+                self.stats.neighbour_held_bytes += loc.clen
         event.set()
         if response.frames:
             self._responses[response] = None
@@ -147,7 +158,7 @@ class FrameStash:
         """Remove `digest`'s frame (its response goes once it has no frame left)."""
         held = self._frames.pop(digest, None)
         if held is not None:
-            self.unread_bytes -= held[1].clen
+            self.stats.neighbour_held_bytes -= held[1].clen
             held[0].frames.discard(digest)
             if not held[0].frames:
                 self._forget(held[0])
@@ -169,8 +180,8 @@ class FrameStash:
         for digest in response.frames:
             held = self._frames.pop(digest, None)
             if held is not None:
-                self.unread_bytes -= held[1].clen
-                self.unused_bytes += held[1].clen
+                self.stats.neighbour_held_bytes -= held[1].clen
+                self.stats.neighbour_unused_bytes += held[1].clen
         response.frames.clear()
         self._forget(response)
 

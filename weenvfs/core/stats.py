@@ -135,8 +135,9 @@ class Stats:
         self.neighbour_requests = 0
         self.neighbour_bytes = 0
         self.neighbour_hits = 0
-        self.neighbour_unused_bytes = 0  # of responses dropped (age, bound) with frames unread
-        # Frames held unread now: read later, or dropped as unused (a gauge, not a counter).
+        # Counted by the stash (core/frame_stash.py): frames dropped unread (age, bound), and
+        # frames held unread now, to be read or dropped (a gauge, not a counter).
+        self.neighbour_unused_bytes = 0
         self.neighbour_held_bytes = 0
         self._prefetched: OrderedDict[bytes, None] = OrderedDict()
         # Chunks demand used before their prefetch was recorded: the prefetch's decoder thread
