@@ -412,3 +412,4 @@ def test_held_neighbourhood_bytes_are_summed_over_the_live_mounts() -> None:
                      {"fetch": {"neighbourhoods": {"held_bytes": 7}}}, {"fetch": {}}, {}):
         totals.add(document)
     assert totals.held_neighbours == (5 << 20) + 7
+    assert totals.plus(totals).held_neighbours == 2 * totals.held_neighbours

@@ -159,6 +159,7 @@ class Totals:
             out.counters.update(part.counters)
             out.errors.update(part.errors)
             out.unused_prefetched += part.unused_prefetched
+            out.held_neighbours += part.held_neighbours
             for name, histogram in part.histograms.items():
                 out.histograms[name].add(histogram.doublings, histogram.count,
                                          histogram.seconds)

@@ -264,12 +264,13 @@ class NativeDevices:
         it forwarded here, chunk files it holds open, chunks it fetched from frame sources
         itself, whether it can, and why not."""
         reads, _, _, _, forwarded, _, held, fetched, built = self._read_counters()
-        why = (None if built and self.cache.trust_marker()[1] else
-               f"{HELPER} was built without zstd and BLAKE3 (native/decode-flags.sh found "
-               "no zstd.h or no BLAKE3 C sources: Debian's libzstd-dev, librust-blake3-dev)"
-               if not built else
-               "the node cache cannot mark the chunks it verified (no user xattrs on its "
-               "file system), so the server caches none")
+        why = None
+        if not built:
+            why = (f"{HELPER} was built without zstd and BLAKE3 (native/decode-flags.sh found "
+                   "no zstd.h or no BLAKE3 C sources: Debian's libzstd-dev, librust-blake3-dev)")
+        elif not self.cache.trust_marker()[1]:
+            why = ("the node cache cannot mark the chunks it verified (no user xattrs on its "
+                   "file system), so the server caches none")
         return {"served_reads": reads, "forwarded": forwarded, "held_chunks": held,
                 "fetched_chunks": fetched, "fetches": why is None, "fetches_reason": why}
 
