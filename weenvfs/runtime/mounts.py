@@ -48,6 +48,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -165,8 +166,11 @@ def locked(key: str, root: Path | None = None) -> Iterator[Path]:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except FileExistsError:  # a teardown removed it between mkdir's EEXIST and its check
-            if folder.exists() and not folder.is_dir():
-                raise
+            # One stat: `exists()` then `is_dir()` raced a teardown too (the folder there for
+            # the first, gone for the second: a bogus FileExistsError, once in a CI run).
+            with contextlib.suppress(FileNotFoundError):
+                if not stat.S_ISDIR(folder.stat().st_mode):
+                    raise
             continue
         path = folder / "lock"
         try:
