@@ -23,7 +23,7 @@ from . import constants as C
 # portable reader).
 NATIVE_LE = sys.byteorder == "little"
 # The little-endian mode's second byte holds the file type bits (S_IFMT, 0o170000).
-_TYPE_BYTE = 1
+_TYPE_BYTE = C.INODE_AT["mode"] + 1
 
 
 def _column(table: memoryview, size: int, field: int, code: str) -> Sequence[int]:

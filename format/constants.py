@@ -6,7 +6,29 @@ at once (erofs `BUILD_BUG_ON`). All integers are little-endian.
 
 from __future__ import annotations
 
+import re
 import struct
+
+
+def field_offsets(record: struct.Struct, names: str) -> dict[str, int]:
+    """The byte offset of each field of `record`, named in order by `names` (padding `x` has
+    no name): column readers (columns.py) take them from here, not from formats of their own."""
+    offsets, at = [], 0
+    for count, code in re.findall(r"(\d*)([a-zA-Z?])", record.format.lstrip("<")):
+        n = int(count or 1)
+        if code == "s":  # one field of n bytes
+            offsets.append(at)
+            at += n
+        elif code == "x":
+            at += n
+        else:
+            width = struct.calcsize("<" + code)
+            offsets.extend(range(at, at + n * width, width))
+            at += n * width
+    if at != record.size:
+        raise ValueError(f"cannot read the fields of {record.format}")
+    return dict(zip(names.split(), offsets, strict=True))  # a name missing or extra: raises
+
 
 # -- group index ----------------------------------------------------------------------------
 
@@ -25,11 +47,11 @@ COMPAT_FILE_DIGESTS = 1 << 0  # the file-digest table is present (dedup of small
 INDEX_HEADER = struct.Struct("<8sHHIII6IQ7Q16x")
 assert INDEX_HEADER.size == 128
 
-# mode, uid, gid, nlink, size, mtime_sec, mtime_nsec, flags, rdev,
-# data_first, data_count, inner_offset, xattr_first, xattr_count
 # (4 bytes of padding keep every table 8-byte aligned)
 INODE = struct.Struct("<IIIIQqIIQIIIII4x")
 assert INODE.size == 72
+INODE_AT = field_offsets(INODE, "mode uid gid nlink size mtime_sec mtime_nsec flags rdev "
+                                "data_first data_count inner_offset xattr_first xattr_count")
 
 INODE_WHITEOUT = 1 << 0  # the entry hides the same name in lower groups
 INODE_OPAQUE = 1 << 1  # directory: hides everything below it in lower groups
@@ -38,9 +60,9 @@ INODE_OPAQUE = 1 << 1  # directory: hides everything below it in lower groups
 INODE_IMPLIED = 1 << 2
 KNOWN_INODE_FLAGS = INODE_WHITEOUT | INODE_OPAQUE | INODE_IMPLIED
 
-# name_offset, name_length, inode
 DIRENT = struct.Struct("<IHxxI")
 assert DIRENT.size == 12
+DIRENT_AT = field_offsets(DIRENT, "name_offset name_length inode")
 
 # digest, blob, flags, compressed offset, compressed length, uncompressed length
 CHUNK = struct.Struct("<32sIIQII")

@@ -31,14 +31,13 @@ from operator import itemgetter
 from typing import NamedTuple
 
 from .columns import kind_flags, u64_column
-from .constants import INODE
+from .constants import INODE, INODE_AT
 from .index import GroupIndex
 
 BLOCK_SIZE = 4096  # the device's block size: the EROFS image's (format/erofs.py)
 # `DeviceLayout.to_bytes`: magic, extent count, then the columns as little-endian arrays.
 _SAVED = struct.Struct("<8sQ")
 _MAGIC = b"WEENVDL1"
-_SIZE = struct.calcsize("<IIII")  # byte offset of an inode record's u64 size (SPEC.md 6.4)
 
 
 class DevicePiece(NamedTuple):
@@ -61,7 +60,7 @@ class DeviceLayout:
         # through `GroupIndex.inode`).
         table = index.inode_table()
         files = list(compress(range(index.inode_count), kind_flags(table, stat.S_IFREG)))
-        sizes = u64_column(table, INODE.size, _SIZE)
+        sizes = u64_column(table, INODE.size, INODE_AT["size"])
         file_sizes = itemgetter(*files)(sizes) if len(files) > 1 else [sizes[i] for i in files]
         self._inos = list(compress(files, file_sizes))  # those with data
         self._sizes = list(filter(None, file_sizes))

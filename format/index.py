@@ -66,6 +66,9 @@ class Inode(NamedTuple):
         return self.mtime_sec * 1_000_000_000 + self.mtime_nsec
 
 
+assert Inode._fields == tuple(C.INODE_AT)  # the column readers name the same fields
+
+
 class ChunkRecord(NamedTuple):
     """One chunk record: where a chunk's frame lives and what its plaintext hashes to."""
 

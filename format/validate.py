@@ -13,7 +13,6 @@ Must not: do I/O, or repeat the per-record checks beyond what the walk needs.
 from __future__ import annotations
 
 import stat
-import struct
 from itertools import compress
 from operator import itemgetter
 from typing import NoReturn
@@ -22,11 +21,6 @@ from . import constants as C
 from .columns import kind_flags, u32_column
 from .errors import FormatError
 from .index import ROOT_INODE, GroupIndex
-
-# Byte offsets of the fields the walk reads (the formats before them in C.INODE, C.DIRENT).
-_DATA_FIRST = struct.calcsize("<IIIIQqIIQ")
-_DATA_COUNT = _DATA_FIRST + 4
-_CHILD = struct.calcsize("<IHxx")
 
 
 def check_tree(index: GroupIndex) -> None:
@@ -43,9 +37,9 @@ def check_tree(index: GroupIndex) -> None:
     h = index.header
     inodes = index.inode_table()
     is_dir = kind_flags(inodes, stat.S_IFDIR)
-    firsts = u32_column(inodes, C.INODE.size, _DATA_FIRST)
-    counts = u32_column(inodes, C.INODE.size, _DATA_COUNT)
-    entries = u32_column(index.dirent_table(), C.DIRENT.size, _CHILD)
+    firsts = u32_column(inodes, C.INODE.size, C.INODE_AT["data_first"])
+    counts = u32_column(inodes, C.INODE.size, C.INODE_AT["data_count"])
+    entries = u32_column(index.dirent_table(), C.DIRENT.size, C.DIRENT_AT["inode"])
     seen = {ROOT_INODE}
     stack = [ROOT_INODE]
     budget = h.dirent_count

@@ -88,6 +88,9 @@ def _spec_codes(kind: str) -> tuple[list[str], int]:
 # constants.py and erofs_layout.py (SPEC.md section 15) are both mirrored by SPEC tables
 MIRRORED = {**vars(C), **vars(L)}
 STRUCTS = {name: v for name, v in MIRRORED.items() if isinstance(v, struct.Struct)}
+# the field offsets the column readers use (`INODE_AT`: name -> byte offset), by struct
+OFFSETS = {name.removesuffix("_AT"): v for name, v in MIRRORED.items()
+           if name.endswith("_AT") and isinstance(v, dict)}
 
 
 def test_every_struct_has_a_table() -> None:
@@ -99,7 +102,7 @@ def test_struct_table_matches_code(name: str) -> None:
     size, rows = struct_tables()[name]
     st = STRUCTS[name]
     assert size == st.size, f"{name}: SPEC says {size} bytes, constants.py {st.size}"
-    position, codes, fields = 0, [], []
+    position, codes, fields, offsets = 0, [], [], {}
     for offset, width, kind, field, *_ in rows:
         assert int(offset) == position, f"{name}.{field}: offset {offset}, expected {position}"
         spec_codes, type_width = _spec_codes(kind)
@@ -108,10 +111,19 @@ def test_struct_table_matches_code(name: str) -> None:
         codes += spec_codes
         if not kind.startswith("pad") and field != "reserved":
             fields.append(field)
+            offsets[field] = int(offset)
     assert position == st.size, f"{name}: fields sum to {position}, struct is {st.size}"
     assert codes == _codes(st.format), f"{name}: SPEC types do not spell {st.format!r}"
     if name in DECODED_FIELDS:
         assert tuple(fields) == DECODED_FIELDS[name]
+    if name in OFFSETS:
+        assert OFFSETS[name] == offsets, f"{name}_AT: not the offsets SPEC.md gives"
+
+
+def test_field_offsets_cover_the_column_readers() -> None:
+    assert {"INODE", "DIRENT"} <= set(OFFSETS)
+    with pytest.raises(ValueError):
+        C.field_offsets(C.DIRENT, "name_offset inode")  # a field left unnamed
 
 
 def test_table_parser_sees_what_it_should() -> None:
@@ -130,6 +142,7 @@ def test_constants_tables_match_code() -> None:
         name: value
         for name, value in MIRRORED.items()
         if name.isupper() and not isinstance(value, struct.Struct)
+        and name.removesuffix("_AT") not in OFFSETS
     }
     assert set(rows) == set(public), "constants missing from (or unknown to) SPEC.md section 12"
     for name, cell in rows.items():
