@@ -26,7 +26,7 @@ import trio.testing
 
 from weenvfs.core.cache import TRUST_XATTR, ChunkCache
 from weenvfs.core.chunk_plan import ChunkLoc, plan_requests
-from weenvfs.core.fetcher import Fetcher
+from weenvfs.core.fetcher import STREAM_CONCURRENCY, Fetcher
 from weenvfs.core.range_fetch import INLINE_CODEC_BYTES
 from weenvfs.errors import ChunkCorrupt, ChunkUnavailable
 from weenvfs.format.digest import digest_bytes
@@ -484,6 +484,44 @@ def test_demand_does_not_wait_for_a_queued_prefetch(put_blob, local_store, chunk
 
     trio.run(main)
     assert chunk_cache.contains(locs[0].digest)
+
+
+def test_stream_read_ahead_goes_beside_waiting_demand(put_blob, local_store, chunk_cache,
+                                                     pattern) -> None:
+    """A sequential reader's read-ahead (`schedule_prefetch(stream=True)`) is its next demand:
+    issued while demand reads wait (at most STREAM_CONCURRENCY requests at once), and a demand
+    read of a chunk on its way waits for that request instead of asking the store again."""
+    plains = _plains(pattern, 8)
+    locs = put_blob(plains)
+    gate = Gate(local_store)
+    store = FaultyStore(local_store, get_range=gate.get_range)
+    fetcher = Fetcher(store, chunk_cache, demand_concurrency=1, max_request_bytes=1)
+    chunk_cache.maintain()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(fetcher.serve)
+            nursery.start_soon(_read_expecting, fetcher, locs[0], plains[0])
+            await gate.arrivals(1)
+            nursery.start_soon(_read_expecting, fetcher, locs[7], plains[7])
+            with trio.fail_after(20):
+                while fetcher._demand.queued < 1:
+                    await trio.sleep(0.002)
+            assert fetcher.schedule_prefetch(locs[1:7], stream=True)
+            await gate.arrivals(1 + STREAM_CONCURRENCY)  # with demand still queued
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(gate.arrived) == 1 + STREAM_CONCURRENCY and fetcher._demand.queued == 1
+            nursery.start_soon(_read_expecting, fetcher, locs[1], plains[1])
+            await trio.testing.wait_all_tasks_blocked()
+            gate.open()
+            with trio.fail_after(20):
+                while not all(chunk_cache.contains(loc.digest) for loc in locs):
+                    await trio.sleep(0.002)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert sorted(gate.arrived) == sorted(loc.offset for loc in locs)  # each chunk asked once
+    assert fetcher.stats.snapshot()["prefetch"]["hint_hits"] == 1  # locs[1]: read-ahead's
 
 
 # -- deadline, errors, retries ---------------------------------------------------------------------

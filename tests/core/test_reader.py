@@ -110,6 +110,7 @@ class SpyFetcher:
     def __init__(self, inner: Fetcher) -> None:
         self.inner = inner
         self.scheduled: list[list[ChunkLoc]] = []
+        self.streams: list[bool] = []  # for each batch scheduled: as a stream
         self.advised: list[list[ChunkLoc]] = []
 
     async def read(self, spans: Sequence[tuple[ChunkLoc, int, int]]) -> bytes:
@@ -118,34 +119,63 @@ class SpyFetcher:
     def read_cached(self, spans: Sequence[tuple[ChunkLoc, int, int]]) -> bytes | None:
         return self.inner.read_cached(spans)
 
-    def schedule_prefetch(self, locs: Sequence[ChunkLoc]) -> bool:
+    def schedule_prefetch(self, locs: Sequence[ChunkLoc], *, stream: bool = False) -> bool:
         self.scheduled.append(list(locs))
-        return self.inner.schedule_prefetch(locs)
+        self.streams.append(stream)
+        return self.inner.schedule_prefetch(locs, stream=stream)
 
     def advise(self, locs: Sequence[ChunkLoc]) -> None:
         self.advised.append(list(locs))
         self.inner.advise(locs)
 
 
-def test_sequential_reads_queue_the_next_chunks_once(env: LoadedEnv, tmp_path: Path) -> None:
+def test_sequential_reads_queue_a_growing_window_once(env: LoadedEnv, tmp_path: Path) -> None:
+    """Read-ahead of a sequential reader: two chunks ahead at first, twice as many at each
+    chunk it reads on into, up to `stream_ahead`; every chunk queued once, in order, as a
+    stream (fetched beside demand reads, not after them)."""
     index, ino = env.tree.file(inode_of(env.tree, "big"))
     digests = [index.chunk(n).digest for n in index.file_chunks(ino)]
 
     async def body(fetcher: Fetcher) -> None:
         spy = SpyFetcher(fetcher)
         reader = Reader(env.tree, spy, readahead=2, advise_ahead=3,  # type: ignore[arg-type]
-                        first_ahead=0)  # the first touch queues nothing (tested below)
+                        first_ahead=0,  # the first touch queues nothing (tested below)
+                        stream_ahead=4 * CHUNK)
         inode = inode_of(env.tree, "big")
         await reader.read(inode, 5 * CHUNK, 100)  # a random read: no read-ahead
         assert spy.scheduled == []
         for offset in range(0, 4 * CHUNK, CHUNK // 2):  # sequential from the start
             await reader.read(inode, offset, CHUNK // 2)
-        queued = [loc.digest for batch in spy.scheduled for loc in batch]
-        # Reads end in chunk 3, two ahead: chunks 1..5, each queued once, in order.
-        assert queued == digests[1:6]
-        # The cache files one chunk further (three ahead) are advised, each once.
+        batches = [[digests.index(loc.digest) for loc in batch] for batch in spy.scheduled]
+        # In chunk 0: 2 ahead; into chunk 1: 4 ahead (to 5); chunks 2 and 3: 4 ahead (the cap).
+        assert batches == [[1, 2], [3, 4, 5], [6], [7]]
+        assert all(spy.streams)
+        # The cache file one chunk past the first window (three ahead) is advised, once.
         advised = [loc.digest for batch in spy.advised for loc in batch]
-        assert advised == digests[3:7]
+        assert advised == digests[3:4]
+
+    run_with_fetcher(env, tmp_path / "cache", body)
+
+
+def test_a_long_sequential_read_reaches_the_stream_bound(
+    env: LoadedEnv, tmp_path: Path
+) -> None:
+    """With the default bound far off, the window doubles at each chunk: by the third chunk
+    read the rest of the 11-chunk file is queued; a first touch mid-file starts no stream."""
+    index, ino = env.tree.file(inode_of(env.tree, "big"))
+    digests = [index.chunk(n).digest for n in index.file_chunks(ino)]
+
+    async def body(fetcher: Fetcher) -> None:
+        spy = SpyFetcher(fetcher)
+        reader = Reader(env.tree, spy, first_ahead=0)  # type: ignore[arg-type]
+        inode = inode_of(env.tree, "big")
+        for offset in (0, CHUNK, 2 * CHUNK):
+            await reader.read(inode, offset, CHUNK)
+        queued = [digests.index(loc.digest) for batch in spy.scheduled for loc in batch]
+        assert queued == list(range(2, 11))  # 2..5 (4 after chunk 1), then 6..10 (8)
+        assert len(spy.scheduled) == 2
+        await reader.read(inode_of(env.tree, "exact"), CHUNK, 10)  # first touch, mid-file
+        assert len(spy.scheduled) == 2
 
     run_with_fetcher(env, tmp_path / "cache", body)
 
@@ -159,14 +189,23 @@ def test_cached_sequential_reads_advise_ahead_as_reads_do(env: LoadedEnv, tmp_pa
     async def body(fetcher: Fetcher) -> None:
         big = inode_of(env.tree, "big")
         data = await Reader(env.tree, fetcher).read(big, 0, 11 * CHUNK)  # all verified now
-        spy = SpyFetcher(fetcher)
-        reader = Reader(env.tree, spy, readahead=2, advise_ahead=3,  # type: ignore[arg-type]
-                        first_ahead=0)
-        for offset in range(0, 4 * CHUNK, CHUNK // 2):
-            got = reader.read_cached(big, offset, CHUNK // 2)
-            assert got == data[offset:offset + CHUNK // 2]
-        advised = [loc.digest for batch in spy.advised for loc in batch]
-        assert advised == digests[3:7]
+        spies = []
+        for cached in (False, True):
+            spy = SpyFetcher(fetcher)
+            reader = Reader(env.tree, spy, readahead=2, advise_ahead=3,  # type: ignore[arg-type]
+                            first_ahead=0, stream_ahead=4 * CHUNK)
+            for offset in range(0, 4 * CHUNK, CHUNK // 2):
+                if cached:
+                    got = reader.read_cached(big, offset, CHUNK // 2)
+                else:
+                    got = await reader.read(big, offset, CHUNK // 2)
+                assert got == data[offset:offset + CHUNK // 2]
+            spies.append(spy)
+        by_read, by_cached = spies
+        assert by_cached.scheduled == by_read.scheduled and by_cached.scheduled
+        advised = [loc.digest for batch in by_cached.advised for loc in batch]
+        assert advised == digests[3:4]
+        assert by_cached.advised == by_read.advised
 
     run_with_fetcher(env, tmp_path / "cache", body)
 

@@ -47,6 +47,7 @@ from weenvfs.core.frame_stash import STASH_TTL, FrameBytes, FrameStash
 from weenvfs.core.range_fetch import (
     INLINE_CODEC_BYTES,
     PREFETCH_RETRY,
+    READ_AHEAD,
     Outcome,
     Priority,
     RangeFetcher,
@@ -62,6 +63,9 @@ from weenvfs.store.retry import RetryPolicy
 log = logging.getLogger(__name__)
 
 MAX_BACKGROUND_PREFETCH = 64  # read-ahead batches queued or running at once
+# Requests in flight at once for sequential readers' read-ahead (`schedule_prefetch(stream=
+# True)`), which, unlike other prefetch, does not wait for demand reads to go idle.
+STREAM_CONCURRENCY = 4
 # Neighbourhood requests in flight at once (core/frame_stash.py), and how they are cut: holes
 # of cached or in-flight chunks up to NEAR_GAP are read through, no request beyond NEAR_BYTES.
 NEAR_CONCURRENCY = 4
@@ -130,9 +134,10 @@ class Fetcher:
         self._prefetch_workers = prefetch_concurrency
         self._ranges = RangeFetcher(
             store, cache, self.stats, request_timeout=request_timeout,
-            retry={Priority.DEMAND: retry or RetryPolicy(), Priority.PREFETCH: prefetch_retry,
-                   Priority.NEIGHBOURS: NEAR_RETRY},
+            retry={Priority.DEMAND: retry or RetryPolicy(), Priority.STREAM: prefetch_retry,
+                   Priority.PREFETCH: prefetch_retry, Priority.NEIGHBOURS: NEAR_RETRY},
             demand=self._demand, prefetch=trio.CapacityLimiter(prefetch_concurrency),
+            stream=trio.CapacityLimiter(STREAM_CONCURRENCY),
             near=trio.CapacityLimiter(NEAR_CONCURRENCY),
             cache_error=self._cache_error, after_insert=self._schedule_maintenance,
         )
@@ -262,12 +267,15 @@ class Fetcher:
         self, windows: Iterable[Sequence[ChunkLoc]],
         done: Callable[[Sequence[ChunkLoc]], None] | None = None,
         request_bytes: int | None = None,
+        priority: Priority = Priority.PREFETCH,
     ) -> None:
         """`prefetch` of several windows in their order, with no pause at a window's end:
         each window is cut into ranged requests of at most `request_bytes` on its own (sorted
         by place within it, so a window bounds how far a request reorders), and the
         `prefetch_concurrency` workers take the requests of every window one after the other.
-        `done(window)` once each request of that window has ended."""
+        `done(window)` once each request of that window has ended. `Priority.STREAM`: a
+        sequential reader's read-ahead, with STREAM_CONCURRENCY workers, not held back while
+        demand reads wait."""
         limit = request_bytes or self.max_request_bytes
         queue: deque[tuple[list[ChunkLoc], _Window]] = deque()
         for chunks in windows:
@@ -283,12 +291,14 @@ class Fetcher:
             if not window.running and done is not None:
                 done(window.chunks)
 
+        workers = STREAM_CONCURRENCY if priority == Priority.STREAM else self._prefetch_workers
         async with trio.open_nursery() as nursery:
-            for _ in range(min(self._prefetch_workers, len(queue))):
-                nursery.start_soon(self._prefetch_worker, queue, ended)
+            for _ in range(min(workers, len(queue))):
+                nursery.start_soon(self._prefetch_worker, queue, ended, priority)
 
-    def schedule_prefetch(self, locs: Sequence[ChunkLoc]) -> bool:
-        """Start `prefetch(locs)` in the background (read-ahead) and return at once.
+    def schedule_prefetch(self, locs: Sequence[ChunkLoc], *, stream: bool = False) -> bool:
+        """Start `prefetch(locs)` in the background (read-ahead) and return at once; `stream`:
+        at `Priority.STREAM` (a sequential reader's next chunks), not held back by demand.
 
         Needs `serve()` running; returns False (and counts a drop) when it is not, or when
         MAX_BACKGROUND_PREFETCH batches are already queued. Chunks already cached cost no
@@ -302,7 +312,8 @@ class Fetcher:
             self.stats.prefetch_dropped += 1
             return False
         self._background += 1
-        self._nursery.start_soon(self._background_prefetch, list(locs))
+        self._nursery.start_soon(self._background_prefetch, list(locs),
+                                 Priority.STREAM if stream else Priority.PREFETCH)
         return True
 
     def advise(self, locs: Sequence[ChunkLoc]) -> None:
@@ -530,7 +541,7 @@ class Fetcher:
         await flight.event.wait()
         if flight.plain is not None:
             out[loc.digest] = flight.plain
-            if priority == Priority.DEMAND and flight.priority == Priority.PREFETCH:
+            if priority == Priority.DEMAND and flight.priority in READ_AHEAD:
                 self.stats.record_demand_use(loc.digest)  # prefetch got there first: a hit
         elif flight.error is not None and (
             isinstance(flight.error, ChunkCorrupt) or flight.priority <= priority
@@ -642,7 +653,8 @@ class Fetcher:
     # -- prefetch -----------------------------------------------------------------------------
 
     async def _prefetch_worker(
-        self, queue: deque[tuple[list[ChunkLoc], _Window]], ended: Callable[[_Window], None]
+        self, queue: deque[tuple[list[ChunkLoc], _Window]], ended: Callable[[_Window], None],
+        priority: Priority,
     ) -> None:
         """Take runs one by one; claim their chunks only when about to fetch them, so a demand
         read never waits behind a prefetch that has not started yet. `ended(window)` after
@@ -650,14 +662,15 @@ class Fetcher:
         while queue:
             run, window = queue.popleft()
             try:
-                await self._prefetch_run(run)
+                await self._prefetch_run(run, priority)
             finally:
                 ended(window)
 
-    async def _prefetch_run(self, run: list[ChunkLoc]) -> None:
-        await self._demand.wait_idle()
+    async def _prefetch_run(self, run: list[ChunkLoc], priority: Priority) -> None:
+        if priority == Priority.PREFETCH:
+            await self._demand.wait_idle()
         claims = [
-            self._claim(loc, Priority.PREFETCH)
+            self._claim(loc, priority)
             for loc in run
             if loc.digest not in self._flights and not self.cache.contains(loc.digest)
         ]
@@ -665,7 +678,7 @@ class Fetcher:
             return
         out: dict[bytes, Outcome] = {}
         try:
-            await self._fetch_claimed(claims, Priority.PREFETCH, out)
+            await self._fetch_claimed(claims, priority, out)
         finally:
             self._settle(claims, out)
             for value in out.values():
@@ -674,9 +687,9 @@ class Fetcher:
                 elif isinstance(value, ChunkUnavailable):
                     log.debug("prefetch of %s failed: %s", value.digest[:12], value.reason)
 
-    async def _background_prefetch(self, locs: list[ChunkLoc]) -> None:
+    async def _background_prefetch(self, locs: list[ChunkLoc], priority: Priority) -> None:
         try:
-            await self.prefetch(locs)
+            await self.prefetch_windows([locs], priority=priority)
         except Exception as e:  # read-ahead must never take the serving nursery down
             log.warning("read-ahead of %d chunk(s) failed: %s", len(locs), e)
         finally:

@@ -50,8 +50,14 @@ PREFETCH_RETRY = RetryPolicy(max_attempts=2, base_delay=0.2, max_delay=1.0, max_
 
 class Priority(IntEnum):
     DEMAND = 0
-    PREFETCH = 1
-    NEIGHBOURS = 2  # a miss's neighbourhood, fetched undecoded (core/frame_stash.py)
+    # Read-ahead of a sequential reader (core/reader.py): what its next demand reads will be,
+    # so never held back while demand waits (that made a long read one GET at a time).
+    STREAM = 1
+    PREFETCH = 2
+    NEIGHBOURS = 3  # a miss's neighbourhood, fetched undecoded (core/frame_stash.py)
+
+
+READ_AHEAD = (Priority.STREAM, Priority.PREFETCH)  # counted as prefetch in the stats
 
 
 Outcome = ChunkHandle | bytes | ChunkUnavailable
@@ -73,6 +79,7 @@ class RangeFetcher:
         retry: dict[Priority, RetryPolicy],
         demand: DemandLimiter,
         prefetch: trio.CapacityLimiter,
+        stream: trio.CapacityLimiter,
         near: trio.CapacityLimiter,
         cache_error: Callable[[str, OSError], None],
         after_insert: Callable[[], Awaitable[None]],
@@ -84,6 +91,7 @@ class RangeFetcher:
         self._retry = retry
         self._demand = demand
         self._prefetch = prefetch
+        self._stream = stream
         self._near = near
         self._cache_error = cache_error
         self._after_insert = after_insert  # the fetcher's cache maintenance
@@ -172,11 +180,12 @@ class RangeFetcher:
         failure) and is held until the thread really ends, even when the call is abandoned."""
         if priority == Priority.PREFETCH:
             await self._demand.wait_idle()
+        if priority in READ_AHEAD:
             self.stats.prefetch_requests += 1
         elif priority == Priority.NEIGHBOURS:
             self.stats.neighbour_requests += 1
-        limiter = {Priority.DEMAND: self._demand, Priority.PREFETCH: self._prefetch,
-                   Priority.NEIGHBOURS: self._near}[priority]
+        limiter = {Priority.DEMAND: self._demand, Priority.STREAM: self._stream,
+                   Priority.PREFETCH: self._prefetch, Priority.NEIGHBOURS: self._near}[priority]
         handoff = Handoff(limiter)
         await handoff.acquire()
         self.stats.requests += 1
@@ -235,7 +244,7 @@ class RangeFetcher:
             out[loc.digest] = plain
             self.stats.chunks_fetched += 1
             self.stats.bytes_decompressed += len(plain)
-            if priority == Priority.PREFETCH:
+            if priority in READ_AHEAD:
                 self.stats.record_prefetched(loc.digest, len(plain))
             if cache_error is not None:
                 self._cache_error("cannot write the chunk cache", cache_error)

@@ -2,11 +2,15 @@
 
 Owns: turning a read of a regular file into the chunk pieces that hold it
 (`weenvfs.format.index.file_spans`, a division since chunks have a fixed size) and their
-`ChunkLoc`s, and read-ahead: when a file is read sequentially, the next `readahead` chunks of
-that file are handed to `Fetcher.schedule_prefetch` (background, low priority: a demand read
-never waits behind them; the fetcher drops read-ahead when too much is queued or its `serve()`
-is not running), and the cached files of the chunks up to `advise_ahead` are read into memory
-by the kernel in the background (`Fetcher.advise`: local disk only, so it may go further).
+`ChunkLoc`s, and read-ahead: when a file is read sequentially, the next chunks of that file are
+handed to `Fetcher.schedule_prefetch` as a stream (background, fetched beside the demand reads
+rather than after them: they are the reader's next demand reads; the fetcher drops read-ahead
+when too much is queued or its `serve()` is not running), `readahead` chunks at first and twice
+as many at each chunk the reader goes on into, up to `stream_ahead` bytes, as the kernel grows
+its own read-ahead window (a long read from the store went one GET at a time with a fixed two
+chunks, gated behind the demand read waiting for the chunk before them); and the cached files of
+the chunks up to `advise_ahead` are read into memory by the kernel in the background
+(`Fetcher.advise`: local disk only, so it may go further).
 
 Demand overlap: the first read of a multi-chunk file also queues the rest of that file, up to
 `first_ahead` bytes (the chunks after the read, then those before it), so a cold reader that
@@ -36,7 +40,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_READAHEAD = 2  # chunks queued ahead of a sequential reader (fetched from the store)
+DEFAULT_READAHEAD = 2  # chunks queued ahead of a sequential reader at first (from the store)
+# Bytes queued ahead of a long sequential reader at most (its window doubles per chunk read).
+DEFAULT_STREAM_AHEAD = 16 << 20
 # Chunks whose cached files the kernel reads ahead of a sequential reader. The local disk's
 # own read-ahead (8 MiB here) does not cross chunk files; this does (benchmarks/read.py).
 DEFAULT_ADVISE_AHEAD = 8
@@ -58,17 +64,19 @@ class Reader:
         readahead: int = DEFAULT_READAHEAD,
         advise_ahead: int = DEFAULT_ADVISE_AHEAD,
         first_ahead: int = DEFAULT_FIRST_AHEAD,
+        stream_ahead: int = DEFAULT_STREAM_AHEAD,
     ) -> None:
         self.tree = tree
         self.fetcher = fetcher
         self.readahead = readahead
+        self.stream_ahead = stream_ahead
         self.advise_ahead = advise_ahead
         self.first_ahead = first_ahead
         # Set by a mount that records a prefetch hint (core/node_hints.py): sees every chunk read.
         self.recorder: HintRecorder | None = None
         # inode -> (end of the last read, highest chunk position queued for read-ahead,
-        # highest chunk position advised)
-        self._positions: OrderedDict[int, tuple[int, int, int]] = OrderedDict()
+        # highest chunk position advised, chunks to queue ahead of the next sequential read)
+        self._positions: OrderedDict[int, tuple[int, int, int, int]] = OrderedDict()
 
     def pieces(self, inode: int, offset: int, size: int) -> list[Piece]:
         """The chunk pieces holding bytes [offset, offset + size) of regular file `inode`,
@@ -113,7 +121,7 @@ class Reader:
         native device server served those reads): the next read from there is sequential."""
         known = self._positions.get(inode)
         if known is not None:
-            self._positions[inode] = (offset, known[1], known[2])
+            self._positions[inode] = (offset, *known[1:])
 
     # -- read-ahead -------------------------------------------------------------------------
 
@@ -121,13 +129,16 @@ class Reader:
         """Remember where a read ended; queue the next chunks if it continued the last one."""
         known = self._positions.pop(inode, None)
         if known is None:
-            last_end, advised = -1, -1
+            last_end, advised, window = -1, -1, self.readahead
             queued = self._queue_first(inode, start, end) if self.first_ahead > 0 else -1
         else:
-            last_end, queued, advised = known
+            last_end, queued, advised, window = known
         if start == last_end:
-            queued, advised = self._queue_after(inode, end, queued, advised)
-        self._positions[inode] = (end, queued, advised)
+            chunk_size = self.tree.file(inode)[0].chunk_size
+            if (end - 1) // chunk_size > (last_end - 1) // chunk_size:  # on into a new chunk
+                window = min(window * 2, max(self.readahead, self.stream_ahead // chunk_size))
+            queued, advised = self._queue_after(inode, end, queued, advised, window)
+        self._positions[inode] = (end, queued, advised, window)
         if len(self._positions) > _TRACKED:
             self._positions.popitem(last=False)
 
@@ -151,23 +162,24 @@ class Reader:
             return -1
         return after[-1]
 
-    def _queue_after(self, inode: int, end: int, queued: int, advised: int) -> tuple[int, int]:
-        """Queue up to `readahead` chunks after the one holding byte `end - 1`, and advise
-        the next ones up to `advise_ahead`; return the highest chunk positions now queued and
-        advised."""
+    def _queue_after(self, inode: int, end: int, queued: int, advised: int,
+                     window: int) -> tuple[int, int]:
+        """Queue, as a stream, up to `window` chunks after the one holding byte `end - 1`, and
+        advise the next ones up to `advise_ahead`; return the highest chunk positions now
+        queued and advised."""
         index, ino = self.tree.file(inode)
         chunks = index.file_chunks(ino)
         if len(chunks) <= 1:
             return queued, advised
         current = (end - 1) // index.chunk_size
         first = max(current + 1, queued + 1)
-        last = min(current + self.readahead, len(chunks) - 1)
+        last = min(current + window, len(chunks) - 1)
         if first <= last:
             locs = [chunk_loc(index, chunks[k]) for k in range(first, last + 1)]
             # Dropped (a hint only): a later sequential read may queue it again.
-            if self.fetcher.schedule_prefetch(locs):
+            if self.fetcher.schedule_prefetch(locs, stream=True):
                 queued = last
-        near = max(current + self.readahead + 1, advised + 1)
+        near = max(current + window + 1, advised + 1)
         far = min(current + self.advise_ahead, len(chunks) - 1)
         if near <= far:
             self.fetcher.advise([chunk_loc(index, chunks[k]) for k in range(near, far + 1)])
