@@ -66,6 +66,7 @@ MAX_BACKGROUND_PREFETCH = 64  # read-ahead batches queued or running at once
 # Requests in flight at once for sequential readers' read-ahead (`schedule_prefetch(stream=
 # True)`), which, unlike other prefetch, does not wait for demand reads to go idle.
 STREAM_CONCURRENCY = 4
+STREAM_REQUEST_BYTES = 4 << 20  # a stream's batch cut into requests of at most this
 # Neighbourhood requests in flight at once (core/frame_stash.py), and how they are cut: holes
 # of cached or in-flight chunks up to NEAR_GAP are read through, no request beyond NEAR_BYTES.
 NEAR_CONCURRENCY = 4
@@ -689,7 +690,9 @@ class Fetcher:
 
     async def _background_prefetch(self, locs: list[ChunkLoc], priority: Priority) -> None:
         try:
-            await self.prefetch_windows([locs], priority=priority)
+            await self.prefetch_windows(
+                [locs], priority=priority,
+                request_bytes=STREAM_REQUEST_BYTES if priority == Priority.STREAM else None)
         except Exception as e:  # read-ahead must never take the serving nursery down
             log.warning("read-ahead of %d chunk(s) failed: %s", len(locs), e)
         finally:
