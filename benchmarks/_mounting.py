@@ -232,15 +232,17 @@ class Mounts:
         self.mountpoints: list[Path] = []
 
     def mount(
-        self, pub: Published, mountpoint: Path, cache: Path, *extra: str
+        self, pub: Published, mountpoint: Path, cache: Path, *extra: str,
+        store: str | None = None,
     ) -> float:
-        """`weenv mount` `pub` at `mountpoint` with node cache `cache`, then `stat` the mount
-        point; return the wall-clock seconds of both (mount to first `stat /`)."""
+        """`weenv mount` `pub` at `mountpoint` with node cache `cache` (from `store`, a copy of
+        `pub`'s, if given), then `stat` the mount point; return the wall-clock seconds of both
+        (mount to first `stat /`)."""
         mountpoint.mkdir(parents=True, exist_ok=True)
         log_file = self.work / "mount.log"
         argv = weenv_argv(
             "--log-file", str(log_file), "mount", pub.ref, str(mountpoint),
-            "--store", str(pub.store), "--cache", str(cache), *extra,
+            "--store", store or str(pub.store), "--cache", str(cache), *extra,
         )
         self.mountpoints.append(mountpoint)
         start = time.perf_counter()

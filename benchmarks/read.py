@@ -10,7 +10,13 @@
    reads the file sequentially in 1 MiB blocks; the competitor reads the same file from local
    disk, page cache dropped the same way. A second pair, "page cache warm", reads both again
    with the page cache kept (a fresh mount, chunk files in memory): FUSE's own overhead.
-2. Walk: lstat every entry of the reference tree (`find ROOT -exec stat`, with scandir and
+2. Cold from S3 (no budget; issue 13: "no regression in the read benchmark"): the same file
+   through a fresh mount whose node cache is empty, from SeaweedFS on 127.0.0.1 (its data kept
+   under /var/tmp/weenv-bench/seaweed-read), page cache dropped: the mount and the sequential
+   read, against a plain GET of each of the store's blobs (the bytes any pull moves at the
+   least, with nothing decoded, verified or written). Reported: MB/s of file data, the ratio of
+   the two, requests and bytes the mount fetched.
+3. Walk: lstat every entry of the reference tree (`find ROOT -exec stat`, with scandir and
    lstat) on a fresh mount against a local copy of the same tree with dentries and inodes
    dropped, then a second walk of each (kernel caches warm). Metadata comes from the indexes
    in memory: the walk fetches no chunk.
@@ -51,7 +57,10 @@ from _mounting import (
     walk_stat,
 )
 from coldstart_ref import local_copy
+from weenv_peer import mirror, start_seaweed
 
+from weenvfs.fuse.commands import read_stats
+from weenvfs.store import open_store
 from weenvfs.tools.sample import sample_tree
 
 NAME = "read"
@@ -68,6 +77,8 @@ examples:
   .venv/bin/python benchmarks/read.py --quick
   # only the throughput part
   .venv/bin/python benchmarks/read.py --only throughput
+  # only the cold read from SeaweedFS against a plain GET
+  .venv/bin/python benchmarks/read.py --only cold-s3
 """
 
 
@@ -82,7 +93,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="size of the large file in MiB (default 1024, 128 with --quick)")
     parser.add_argument("--profile", default=None,
                         help="sample tree to walk (default reference, python with --quick)")
-    parser.add_argument("--only", choices=("throughput", "walk"), default=None)
+    parser.add_argument("--only", choices=("throughput", "cold-s3", "walk"), default=None)
     return parser.parse_args(argv)
 
 
@@ -207,7 +218,73 @@ def report_throughput(res: dict[str, Any], repeats: int) -> None:
     )
 
 
-# -- 2. walk --------------------------------------------------------------------------------
+# -- 2. cold from S3 ---------------------------------------------------------------------------
+
+
+def bench_cold_s3(size_mib: int, repeats: int, work: Path, mounts: Mounts) -> dict[str, Any]:
+    """Rounds of: mount + sequential read with an empty node cache from SeaweedFS vs a plain
+    GET of the store's blobs, page cache dropped before each."""
+    pub = published(f"bigfile{size_mib}m", big_file_tree(size_mib))
+    server = start_seaweed(BENCH_DIR / "seaweed-read")
+    try:
+        url = server.url(f"bigfile{size_mib}m")
+        mirror(str(pub.store), url)
+        with open_store(url) as store:
+            blobs = [key for key in store.list() if key.startswith("blobs/")]
+        samples: dict[str, list[float]] = {}
+        fetched: dict[str, int] = {}
+        mine, plain = "weenv mount + read, node cache empty", "plain GET of the blobs"
+
+        def weenv() -> None:
+            cache, mp = work / "s3-cache", work / "s3-mnt"
+            shutil.rmtree(cache, ignore_errors=True)
+            cold()
+            start = time.perf_counter()
+            mounts.mount(pub, mp, cache, "--hint", "none", store=url)
+            try:
+                read_all(mp / "big.bin")
+                samples.setdefault(mine, []).append(time.perf_counter() - start)
+                fetch = read_stats(str(mp))["fetch"]
+                fetched.update(requests=fetch["requests"], bytes=fetch["bytes_fetched"])
+            finally:
+                mounts.unmount(mp)
+                shutil.rmtree(cache, ignore_errors=True)
+
+        def get() -> None:
+            cold()
+            start = time.perf_counter()
+            with open_store(url) as store:
+                got = sum(len(store.get(key)) for key in blobs)
+            samples.setdefault(plain, []).append(time.perf_counter() - start)
+            fetched["plain_bytes"] = got
+
+        for r in range(repeats):
+            for step in (weenv, get) if r % 2 == 0 else (get, weenv):
+                step()
+    finally:
+        server.stop()
+    size = size_mib << 20
+    timings = {name: Timing(tuple(s)) for name, s in samples.items()}
+    out: dict[str, Any] = {"bytes": size, "blobs": len(blobs), "fetched": fetched,
+                           "contenders": {}}
+    for name, t in timings.items():
+        out["contenders"][name] = {**t.as_dict(), "mb_per_s": size / t.median / MB}
+    out["time_ratio_weenv_over_plain"] = paired_ratio(timings[mine], timings[plain])
+    return out
+
+
+def report_cold_s3(res: dict[str, Any], repeats: int) -> None:
+    rows = [[name, c["mb_per_s"], c["median_s"] * 1000, c["spread"]]
+            for name, c in res["contenders"].items()]
+    print_table(
+        f"cold read of a {res['bytes'] / 2**20:.0f} MiB file from SeaweedFS (127.0.0.1), "
+        f"median of {repeats}", ["contender", "MB/s", "ms", "spread"], rows)
+    f = res["fetched"]
+    print(f"\nweenv / plain GET time: {res['time_ratio_weenv_over_plain']:.2f} "
+          f"(the mount: {f['requests']} requests, {f['bytes'] / 2**20:.0f} MiB)")
+
+
+# -- 3. walk --------------------------------------------------------------------------------
 
 
 def bench_walk(profile: str, repeats: int, work: Path, mounts: Mounts) -> dict[str, Any]:
@@ -283,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.only in (None, "throughput"):
             results["throughput"] = bench_throughput(size_mib, repeats, work, mounts)
+        if args.only in (None, "cold-s3"):
+            results["cold_s3"] = bench_cold_s3(size_mib, repeats, work, mounts)
         if args.only in (None, "walk"):
             results["walk"] = bench_walk(profile, repeats, work, mounts)
     finally:
@@ -290,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     if "throughput" in results:
         report_throughput(results["throughput"], repeats)
+    if "cold_s3" in results:
+        report_cold_s3(results["cold_s3"], repeats)
     if "walk" in results:
         report_walk(results["walk"], repeats)
     params = {"quick": args.quick, "repeats": repeats, "size_mib": size_mib, "profile": profile,

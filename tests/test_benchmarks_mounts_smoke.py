@@ -1,6 +1,6 @@
 """Smoke test of the mount benchmarks (benchmarks/mount.py, read.py, coldstart_ref.py): they
-show examples in --help, and mount.py and read.py's throughput part run end to end on tiny
-inputs, write their JSON and leave nothing mounted.
+show examples in --help, and mount.py and read.py's throughput and cold-s3 parts run end to
+end on tiny inputs, write their JSON and leave nothing mounted.
 
 Owns: proving those scripts and benchmarks/_mounting.py work. Must not: assert anything about
 timings; the numbers only have to exist. coldstart_ref.py needs a debootstrapped sample tree
@@ -78,3 +78,25 @@ def test_read_quick_throughput_run(
     }
     assert throughput["fraction_of_local_cold"] > 0
     assert _mounted_below(work) == []
+
+
+@pytest.mark.requires_fuse
+def test_read_quick_cold_s3_run(
+    tmp_path: Path, require_or_skip: Callable[[object, str], None]
+) -> None:
+    """The cold read from SeaweedFS against a plain GET: both rows, the bytes the mount
+    fetched (the whole file: nothing was cached), nothing left mounted or running."""
+    require_or_skip(os.access("/proc/sys/vm/drop_caches", os.W_OK),
+                    "needs root to drop the page cache")
+    out, work = tmp_path / "out", tmp_path / "work"
+    done = _run("read.py", "--quick", "--only", "cold-s3", "--size-mb", "8",
+                "--out", str(out), work=work)
+    assert done.returncode == 0, done.stderr
+    cold = json.loads((out / "read.json").read_text())["results"]["cold_s3"]
+    assert set(cold["contenders"]) == {"weenv mount + read, node cache empty",
+                                       "plain GET of the blobs"}
+    assert cold["fetched"]["bytes"] >= 8 << 20 and cold["fetched"]["plain_bytes"] >= 8 << 20
+    assert cold["time_ratio_weenv_over_plain"] > 0
+    assert _mounted_below(work) == []
+    assert str(work) not in subprocess.run(["ps", "-eo", "args"], capture_output=True,
+                                           text=True, check=True).stdout
