@@ -111,6 +111,8 @@ def test_weenv_run_exits_with_the_commands_status_even_when_killed(env_ref: EnvR
     assert run_weenv(*base, "--", "sh", "-c", "exit 7", check=False).returncode == 7
     assert run_weenv(*base, "--", "sh", "-c", "kill -9 $$", check=False).returncode == 137
     assert run_weenv(*base, "--", "no-such-cmd", check=False).returncode == 127
+    denied = run_weenv(*base, "--", "/etc/passwd", check=False)
+    assert denied.returncode == 126 and b"permission denied" in denied.stderr
 
 
 def test_gc_clears_orphans_after_kill_9_of_the_controller(env_ref: EnvRef) -> None:

@@ -158,6 +158,13 @@ def test_exec_reports_statuses_and_feeds_input(env_ref: EnvRef) -> None:
         assert env.exec("kill -9 $$").exit_code == 128 + 9
         missing = env.exec(["no-such-command"])
         assert missing.exit_code == 127 and b"not found" in missing.stderr
+        # As a shell and docker run: a file that is not executable, or a folder, is 126.
+        assert env.exec("touch /usr/local/bin/plain && mkdir /usr/local/bin/afolder").exit_code == 0
+        for argv in (["/etc/passwd"], ["/etc"], ["plain"], ["afolder"]):  # the last two on PATH
+            assert env.exec(argv).exit_code == 126, argv
+        denied = env.exec(["/etc/passwd"])
+        assert b"permission denied" in denied.stderr and b"not executable" in denied.stderr
+        assert b"a directory" in env.exec(["/etc"]).stderr
         assert env.exec(["cat"], input=b"abc" * 100_000).stdout == b"abc" * 100_000
         both = env.exec("echo out; echo err >&2")
         assert (both.stdout, both.stderr) == (b"out\n", b"err\n")

@@ -44,7 +44,7 @@ from . import node_resolve, recording, rootfs, safe_paths
 from .cgroups import DEFAULT_PIDS, Limits
 from .launcher import check_args
 from .lower_modes import DEFAULT_LOWER
-from .sandbox import CommandNotFound, EnvSource, Sandbox, SandboxOptions
+from .sandbox import CommandCannotRun, EnvSource, Sandbox, SandboxOptions
 
 if TYPE_CHECKING:
     import trio
@@ -194,8 +194,8 @@ class Environment:
         self._check_open()
         try:
             spec = self.sandbox.command(_argv(command), env=env, cwd=cwd, user=user)
-        except CommandNotFound as error:
-            return ExecResult(CommandNotFound.exit_code, b"", f"{error}\n".encode())
+        except CommandCannotRun as error:
+            return ExecResult(error.exit_code, b"", f"{error}\n".encode())
         data = input.encode() if isinstance(input, str) else input
         proc, pid_file = self.sandbox.exec(
             spec, stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,

@@ -176,14 +176,20 @@ def is_dir_in_root(root: Path, path: str) -> bool:
     return True
 
 
-def find_executable(root: Path, name: str, env: tuple[str, ...], cwd: str) -> bool:
-    """Whether `name` resolves to an executable file inside `root`, as execvp would find it
-    (through PATH from `env` unless it contains a slash)."""
+FOUND, NOT_EXECUTABLE, IS_DIRECTORY, MISSING = "found", "not executable", "a directory", "missing"
+
+
+def find_executable(root: Path, name: str, env: tuple[str, ...], cwd: str) -> str:
+    """How `name` resolves inside `root`, as execvp would look for it (through PATH from
+    `env` unless it contains a slash): FOUND (an executable file), else what the first
+    candidate that exists is (NOT_EXECUTABLE, IS_DIRECTORY: execvp's EACCES, a shell's 126),
+    else MISSING (ENOENT, 127)."""
     if "/" in name:
         candidates = [name if name.startswith("/") else f"{cwd.rstrip('/')}/{name}"]
     else:
         path = next((e[5:] for e in env if e.startswith("PATH=")), "/usr/bin:/bin")
         candidates = [f"{d.rstrip('/') or ''}/{name}" for d in path.split(":") if d]
+    seen = MISSING
     for candidate in candidates:
         try:
             fd = open_in_root(root, candidate, os.O_PATH)
@@ -194,8 +200,10 @@ def find_executable(root: Path, name: str, env: tuple[str, ...], cwd: str) -> bo
         finally:
             os.close(fd)
         if stat.S_ISREG(st.st_mode) and st.st_mode & 0o111:
-            return True
-    return False
+            return FOUND
+        if seen == MISSING:
+            seen = IS_DIRECTORY if stat.S_ISDIR(st.st_mode) else NOT_EXECUTABLE
+    return seen
 
 
 # -- users ------------------------------------------------------------------------------------

@@ -73,10 +73,20 @@ KEPT_MARKER = "KEPT"
 SECCOMP_FILE = "seccomp.json"  # in the bundle: the filter every start of the sandbox applies
 
 
-class CommandNotFound(WeenvError):
+class CommandCannotRun(WeenvError):
     """The command is not an executable file in the sandbox."""
 
-    exit_code = 127  # what a shell returns for a command it cannot find
+
+class CommandNotFound(CommandCannotRun):
+    """No file of the command's name in the sandbox."""
+
+    exit_code = 127  # what a shell (and docker run) returns for a command it cannot find
+
+
+class CommandNotExecutable(CommandCannotRun):
+    """The command names a file that is not executable, or a directory."""
+
+    exit_code = 126  # a shell's (and docker run's) "permission denied"
 
 
 class SandboxBroken(WeenvError):
@@ -658,8 +668,12 @@ class Sandbox:
             spec = replace(spec, cwd=cwd)
         # runc reports a missing command as its own failure (255, a log line on the
         # command's stderr); find it first so that callers get the shell's 127.
-        if not rootfs.find_executable(self.rootfs, argv[0], spec.env, spec.cwd):
+        found = rootfs.find_executable(self.rootfs, argv[0], spec.env, spec.cwd)
+        if found == rootfs.MISSING:
             raise CommandNotFound(f"{argv[0]}: command not found in sandbox {self.id}")
+        if found != rootfs.FOUND:
+            raise CommandNotExecutable(f"{argv[0]}: permission denied in sandbox {self.id} "
+                                       f"({found})")
         return spec
 
     def exec(self, spec: ProcessSpec, *, stdin: int | IO[Any] | None = None,
