@@ -190,7 +190,7 @@ def record_hint(store: str, digest: str, command: str, cache: Path | None) -> No
     """Run `command` in a sandbox of environment `digest` of `store`, recording its hint;
     WeenvError if no hint was published."""
     url = _url(store)
-    argv = [*_run_argv(url, digest, cache), "/bin/sh", "-c", command]
+    argv = [*_run_argv(url, digest, cache, "--entrypoint", ""), "/bin/sh", "-c", command]
     log.info("recording a hint with %s", argv)
     done = subprocess.run(argv, stdout=sys.stderr.fileno(), check=False)
     if done.returncode:

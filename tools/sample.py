@@ -72,6 +72,9 @@ PROFILES: dict[str, Profile] = {
     "python": Profile(("python3",)),
     # The reference workload of DESIGN.md (~1 GB): Python with numpy and pandas.
     "reference": Profile(("python3", "python3-numpy", "python3-pandas", *_PANDAS_EXTRAS)),
+    # A large Python image (~2 GB) for benchmarks: the reference plus PyTorch and scikit-learn.
+    "large": Profile(("python3", "python3-numpy", "python3-pandas", *_PANDAS_EXTRAS,
+                      "python3-torch", "python3-sklearn")),
 }
 
 

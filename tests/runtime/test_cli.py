@@ -4,12 +4,14 @@ spec we generate and user resolution against an image's /etc/passwd and /etc/gro
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from rt_support import EnvRef, run_weenv
 
 from weenvfs.errors import UsageError
+from weenvfs.format.manifest import RuntimeConfig
 from weenvfs.runtime import rootfs
 from weenvfs.runtime.cgroups import Limits, oci_resources
 from weenvfs.runtime.launcher import CgroupSpec, LaunchSpec, ProcessSpec, runtime_spec
@@ -120,6 +122,23 @@ def test_usage_errors_are_one_line(env_ref: EnvRef) -> None:
     assert no_env.returncode != 0 and no_env.stderr.startswith(b"weenv: error:")
     no_cmd = run_weenv("run", env_ref.ref, *_base(env_ref), check=False)
     assert no_cmd.returncode == 2 and b"entrypoint" in no_cmd.stderr
+
+
+def test_run_follows_the_entrypoint_as_docker_run(make_env: Callable[..., EnvRef]) -> None:
+    """COMMAND is the entrypoint's arguments in place of the cmd; no COMMAND: entrypoint +
+    cmd; --entrypoint replaces the entrypoint and drops the cmd ("" : no entrypoint)."""
+    env = make_env(RuntimeConfig(entrypoint=("echo", "entry"), cmd=("default",)))
+
+    def run(*argv: str) -> bytes:
+        return run_weenv("run", *_base(env), *argv).stdout
+
+    assert run(env.ref) == b"entry default\n"
+    assert run(env.ref, "x", "y") == b"entry x y\n"
+    assert run("--entrypoint", "printf", env.ref, "%s-", "a", "b") == b"a-b-"
+    assert run("--entrypoint", "/bin/echo", env.ref) == b"\n"  # the cmd went with it
+    assert run("--entrypoint", "", env.ref, "echo", "plain") == b"plain\n"
+    nothing = run_weenv("run", *_base(env), "--entrypoint", "", env.ref, check=False)
+    assert nothing.returncode == 2 and b"no command given" in nothing.stderr
 
 
 def test_run_takes_options_before_ref_and_the_command_after_it(env_ref: EnvRef) -> None:

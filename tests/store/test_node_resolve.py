@@ -134,7 +134,7 @@ def test_the_answer_is_read_past_log_lines_and_refused_when_it_is_not_one() -> N
     from weenvfs.runtime.sandbox import EnvSource
 
     source = EnvSource("tiny:1", "d" * 64, "s3://b/p", Path("/c"), ("A=1",), "/", "",
-                       ("sh",), ("e" * 64,), None)
+                       ("sh", "-c", "ls"), ("e" * 64,), None, entrypoint=("sh", "-c"))
     answer = json.dumps(source_to_json(source), indent=2).encode()
     assert _source(answer) == source
     assert _source(b"WARNING botocore: something\n" + answer) == source

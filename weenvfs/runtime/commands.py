@@ -136,7 +136,9 @@ def _register_run(subparsers: Sub) -> None:
             "The sandbox is a writable overlay over the environment's shared lazy mounts\n"
             "(one per group, shared with every environment built on the same groups), in\n"
             "its own pid, mount, ipc, uts and (by default) network namespaces and cgroup.\n"
-            "Without COMMAND the environment's entrypoint and cmd run. Everything is removed at\n"
+            "As docker run, COMMAND follows the environment's entrypoint (if it has one) in\n"
+            "place of its cmd; without COMMAND the entrypoint and cmd run; --entrypoint\n"
+            "replaces the entrypoint and drops the cmd. Everything is removed at\n"
             "exit (--keep keeps the writable layer for inspection), except the overlay of a\n"
             "run that changed nothing in it: it is parked for the next run of the same\n"
             "groups ($WEENV_PARK_SECONDS, default 60; 0: never). As root, the node service\n"
@@ -149,12 +151,16 @@ def _register_run(subparsers: Sub) -> None:
             "weenv run --store s3://envs/weenv --cpus 2 --memory 4G py:3.11 python3 -V",
             "weenv run --store /srv/weenv --tmpfs-upper -e SEED=7 task:1234 ./run.sh",
             "weenv run --store /srv/weenv --elastic --memory 1G task:1234 -- make test",
+            "weenv run --store /srv/weenv --entrypoint /bin/sh app:1 -c 'ls /'",
         ],
         func=_cmd_run,
     )
     _add_sandbox_options(p, store_required=False)
     p.add_argument("--keep", action="store_true",
                    help="keep the writable layer on disk and print where")
+    p.add_argument("--entrypoint", metavar="PROGRAM",
+                   help="run PROGRAM (then COMMAND as its arguments) instead of the "
+                        "environment's entrypoint and cmd; \"\": no entrypoint")
     # Passed by a `weenv run` that the node service runs for it (hand_over.py): the sandbox's
     # owner is that process, the one its user sees and signals.
     p.add_argument("--owner-pid", type=int, help=argparse.SUPPRESS)
@@ -388,13 +394,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # As early as can be, so the run's own work hides the wait; the only priming of a run
     # (`Sandbox.run_once` has no other caller; a second one there gained nothing, 24 rounds).
     prime_migrations()
-    command = split_command(args, "ref", store=True)
+    given = split_command(args, "ref", store=True)
     if args.owner_pid:
         log.info("run by the node service for process %d", args.owner_pid)
     source = resolve_source(args.ref, args.store, args.cache, args.record_hint,
                             record_tag=args.record_tag)
-    if not command:
-        command = list(source.command)
+    command = source.run_argv(given, args.entrypoint)
     if not command:
         raise UsageError("no command given and the environment has no entrypoint or cmd")
     with _signals_interrupt():

@@ -104,7 +104,8 @@ def resolve_source(ref: str, store: str | Path, cache: str | Path | None,
     config = manifest.config
     return EnvSource(ref, digest, url, cache_dir, tuple(config.env), config.cwd, config.user,
                      (*config.entrypoint, *config.cmd), tuple(g.index for g in manifest.groups),
-                     record_tag if record else None, record and record_hint is None)
+                     record_tag if record else None, record and record_hint is None,
+                     tuple(config.entrypoint))
 
 
 # Environments still open when the interpreter exits normally are closed then; after a crash

@@ -124,7 +124,8 @@ def source_to_json(source: EnvSource) -> dict[str, Any]:
     return {"ref": source.ref, "digest": source.digest, "store_url": source.store_url,
             "cache_dir": str(source.cache_dir), "env": list(source.env), "cwd": source.cwd,
             "user": source.user, "command": list(source.command), "groups": list(source.groups),
-            "record_tag": source.record_tag, "publish_later": source.publish_later}
+            "record_tag": source.record_tag, "publish_later": source.publish_later,
+            "entrypoint": list(source.entrypoint)}
 
 
 def source_from_json(document: dict[str, Any]) -> EnvSource:
@@ -140,7 +141,7 @@ def source_from_json(document: dict[str, Any]) -> EnvSource:
                      Path(str(document["cache_dir"])), strings("env"), text["cwd"],
                      text["user"], strings("command"), strings("groups"),
                      _tag_or_none(document["record_tag"]),
-                     document.get("publish_later") is True)
+                     document.get("publish_later") is True, strings("entrypoint"))
 
 
 def _tag_or_none(value: Any) -> str | None:

@@ -39,6 +39,7 @@ import secrets
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
@@ -135,6 +136,17 @@ class EnvSource:
     # A recording by default, which the node service may publish after the run ends (no
     # caller reads the hint next; an explicit recording is published before `destroy` returns).
     publish_later: bool = False
+    entrypoint: tuple[str, ...] = ()  # the leading part of `command`
+
+    def run_argv(self, args: Sequence[str], entrypoint: str | None = None) -> list[str]:
+        """What `weenv run` runs, as `docker run`: the entrypoint followed by `args`, or by
+        the environment's cmd when there are none; `entrypoint` given (`--entrypoint`)
+        replaces the environment's ("": none) and its cmd."""
+        if entrypoint is not None:
+            return [entrypoint, *args] if entrypoint else list(args)
+        if args:
+            return [*self.entrypoint, *args]
+        return list(self.command)
 
 
 def require_root() -> None:
