@@ -10,7 +10,7 @@ import argparse
 import pytest
 
 from weenvfs import cli
-from weenvfs.cli_args import non_negative, positive, split_command
+from weenvfs.cli_args import env_dict, env_pair, non_negative, positive, split_command
 from weenvfs.errors import UsageError
 
 SHAPES = [(("run",), "ref"), (("hints", "record"), "ref"), (("sandbox", "exec"), "id")]
@@ -87,3 +87,15 @@ def test_non_negative() -> None:
     assert non_negative("0") == 0.0
     with pytest.raises(argparse.ArgumentTypeError):
         non_negative("-0.5")
+
+
+def test_env_pairs_as_docker_run_e(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HERE", "v=1")
+    monkeypatch.delenv("NOT_HERE", raising=False)
+    assert env_pair("A=b=c") == ("A", "b=c") and env_pair("A=") == ("A", "")
+    assert env_pair("HERE") == ("HERE", "v=1") and env_pair("NOT_HERE") == ("NOT_HERE", None)
+    for bad in ("", "=x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            env_pair(bad)
+    pairs = [env_pair(t) for t in ("A=1", "HERE", "NOT_HERE", "B=2", "B=3")]
+    assert env_dict(pairs) == {"A": "1", "HERE": "v=1", "B": "3"}

@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +60,25 @@ def port(text: str) -> int:
     return value
 
 
-def env_pair(text: str) -> tuple[str, str]:
-    """`KEY=VALUE` (an environment variable)."""
+def env_pair(text: str) -> tuple[str, str | None]:
+    """`KEY=VALUE` (an environment variable), or `KEY` alone: its value in this process's
+    environment, as `docker run -e KEY` (None where it is not set: `env_dict` leaves it out)."""
     key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key, value
+    if not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE or KEY, got {text!r}")
+    return key, value if sep else os.environ.get(key)
+
+
+def env_dict(pairs: list[tuple[str, str | None]]) -> dict[str, str]:
+    """The variables of `-e` options (`env_pair`), the last of a name winning; a `KEY` that
+    was not set is left out."""
+    out: dict[str, str] = {}
+    for key, value in pairs:
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out
 
 
 def page_root(value: str) -> tuple[int | None, Path]:

@@ -38,7 +38,9 @@ def test_run_passes_stdio_and_exits_with_the_status(env_ref: EnvRef) -> None:
     assert done.stdout == b"from stdin\n" and done.stderr == b"to-err\n"
 
 
-def test_run_options(env_ref: EnvRef) -> None:
+def test_run_options(env_ref: EnvRef, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WEENV_TEST_PASSED", "from here")  # -e KEY: its value here, if set
+    monkeypatch.delenv("WEENV_TEST_UNSET", raising=False)
     done = run_weenv(
         "run",
         env_ref.ref,
@@ -52,6 +54,10 @@ def test_run_options(env_ref: EnvRef) -> None:
         "99",
         "-e",
         "A=b",
+        "-e",
+        "WEENV_TEST_PASSED",
+        "-e",
+        "WEENV_TEST_UNSET",
         "-u",
         "nobody",
         "-w",
@@ -59,9 +65,11 @@ def test_run_options(env_ref: EnvRef) -> None:
         "--",
         "sh",
         "-c",
-        "echo $A; id -un; pwd; cat /proc/net/dev | wc -l",
+        "echo $A; id -un; pwd; cat /proc/net/dev | wc -l; "
+        'echo "$WEENV_TEST_PASSED" "${WEENV_TEST_UNSET-unset}"',
     )
-    assert done.stdout.decode().split() == ["b", "nobody", "/tmp", "3"]  # 2 headers + lo
+    assert done.stdout.decode().split("\n")[:5] == [  # 2 headers + lo
+        "b", "nobody", "/tmp", "3", "from here unset"]
     host = run_weenv(
         "run", env_ref.ref, "--network", "host", *_base(env_ref), "--", "cat", "/proc/net/dev"
     )

@@ -28,6 +28,7 @@ from weenvfs.cli import add_command
 from weenvfs.cli_args import (
     add_ref_and_command,
     add_store,
+    env_dict,
     env_pair,
     non_negative,
     positive,
@@ -119,7 +120,9 @@ def _add_sandbox_options(p: argparse.ArgumentParser, *, store_required: bool) ->
 
 def _add_process_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-e", "--env", type=env_pair, action="append", default=[],
-                   metavar="KEY=VALUE", help="set an environment variable (repeatable)")
+                   metavar="KEY[=VALUE]",
+                   help="set an environment variable (repeatable); KEY alone: its value "
+                        "here, if set")
     p.add_argument("-w", "--workdir", metavar="DIR", help="working directory inside")
     p.add_argument("-u", "--user", metavar="USER[:GROUP]",
                    help="run as this user (name or uid, as Docker)")
@@ -321,7 +324,7 @@ def _options(args: argparse.Namespace, **extra: Any) -> Any:
                     args.elastic)
     return SandboxOptions(
         limits=limits, tmpfs_upper=args.tmpfs_upper, network=args.network,
-        keep_warm=args.keep_warm, env=dict(args.env), user=args.user, cwd=args.workdir,
+        keep_warm=args.keep_warm, env=env_dict(args.env), user=args.user, cwd=args.workdir,
         lower=args.lower, seccomp=_seccomp_option(args.security_opt), disk=args.disk,
         **extra,
     )
@@ -483,7 +486,7 @@ def _cmd_exec(args: argparse.Namespace) -> int:
         raise UsageError("no command given (weenv sandbox exec [OPTIONS] ID COMMAND [ARG...])")
     box = Sandbox.load(args.id)
     with _signals_interrupt():
-        return _run_attached(box, command, dict(args.env), args.workdir, args.user)
+        return _run_attached(box, command, env_dict(args.env), args.workdir, args.user)
 
 
 def _cmd_reset(args: argparse.Namespace) -> int:
