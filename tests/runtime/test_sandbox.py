@@ -18,9 +18,10 @@ from rt_support import EnvRef
 
 from weenvfs.format.manifest import RuntimeConfig
 from weenvfs.fuse import daemon
-from weenvfs.runtime import cgroups
+from weenvfs.runtime import cgroups, etc_layer
 from weenvfs.runtime.environment import Environment
 from weenvfs.runtime.sandbox import UPPERS_ROOT
+from weenvfs.tools.sample import sample_tree
 
 MIB = 1 << 20
 
@@ -100,11 +101,19 @@ def test_network_none_has_only_loopback_and_host_shares_the_nodes(env_ref: EnvRe
 
     with _open(env_ref) as env:
         assert interfaces(env.exec(["cat", "/proc/net/dev"]).stdout) == {"lo"}
+        # The image has no /etc/hosts; the sandbox has Docker's (etc_layer.py), so
+        # localhost resolves, and /etc is still the image's folder (its files are there).
+        assert not (sample_tree(None, "minbase", progress=False) / "etc" / "hosts").exists()
+        found = env.exec(["getent", "hosts", "localhost"])  # through the C library
+        assert found.exit_code == 0 and found.stdout.split()[1:2] == [b"localhost"], found
+        assert env.exec(["cat", "/etc/hosts"]).stdout == etc_layer.HOSTS
+        assert env.exec(["test", "-f", "/etc/os-release"]).exit_code == 0
     # Other jobs on the node add and remove interfaces: compare with those present
     # both before and after.
     before = interfaces(Path("/proc/net/dev").read_bytes())
     with _open(env_ref, network="host") as env:
         inside = interfaces(env.exec(["cat", "/proc/net/dev"]).stdout)
+        assert env.exec(["cat", "/etc/hosts"]).stdout == Path("/etc/hosts").read_bytes()
     stable = before & interfaces(Path("/proc/net/dev").read_bytes())
     assert stable <= inside and len(inside) > 1
 

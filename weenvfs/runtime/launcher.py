@@ -154,11 +154,13 @@ def _mounts(network: str) -> list[dict[str, Any]]:
         {"destination": INIT_PATH, "type": "bind", "source": init_binary(),
          "options": ["rbind", "ro", "nosuid", "nodev"]},
     ]
-    if network == "host" and os.path.exists("/etc/resolv.conf"):
-        # The node's resolver, as Docker does with --network host; read-only.
-        mounts.append({"destination": "/etc/resolv.conf", "type": "bind",
-                       "source": os.path.realpath("/etc/resolv.conf"),
-                       "options": ["rbind", "ro", "nosuid", "nodev"]})
+    for name in ("resolv.conf", "hosts") if network == "host" else ():
+        # The node's resolver and hosts, as Docker does with --network host; read-only.
+        # (/etc/hosts exists in every sandbox: etc_layer.py.)
+        if os.path.exists(f"/etc/{name}"):
+            mounts.append({"destination": f"/etc/{name}", "type": "bind",
+                           "source": os.path.realpath(f"/etc/{name}"),
+                           "options": ["rbind", "ro", "nosuid", "nodev"]})
     return mounts
 
 

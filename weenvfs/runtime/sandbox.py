@@ -50,6 +50,7 @@ from weenvfs.fuse.mount_copies import remove_mount_folder
 
 from . import cgroups, disk, mounts, parking, rootfs, safe_paths, seccomp
 from .cgroups import Limits, cgroup_pids, remove_cgroup
+from .etc_layer import etc_layer
 from .launcher import DEFAULT_CAPS, Launcher, LaunchSpec, ProcessSpec
 from .lower_modes import DEFAULT_LOWER, LOWER_MODES
 from .lowers import LowerMount, acquire_lowers, plan_lowers, release_lowers
@@ -399,8 +400,8 @@ class Sandbox:
             for path in (self.rootfs, self.bundle / "exec"):
                 path.mkdir(parents=True, exist_ok=True)
             self._make_upper()
-            rootfs.mount_overlay(self.rootfs, lowers, self.upper_root / "upper",
-                                 self.upper_root / "work")
+            rootfs.mount_overlay(self.rootfs, [etc_layer(), *lowers],
+                                 self.upper_root / "upper", self.upper_root / "work")
             if self.state.get("parkable"):  # what `destroy(park=True)` compares with
                 self.state["upper_print"] = parking.upper_print(self.upper_root / "upper")
         user = rootfs.resolve_user(self.rootfs, options.user or source.user)
@@ -518,7 +519,7 @@ class Sandbox:
             rootfs.unmount(self.rootfs)
             trash = self._discard_upper()
             self._make_upper()
-            rootfs.mount_overlay(self.rootfs, self.lowers,
+            rootfs.mount_overlay(self.rootfs, [etc_layer(), *self.lowers],
                                  self.upper_root / "upper", self.upper_root / "work")
             self.state["resets"] = int(self.state.get("resets", 0)) + 1
             self._start()
