@@ -11,13 +11,14 @@ for user-facing failures; `main()` prints them on one line, without a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from weenvfs import __version__
 from weenvfs.command_word import EXIT_INTERRUPTED, command_at
@@ -325,7 +326,27 @@ def _dispatch(args: argparse.Namespace) -> int:
         args.command_parser.print_help(sys.stderr)
         print(f"{args.command_parser.prog}: error: a command is required", file=sys.stderr)
         return 2
-    return int(args.func(args))
+    with _terminated_on_signals():
+        return int(args.func(args))
+
+
+@contextlib.contextmanager
+def _terminated_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP (unless ignored, as under nohup) raise `Terminated`, a
+    KeyboardInterrupt: every command cleans up on them as on Ctrl-C (its staging folders, a
+    recording's mount and child, a half-made export) and exits 128 + the signal. Services
+    (mountd, the snapshotter, a mount's daemon) set handlers of their own inside this."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)
+           if signal.getsignal(s) != signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -273,3 +273,34 @@ def test_kill_9_never_leaves_a_dangling_tag(tmp_path):
         assert check_tags_complete(store) == 1
     # Not an assertion on timing: just report which points the kills hit.
     print("kill outcomes (tags, any blob):", sorted(outcomes))
+
+
+def test_sigterm_cleans_up_as_ctrl_c(tmp_path):
+    """SIGTERM (as `timeout` and service managers send it) stops a build as Ctrl-C does: its
+    staging folder goes, no tag is left, one line, status 128 + 15."""
+    rng = random.Random(99)
+    src = trees.make_tree(tmp_path / "src", dir("."), dir("data"),
+                          *(file(f"data/b{i:02d}", rng.randbytes(4 * MIB)) for i in range(40)))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    store_dir = tmp_path / "store"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "weenvfs", "build", str(src), "--store", str(store_dir),
+         "--group", "g", "--quiet"],
+        env=dict(os.environ, TMPDIR=str(tmp)), cwd=ROOT, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(tmp.glob("weenv-build-*")) and proc.poll() is None:
+            assert time.monotonic() < deadline, "the build never staged anything"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.decode().strip().splitlines()[-1] == "weenv: terminated by SIGTERM"
+    assert list(tmp.iterdir()) == []
+    assert check_tags_complete(LocalStore(store_dir, create=True)) == 0
