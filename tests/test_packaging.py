@@ -244,6 +244,9 @@ FAKE_COMMANDS = textwrap.dedent(
         "format": FormatError("index header", "bad magic"),
         "internal": RuntimeError("boom\\nagain"),
         "interrupt": KeyboardInterrupt(),
+        "path": NotADirectoryError(20, "Not a directory", "/srv/cache"),
+        "exists": FileExistsError(17, "File exists", "/srv/cache"),
+        "oserror": OSError(5, "Input/output error"),
     }
 
     def register(subparsers):
@@ -296,6 +299,11 @@ def test_every_help_shows_examples(fake_commands: None, capsys: pytest.CaptureFi
             "weenv: internal error: RuntimeError: boom again (run with --debug for the traceback)",
         ),
         ("fail-interrupt", 130, "weenv: interrupted"),
+        # A path of the caller's or the node's that cannot be used is theirs to fix.
+        ("fail-path", 1, "weenv: error: /srv/cache: not a directory"),
+        ("fail-exists", 1, "weenv: error: /srv/cache: exists and is not a folder"),
+        ("fail-oserror", 70, "weenv: internal error: OSError: [Errno 5] Input/output error "
+                             "(run with --debug for the traceback)"),
     ],
 )
 def test_errors_are_one_line(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import logging
 import os
@@ -349,6 +350,11 @@ def _terminated_on_signals() -> Iterator[None]:
             signal.signal(s, h)
 
 
+def _internal(error: Exception) -> str:
+    return (f"weenv: internal error: {type(error).__name__}: {_one_line(error)}"
+            " (run with --debug for the traceback)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `weenv` with `argv` (default: sys.argv[1:]) in this process and return the exit
     code. The program's entry point is entry.py, which may hand a command over to another
@@ -377,14 +383,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
+    except OSError as error:
+        if debug:
+            traceback.print_exc()
+        if error.filename is None or error.strerror is None:  # not about a path given: a bug
+            print(_internal(error), file=sys.stderr)
+            return EXIT_INTERNAL
+        # A path that cannot be used (a file where a folder must be, no permission): the
+        # node's or the caller's setting, told as such, not as an internal error.
+        problem = ("exists and is not a folder" if error.errno == errno.EEXIST
+                   else error.strerror.lower())
+        print(f"weenv: error: {error.filename}: {problem}", file=sys.stderr)
+        return 1
     except Exception as error:
         if debug:
             traceback.print_exc()
-        print(
-            f"weenv: internal error: {type(error).__name__}: {_one_line(error)}"
-            " (run with --debug for the traceback)",
-            file=sys.stderr,
-        )
+        print(_internal(error), file=sys.stderr)
         return EXIT_INTERNAL
     finally:
         logs.undo()
