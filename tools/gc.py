@@ -7,6 +7,9 @@ sweep over every key under blobs/, indexes/, manifests/ and hints/, and the safe
 - A reachable object is never deleted. Every reachable manifest, index and hint is read and
   verified to learn what it references; if any cannot be read or decoded, gc aborts before
   deleting anything (`GcAborted`, one line naming the object and the tag it came from).
+  So does any tag the store holds that cannot be read (garbage content, or in a local store a
+  folder, a dangling or looping symlink in its place): its target is unknown, so any object
+  may be its root (listing.scan_tags finds them; a store's plain listing skips some).
   Blobs are leaves and are not read; reachable blobs absent from the listing are reported.
 - Publishing writes blobs, then indexes, then manifests, then tags, and can reuse an object
   that already exists. So an object younger than `grace` (default 1 hour) is kept even when
@@ -49,6 +52,7 @@ from weenvfs.store.base import Store
 from weenvfs.store.local import LocalStore
 from weenvfs.store.repository import Repository
 
+from .listing import scan_tags
 from .staging import LEGACY_GRACE, StaleStaging, remove_stale, stale_stagings
 
 log = logging.getLogger(__name__)
@@ -146,20 +150,22 @@ class _Marker:
                 self.marks["blobs"].add(hint.pack.blob)
 
     def tags(self, roots: dict[str, int]) -> None:
-        """Mark from every tag (again, after listing, to catch tags set meanwhile)."""
+        """Mark from every tag (again, after listing, to catch tags set meanwhile). Every tag
+        the store holds is a root: one that cannot be read (listing.scan_tags) aborts."""
         follow = {"envs": self.manifest, "groups": self.index, "hints": self.hint}
-        for kind in TAG_KINDS:
-            count = 0
-            try:
-                tags = list(self.repo.list_tags(kind))
-            except FormatError as error:
-                raise GcAborted(
-                    f"gc aborted, nothing deleted: a {kind} tag is invalid: {error}"
-                ) from None
-            for name, tag, digest in tags:
+        scans = {kind: scan_tags(self.repo, kind) for kind in TAG_KINDS}
+        unreadable = sorted(u for scan in scans.values() for u in scan.unreadable)
+        if unreadable:
+            others = len(unreadable) - 1
+            more = f" (and {others} more: weenv ls lists them)" if others else ""
+            raise GcAborted(
+                f"gc aborted, nothing deleted: cannot read tag {unreadable[0].label}: "
+                f"{unreadable[0].reason}{more}"
+            )
+        for kind, scan in scans.items():
+            for name, tag, digest in scan.tags:
                 follow[kind](digest, f"tag {kind}/{name}:{tag}")
-                count += 1
-            roots[kind] = count
+            roots[kind] = len(scan.tags)
 
 
 def object_mtime(store: Store, key: str) -> float | None:

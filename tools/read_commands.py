@@ -78,7 +78,9 @@ def _register_ls(subparsers: Subparsers) -> None:
         description=(
             "List the environments and layer groups of a store by name: each tagged version\n"
             "(newest first) with its tags, digest, size of file data, date (the mtime of its\n"
-            "root directory) and, for an environment, its groups and recorded hint tags."
+            "root directory) and, for an environment, its groups and recorded hint tags.\n"
+            "Tags that cannot be read (garbage, a folder or a broken symlink in a local\n"
+            "store) are listed last with why; gc refuses to run while any is there."
         ),
         examples=["weenv ls --store /srv/weenv",
                   "weenv ls --store s3://envs/weenv --json | jq '.environments[].name'"],
@@ -106,6 +108,10 @@ def _cmd_ls(args: argparse.Namespace, repo: Repository) -> int:
             _print_rows(rows)
         if kind == "environments":
             print()
+    if document["unreadable_tags"]:  # listed, as missing objects are: gc refuses to run
+        print()
+        _print_rows([("UNREADABLE TAG", "ERROR")]
+                    + [(u["tag"], u["error"]) for u in document["unreadable_tags"]])
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -222,3 +223,70 @@ def test_objects_of_unknown_age_are_kept(repo: Repository, store: LocalStore) ->
 def test_bad_grace_is_a_usage_error(store: LocalStore, capsys: Any) -> None:
     code, _, err = _gc(store, capsys, "--grace", "soon")
     assert code == 2 and "invalid duration" in err
+
+
+def _break_tag(path: Path, how: str) -> None:
+    """Put something unreadable where the tag file `path` is (in a local store's folder)."""
+    target = path.read_bytes()
+    path.unlink()
+    if how == "loop":
+        path.symlink_to(path.name)
+    elif how == "folder":
+        path.mkdir()
+    elif how == "dangling":
+        path.symlink_to("nowhere")
+    elif how == "outside":  # a valid tag, but outside the store
+        outside = path.parents[4] / "outside-tag"
+        outside.write_bytes(target)
+        path.symlink_to(outside)
+    else:
+        path.write_bytes(b"garbage\n")
+
+
+@pytest.mark.parametrize("kind", ["envs", "groups", "hints"])
+@pytest.mark.parametrize("how", ["loop", "folder", "dangling", "outside", "garbage"])
+def test_an_unreadable_tag_aborts(
+    repo: Repository, store: LocalStore, capsys: Any, kind: str, how: str
+) -> None:
+    """A tag that is there but cannot be read may name anything: nothing is deleted. The
+    local store's listing skips folders and symlinks it cannot follow, so gc must not rely
+    on it alone (they used to make the tag's manifest garbage)."""
+    env = standard_env(repo)
+    repo.set_tag("hints", env, "latest", repo.put_object(
+        "hints", encode_hint(Hint(env, (HintRecord(0, 1, 2),)))))
+    name = {"envs": "py-env", "groups": "top", "hints": env}[kind]
+    _break_tag(store.root / "tags" / kind / name / "latest", how)
+    _age_all(store)
+    before = all_objects(store)
+    code, out, err = _gc(store, capsys, "--delete", "--grace", "0")
+    line = assert_one_line_error(code, err)
+    assert "gc aborted, nothing deleted" in line, line
+    assert f"cannot read tag {kind}/{name}:latest: " in line, line
+    assert out == "" and all_objects(store) == before
+
+
+def test_a_symlinked_name_folder_aborts(
+    repo: Repository, store: LocalStore, capsys: Any
+) -> None:
+    """tags/envs/NAME as a symlink to a folder: `inspect NAME` reads through it, the store's
+    listing does not."""
+    standard_env(repo)
+    real = store.root / "elsewhere"
+    (store.root / "tags" / "envs" / "py-env").rename(real)
+    (store.root / "tags" / "envs" / "py-env").symlink_to(real)
+    assert repo.get_tag("envs", "py-env", "latest")
+    _age_all(store)
+    before = all_objects(store)
+    code, _, err = _gc(store, capsys, "--delete", "--grace", "0")
+    line = assert_one_line_error(code, err)
+    assert "gc aborted, nothing deleted: cannot read tag envs/py-env:*: " in line, line
+    assert all_objects(store) == before
+
+
+def test_a_temp_file_among_tags_is_not_a_tag(repo: Repository, store: LocalStore) -> None:
+    """A crashed tag write leaves a temp file: not a tag, and not a reason to abort."""
+    standard_env(repo)
+    (store.root / "tags" / "envs" / "py-env" / (TEMP_PREFIX + "crashed")).mkdir()
+    _age_all(store)
+    report = collect_garbage(repo, delete=True, grace=0)
+    assert report.roots["envs"] == 1 and report.deleted == 0

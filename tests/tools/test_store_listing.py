@@ -79,3 +79,33 @@ def test_a_missing_environment_suggests_near_names(tmp_path, capsys, store) -> N
     assert code != 0 and "did you mean python-env:1" in err
     code, _, err = run_cli(["inspect", "python-env:2", "--store", store.url], capsys)
     assert code != 0 and "did you mean python-env:1" in err
+
+
+def test_ls_lists_unreadable_tags_and_the_rest(tmp_path, capsys, store) -> None:
+    """A tag that cannot be read is listed as unreadable (as a missing manifest is listed as
+    missing), whether the store's listing skips it (a folder, a symlink loop) or it holds
+    garbage; the readable rest is listed as usual."""
+    _build(capsys, store, _tree(tmp_path / "a"), "base:1")
+    for tag in ("1", "2", "3"):
+        compose = ["compose", "--store", store.url, f"env:{tag}", "--group", "base:1"]
+        assert run_cli(compose, capsys)[0] == 0
+    tags = store.root / "tags" / "envs" / "env"
+    (tags / "2").unlink()
+    (tags / "2").symlink_to("2")
+    (tags / "3").unlink()
+    (tags / "3").mkdir()
+    (store.root / "tags" / "groups" / "base" / "2").write_bytes(b"garbage\n")
+    code, out, err = run_cli(["ls", "--store", store.url, "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [v["tags"] for v in doc["environments"][0]["versions"]] == [["1"]]
+    assert [v["tags"] for v in doc["groups"][0]["versions"]] == [["1"]]
+    unreadable = {u["tag"]: u["error"] for u in doc["unreadable_tags"]}
+    assert sorted(unreadable) == ["envs/env:2", "envs/env:3", "groups/base:2"]
+    assert "symbolic links" in unreadable["envs/env:2"]
+    assert unreadable["envs/env:3"] == "a folder, not a tag file"
+    assert "not a 64-character" in unreadable["groups/base:2"]
+    code, out, _ = run_cli(["ls", "--store", store.url], capsys)
+    assert code == 0 and "UNREADABLE TAG" in out
+    assert any(ln.split(None, 1) == ["envs/env:3", "a folder, not a tag file"]
+               for ln in out.splitlines())
