@@ -130,6 +130,13 @@ def test_usage_errors_are_one_line(env_ref: EnvRef) -> None:
     assert no_env.returncode != 0 and no_env.stderr.startswith(b"weenv: error:")
     no_cmd = run_weenv("run", env_ref.ref, *_base(env_ref), check=False)
     assert no_cmd.returncode == 2 and b"entrypoint" in no_cmd.stderr
+    # Limits the runtime cannot start with are refused before anything is made.
+    for limit, words in ((("--pids", "1"), b"pids must be at least 2"),
+                         (("--pids", "-1"), b"pids must be at least 2"),
+                         (("--memory", "100K"), b"memory must be at least 6M")):
+        refused = run_weenv("run", *limit, *_base(env_ref), env_ref.ref, "true", check=False)
+        assert refused.returncode == 2 and refused.stderr.count(b"\n") == 1, refused.stderr
+        assert words in refused.stderr
 
 
 def test_run_follows_the_entrypoint_as_docker_run(make_env: Callable[..., EnvRef]) -> None:

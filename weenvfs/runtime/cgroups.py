@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from weenvfs.cgroup_places import own_cgroups
+from weenvfs.errors import UsageError
 
 from .launcher import CgroupSpec
 
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 CGROUP_PARENT = "weenv"
 ELASTIC_CHILD = "runc"  # runc's cgroup below an elastic sandbox's own
 DEFAULT_PIDS = 4096  # a fork bomb must not take the node down even when no limit is asked
+MIN_MEMORY = 6 << 20  # Docker's least memory limit
+MIN_PIDS = 2
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,19 @@ class Limits:
     memory: int | None = None
     pids: int | None = DEFAULT_PIDS
     elastic: bool = False
+
+    def __post_init__(self) -> None:
+        # Refused here, once for the CLI and the Python API, rather than by the runtime later
+        # with its own words (a memory limit under what the runtime itself needs ends in "OOM
+        # ... read from sync socket"; one pid cannot hold the init and the command).
+        if self.cpus is not None and not self.cpus > 0:
+            raise UsageError(f"cpus must be more than 0, not {self.cpus}")
+        if self.memory is not None and self.memory < MIN_MEMORY:
+            raise UsageError(f"memory must be at least {MIN_MEMORY >> 20}M (as Docker's), "
+                             f"not {self.memory} bytes")
+        if self.pids is not None and self.pids < MIN_PIDS:
+            raise UsageError(f"pids must be at least {MIN_PIDS} (the sandbox's init and its "
+                             f"command), not {self.pids}")
 
 
 def oci_resources(limits: Limits) -> dict[str, Any]:
