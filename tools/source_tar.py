@@ -219,22 +219,23 @@ class _ZstdRaw(io.RawIOBase):
 
 def _mtime_ns(m: tarfile.TarInfo) -> int:
     """The member's mtime in nanoseconds, exact from a PAX record when there is one
-    (tarfile turns it into a float, which loses the nanoseconds)."""
+    (tarfile turns it into a float, which loses the nanoseconds); one before 1970 is 1970,
+    as Docker applies layers (moby's Chtimes takes such times for the epoch)."""
     text = m.pax_headers.get("mtime")
     if text is None:
-        return int(m.mtime) * 1_000_000_000
+        return max(int(m.mtime), 0) * 1_000_000_000
     sign = -1 if text.startswith("-") else 1
     whole, _, frac = text.lstrip("+-").partition(".")
     if not whole.isdigit() or (frac and not frac.isdigit()):
         raise refuse(_b(m.name), f"bad PAX mtime {text!r:.40}")
-    return sign * (int(whole) * 1_000_000_000 + int((frac + "000000000")[:9]))
+    return max(sign * (int(whole) * 1_000_000_000 + int((frac + "000000000")[:9])), 0)
 
 
 def _xattrs(m: tarfile.TarInfo, raw: bytes) -> dict[bytes, bytes]:
     out: dict[bytes, bytes] = {}
     for key, value in m.pax_headers.items():
-        if key.startswith("SCHILY.xattr."):
-            out[_b(key[len("SCHILY.xattr.") :])] = _b(value)
+        if key.startswith("SCHILY.xattr.") and value:  # a PAX record's empty value unsets
+            out[_b(key[len("SCHILY.xattr.") :])] = _b(value)  # it (POSIX; so does Docker)
         elif key.startswith("LIBARCHIVE.xattr."):
             name = urllib.parse.unquote_to_bytes(key[len("LIBARCHIVE.xattr.") :])
             try:

@@ -331,3 +331,23 @@ def test_truncated_member_data(tmp_path, repo, store_state):
     with pytest.raises(SourceError, match="refusing entry 'a'"):
         build_tars(repo, [path])
     assert store_state() == {"tags": [], "indexes": []}
+
+
+def test_pre_1970_times_and_empty_xattr_records_as_docker_applies_them(tmp_path, repo):
+    """A PAX record with an empty value unsets its keyword (POSIX): an empty SCHILY.xattr
+    record is no xattr; an mtime before 1970 is 1970 (Docker's layer apply takes it so)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, mtime, pax in (("old", -315619200, {}), ("older-ns", 0, {"mtime": "-1.5"}),
+                                 ("x", 5, {"SCHILY.xattr.user.empty": "",
+                                           "SCHILY.xattr.user.kept": "v"})):
+            info = tarfile.TarInfo(name)
+            info.mtime, info.pax_headers = mtime, pax
+            tar.addfile(info, io.BytesIO(b""))
+    index = repo.get_index(build_tars(repo, [write(tmp_path, "t.tar", buf.getvalue())])
+                           .index_digest)
+    for name in (b"old", b"older-ns"):
+        assert index.inode(index.resolve(name)).mtime_ns == 0
+    x = index.resolve(b"x")
+    assert index.inode(x).mtime_ns == 5 * 10**9
+    assert dict(index.xattrs(x)) == {b"user.kept": b"v"}
