@@ -145,6 +145,10 @@ def test_stats_umount_and_pid_file(tmp_path: Path, mounter: Mounter) -> None:
     assert "user.weenv.stats" not in os.listxattr(mount.mountpoint)
     human = run_weenv("stats", str(mount.mountpoint)).stdout
     assert "fetch.chunks_fetched" in human
+    with open(mount.mountpoint / "f", "rb"):  # busy: refused, once said, with the way out
+        busy = run_weenv("umount", str(mount.mountpoint), check=False)
+    assert busy.returncode == 1 and busy.stderr.count("cannot unmount") == 1, busy.stderr
+    assert "Device or resource busy" in busy.stderr and "--lazy" in busy.stderr
     run_weenv("umount", str(mount.mountpoint))
     assert not daemon.process_alive(mount.pid)
     assert daemon.read_pid_file(mount.mountpoint) is None

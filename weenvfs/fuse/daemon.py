@@ -20,6 +20,7 @@ Must not: serve requests (mount.py) or parse arguments (commands.py).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import select
@@ -395,7 +396,8 @@ def unmount(
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             message = " ".join(done.stderr.split()) or f"fusermount3 exited with {done.returncode}"
-            raise WeenvError(f"cannot unmount {mp}: {message}")
+            busy = os.strerror(errno.EBUSY)
+            raise _refused(mp, busy if busy in message else message)
     if remove:
         remove_mount_folder(mp)
     if pid is not None:
@@ -491,6 +493,14 @@ def _detach_private(folder: Path) -> None:
             path.rmdir()
 
 
+def _refused(mp: Path, why: str) -> WeenvError:
+    """The one-line error of an unmount the kernel refused, with the way out when busy."""
+    if why == os.strerror(errno.EBUSY):
+        why += (" (a process has a file or its working folder in it; `weenv umount --lazy`"
+                " detaches it now and releases it when they are done)")
+    return WeenvError(f"cannot unmount {mp}: {why}")
+
+
 def _unmount_kernel(mp: Path, pid: int | None, lazy: bool) -> None:
     """Unmount a kernel-path mount: the mount point here (EBUSY is an error unless `lazy`),
     then the daemon unmounts its private layers and exits once the kernel released its
@@ -500,7 +510,7 @@ def _unmount_kernel(mp: Path, pid: int | None, lazy: bool) -> None:
     try:
         syscalls.umount(mp, detach=lazy)
     except OSError as error:
-        raise WeenvError(f"cannot unmount {mp}: {error.strerror}") from None
+        raise _refused(mp, os.strerror(error.errno) if error.errno else str(error)) from None
     if pid is not None and process_alive(pid):
         # One layer: the kernel released the device with the mount point and the daemon
         # stops by itself (a SIGTERM racing its teardown would cut it short). Several: its
