@@ -17,8 +17,10 @@ Never follows a symlink in the destination: every entry is created and changed r
 open directory descriptor of its parent (`*at` calls, `O_NOFOLLOW`), xattrs of symlinks and
 special files through `/proc/self/fd/<dirfd>/<name>` with `follow_symlinks=False`. Whiteouts
 never appear (the composed tree hides them). The destination must be absent or empty; it is
-refused otherwise. A failed export leaves the partial tree for inspection. Needs root for
-foreign owners, devices and trusted.* xattrs, like any exact unpacker.
+refused otherwise. A failed or interrupted export removes what it wrote, so that a retry
+starts over: the destination and the parents it created, or, when the destination was there
+(empty), everything in it, its mode and owner put back; nothing that was there before is
+removed. Needs root for foreign owners, devices and trusted.* xattrs, like any exact unpacker.
 
 Must not: change the store, or touch anything outside the destination.
 """
@@ -90,8 +92,21 @@ class Exporter:
     _root_fd: int = -1
 
     def run(self, dest: Path) -> ExportStats:
-        """Export into `dest` (created if absent; refused if not an empty directory)."""
-        self._root_fd = _open_dest(dest)
+        """Export into `dest` (created if absent; refused if not an empty directory). On any
+        failure, KeyboardInterrupt included, what was written is removed again."""
+        opened = _open_dest(dest)
+        self._root_fd = opened.fd
+        try:
+            self._fill()
+        except BaseException:
+            opened.undo()
+            raise
+        finally:
+            _close_quietly(opened.keep_fd)
+        return self.stats
+
+    def _fill(self) -> None:
+        """Create every entry below the root, then give the root its metadata."""
         stack = [_Frame(self._root_fd, b"", self.tree.root, self.tree.entries(self.tree.root))]
         try:
             while stack:
@@ -110,7 +125,6 @@ class Exporter:
         finally:
             for frame in stack:  # left open by a failure
                 _close_quietly(frame.fd)
-        return self.stats
 
     def _guard(self, rel: bytes, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run `fn(*args)`, turning any failure into one line naming the entry."""
@@ -232,14 +246,82 @@ def _close_quietly(fd: int) -> None:
         os.close(fd)
 
 
-def _open_dest(dest: Path) -> int:
-    """Create `dest` if absent and open it; refuse a non-directory, a symlink or contents."""
+@dataclass
+class _Dest:
+    """An opened destination and how to undo an export into it: `fd` is the export's (closed
+    when the root is finished), `keep_fd` a copy kept to empty it again."""
+
+    path: Path
+    fd: int
+    keep_fd: int
+    created: list[Path]  # made by this export, outermost first (the last is `path`, if so)
+    mode: int
+    uid: int
+    gid: int
+
+    def undo(self) -> None:
+        """Remove everything in the destination, then what was created for it, or put back
+        the mode and owner of one that was there. Never follows a symlink; best effort (a
+        failure is logged, the export's own error is what the caller sees)."""
+        try:
+            _empty(self.keep_fd)
+            if self.created and self.created[-1] == self.path:
+                for path in reversed(self.created):
+                    os.rmdir(path)  # empty: only what this export made
+            else:
+                os.fchown(self.keep_fd, self.uid, self.gid)
+                os.fchmod(self.keep_fd, stat.S_IMODE(self.mode))
+        except OSError as error:
+            log.warning("could not remove the partial export in %s: %s", self.path, error)
+
+
+def _empty(dir_fd: int) -> None:
+    """Remove every entry of an open directory, depth first, with `*at` calls only (an
+    explicit stack, as the export's: a tree may be deeper than Python's recursion limit)."""
+    stack: list[tuple[int, str, list[tuple[str, bool]]]] = [(dir_fd, "", _children(dir_fd))]
+    try:
+        while stack:
+            fd, name, children = stack[-1]
+            if not children:
+                stack.pop()
+                if stack:  # a subdirectory: now empty
+                    os.close(fd)
+                    os.rmdir(name, dir_fd=stack[-1][0])
+                continue
+            child, is_dir = children.pop()
+            if not is_dir:
+                os.unlink(child, dir_fd=fd)
+                continue
+            # A finished directory has its real mode (0o555, even 0): make it ours to empty.
+            # It is a directory, not a symlink (lstat'ed by scandir, in a tree we made).
+            os.chmod(child, 0o700, dir_fd=fd)
+            sub = os.open(child, _DIR_FLAGS, dir_fd=fd)
+            stack.append((sub, child, []))  # stacked before listing: a failure closes it
+            stack[-1] = (sub, child, _children(sub))
+    finally:
+        for fd, _, _ in stack[1:]:
+            _close_quietly(fd)
+
+
+def _children(dir_fd: int) -> list[tuple[str, bool]]:
+    """(name, is a directory, not followed) of every entry of an open directory."""
+    with os.scandir(dir_fd) as it:
+        return [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+
+
+def _open_dest(dest: Path) -> _Dest:
+    """Create `dest` (and its parents) if absent and open it; refuse a non-directory, a
+    symlink or contents."""
+    created = [p for p in (*reversed(dest.parents), dest) if not os.path.lexists(p)]
     try:
         os.makedirs(dest.parent, exist_ok=True)
         os.mkdir(dest, 0o700)
     except FileExistsError:
-        pass
+        created = created[:-1] if created and created[-1] == dest else created
     except OSError as error:
+        for path in reversed(created):  # the parents made before mkdir failed
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
         raise ExportError(f"cannot create {dest}: {error.strerror}") from None
     try:
         fd = os.open(dest, _DIR_FLAGS)
@@ -250,7 +332,8 @@ def _open_dest(dest: Path) -> int:
     if os.listdir(fd):
         os.close(fd)
         raise UsageError(f"export destination {dest} is not empty")
-    return fd
+    st = os.fstat(fd)
+    return _Dest(dest, fd, os.dup(fd), created, st.st_mode, st.st_uid, st.st_gid)
 
 
 def export_tree(tree: ComposedTree, reader: ChunkReader, dest: Path) -> ExportStats:

@@ -214,3 +214,84 @@ def test_reader_streams_holes_without_fetching(repo: Repository, store: LocalSto
     pieces = list(ChunkReader(store).iter_pieces(index, ino))
     assert [p.data is None for p in pieces] == [False, True, True, False, True]
     assert [p.offset for p in pieces] == [k * 65536 for k in range(5)]
+
+
+def _half_exportable(
+    repo: Repository, store: LocalStore, tmp_path: Path
+) -> tuple[Path, bytes]:
+    """Environment "half": a lower group that exports (a finished read-only dir, a symlink
+    out of the tree, a fifo, an odd name) below a group whose blob is gone, so that an export
+    fails after writing the lower group's entries. Returns the blob's path and bytes."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_bytes(b"not the export's")
+    publish_env(repo, "half", [
+        ("low", [dir("a", mode=0o555), file("a/f", b"in a read-only dir", mode=0o400),
+                 symlink("escape", str(outside)), fifo("fifo"), file(BAD_NAME.decode(
+                     "utf-8", "surrogateescape"), b"odd")]),
+        ("high", [file("z/big", os.urandom(300_000))]),
+    ])
+    (blob,) = repo.get_index(repo.get_tag("groups", "high", "latest")).blob_digests()
+    path = object_path(store, "blobs", blob)
+    data = path.read_bytes()
+    path.unlink()
+    return path, data
+
+
+def _failed_export(store: LocalStore, capsys: Any, dest: Path) -> str:
+    code, _, err = run_cli(["export", "half", str(dest), "--store", str(store.root)], capsys)
+    return assert_one_line_error(code, err)
+
+
+def test_failed_export_removes_what_it_created(
+    repo: Repository, store: LocalStore, tmp_path: Path, capsys: Any
+) -> None:
+    """A destination (and parents) the export created are gone after a failure, so a retry
+    is not refused as "not empty"; what was there before stays."""
+    blob, data = _half_exportable(repo, store, tmp_path)
+    (tmp_path / "before").write_bytes(b"x")
+    dest = tmp_path / "new" / "parent" / "out"
+    assert "cannot read /z/big" in _failed_export(store, capsys, dest)
+    assert not (tmp_path / "new").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["before", "outside", "store"]
+    assert list((tmp_path / "outside").iterdir()) == [tmp_path / "outside" / "keep"]
+    blob.write_bytes(data)
+    _export(store, capsys, "half", dest)
+    assert (dest / "z" / "big").stat().st_size == 300_000
+
+
+def test_failed_export_empties_a_destination_that_was_empty(
+    repo: Repository, store: LocalStore, tmp_path: Path, capsys: Any
+) -> None:
+    _half_exportable(repo, store, tmp_path)
+    dest = tmp_path / "out"
+    dest.mkdir(mode=0o751)
+    os.chown(dest, 12, 34)
+    assert "cannot read /z/big" in _failed_export(store, capsys, dest)
+    st = os.lstat(dest)
+    assert list(dest.iterdir()) == []
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o751, 12, 34)
+    assert (tmp_path / "outside" / "keep").exists()
+
+
+def test_interrupted_export_removes_what_it_wrote(
+    repo: Repository, store: LocalStore, tmp_path: Path, capsys: Any, monkeypatch: Any
+) -> None:
+    from weenvfs.tools.reader import ChunkReader
+
+    standard_env(repo)
+    calls = []
+
+    real = ChunkReader.iter_pieces
+
+    def interrupt(self: ChunkReader, *args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        if len(calls) == 3:  # some files and directories are written by now
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChunkReader, "iter_pieces", interrupt)
+    dest = tmp_path / "out"
+    code, _, err = run_cli(["export", "py-env", str(dest), "--store", str(store.root)], capsys)
+    assert code == 130 and "interrupted" in err and len(calls) == 3
+    assert not dest.exists()
