@@ -232,7 +232,7 @@ def _record_in(
         log_file,
     )
     try:
-        status = _run_chroot(mountpoint, command, env_vars)
+        status = _run_chroot(mountpoint, command, env_vars, stdout_to_stderr=args.json)
     finally:
         daemon.unmount(mountpoint, lazy=True, remove=True)  # our folder: copies go with it
     try:
@@ -262,14 +262,17 @@ def _tool(name: str) -> str:
     return path
 
 
-def _run_chroot(mountpoint: Path, command: list[str], env_vars: dict[str, str]) -> int:
-    """Run `command` chrooted into `mountpoint` (with /dev and /proc); its exit status."""
+def _run_chroot(mountpoint: Path, command: list[str], env_vars: dict[str, str], *,
+                stdout_to_stderr: bool = False) -> int:
+    """Run `command` chrooted into `mountpoint` (with /dev and /proc); its exit status.
+    `stdout_to_stderr`: the command's output goes to stderr (stdout is the JSON's)."""
     script = _SANDBOX_SCRIPT.format(mount=_tool("mount"), chroot=_tool("chroot"))
     argv = [_tool("unshare"), "--mount", "--propagation", "private", "/bin/sh", "-c", script,
             "sh", str(mountpoint), *command]
     log.info("running %s in %s", command, mountpoint)
     try:
-        done = subprocess.run(argv, env=env_vars, check=False)
+        done = subprocess.run(argv, env=env_vars, check=False,
+                              stdout=sys.stderr.fileno() if stdout_to_stderr else None)
     except OSError as e:
         raise WeenvError(f"cannot run the command: {e.strerror}") from None
     if done.returncode:

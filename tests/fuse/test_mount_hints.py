@@ -179,8 +179,10 @@ def test_hints_record_end_to_end_on_minbase(minbase: Path, tmp_path: Path, mount
     assert stats["fetch"]["prefetch"]["hint_hits"] > 0
     assert stats["hints"]["waste"] < shown["chunks"]
     # A second recorded run merges into the same tag: no new chunks, same count.
-    run_weenv("hints", "record", "minbase:t", "--store", str(minbase), "--cache",
-              str(tmp_path / "rec-cache"), "--", "/bin/sh", "-c", command)
+    # (--json: stdout is the outcome alone; the command's own output goes to stderr.)
+    second = run_weenv("hints", "record", "--json", "minbase:t", "--store", str(minbase),
+                       "--cache", str(tmp_path / "rec-cache"), "--", "/bin/sh", "-c", command)
+    assert json.loads(second.stdout)["status"] == 0 and "ID=debian" in second.stderr
     again = json.loads(run_weenv("hints", "show", "minbase:t", "--store", str(minbase),
                                  "--json").stdout)
     assert again["chunks"] == shown["chunks"]

@@ -167,6 +167,8 @@ def test_weenv_mounts_lists_and_evicts(warm_root: Path, make_env: Callable[..., 
     refused = run_weenv("mounts", "evict", one.digest[:16], check=False)
     assert refused.returncode != 0 and b"holder" in refused.stderr
     assert refused.stderr.decode().count("\n") == 1
+    empty = run_weenv("mounts", "evict", "", check=False)  # not a prefix of every key
+    assert empty.returncode == 2 and b"empty key" in empty.stderr
     assert daemon.is_mounted(mounts.mountpoint(one.digest))
     done = run_weenv("mounts", "evict", "--idle").stdout.decode()
     assert done.split() == ["evicted", two.digest]

@@ -114,6 +114,8 @@ def _cmd_evict(args: argparse.Namespace) -> int:
     else:
         listed = mounts.list_mounts()
         if args.key is not None:
+            if not args.key:
+                raise UsageError("an empty key names no mount (see `weenv mounts` for keys)")
             chosen = [m for m in listed if m.key.startswith(args.key.lower())]
             if not chosen:
                 raise UsageError(f"no shared mount has key {args.key!r} (see `weenv mounts`)")
