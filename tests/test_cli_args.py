@@ -56,8 +56,9 @@ def test_older_form_with_options_after_ref_and_dashes(words: tuple[str, ...], na
 def test_options_after_ref_without_dashes_are_refused_not_dropped(
     words: tuple[str, ...], name: str
 ) -> None:
-    with pytest.raises(UsageError, match="options go before"):
+    with pytest.raises(UsageError, match="options go before") as refused:
         _split([*words, "R", *OPTION[name][0], "echo", "hi"], name)
+    assert f"{OPTION[name][0][0]} after R:" in str(refused.value)  # not "after echo"
 
 
 @pytest.mark.parametrize(("words", "name"), [s for s in SHAPES if s[0] != ("sandbox", "exec")])
@@ -99,3 +100,9 @@ def test_env_pairs_as_docker_run_e(monkeypatch: pytest.MonkeyPatch) -> None:
             env_pair(bad)
     pairs = [env_pair(t) for t in ("A=1", "HERE", "NOT_HERE", "B=2", "B=3")]
     assert env_dict(pairs) == {"A": "1", "HERE": "v=1", "B": "3"}
+
+
+def test_a_missing_ref_is_named_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    """The command is optional (the entrypoint and cmd run): only REF is said missing."""
+    assert cli.main(["run"]) == 2
+    assert capsys.readouterr().err.endswith("error: the following arguments are required: REF\n")

@@ -111,8 +111,10 @@ def print_json(document: Any) -> None:
 def add_ref_and_command(p: argparse.ArgumentParser, name: str, metavar: str, help: str) -> None:
     """Positional `name` (REF or ID) followed by the command: everything after it."""
     p.add_argument(name, metavar=metavar, help=help)
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar=f"{COMMAND_METAVAR} [ARG...]",
-                   help="the command and its arguments: every word after " + metavar)
+    command = p.add_argument("command", nargs=argparse.REMAINDER,
+                             metavar=f"{COMMAND_METAVAR} [ARG...]",
+                             help="the command and its arguments: every word after " + metavar)
+    command.required = False  # argparse counts it as required when REF is missing too
 
 
 def split_command(args: argparse.Namespace, name: str, *, store: bool = False) -> list[str]:
@@ -124,18 +126,19 @@ def split_command(args: argparse.Namespace, name: str, *, store: bool = False) -
     With `store`, `--store` must have been given.
     """
     command = list(args.command)
+    given = getattr(args, name)  # (a failed parse of the options below may overwrite it)
     if command[:1] == ["--"]:
         command = command[1:]
     elif command and command[0].startswith("-"):
         # The older form: options after REF, then `--` and the command (or no command).
         cut = command.index("--") if "--" in command else len(command)
         try:
-            _parse_options(args, command[:cut], getattr(args, name))
+            _parse_options(args, command[:cut], given)
         except UsageError:
             if cut < len(command):
                 raise
             raise UsageError(
-                f"{command[0]} after {getattr(args, name)}: options go before "
+                f"{command[0]} after {given}: options go before "
                 f"{name.upper()}, everything after it is the command "
                 f"(usage: {args.command_parser.prog} [OPTIONS] {name.upper()} [COMMAND...])"
             ) from None
