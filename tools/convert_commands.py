@@ -31,7 +31,7 @@ from .layout import load_layout_order
 from .oci_docs import Platform, short_digest
 from .progress import Progress
 from .registry_auth import parse_creds
-from .staging import remove_stale
+from .staging import check_tmp_dir, remove_stale
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -135,6 +135,7 @@ def _options(args: argparse.Namespace) -> ConvertOptions:
 def _cmd_convert(args: argparse.Namespace) -> int:
     name, tag = parse_name_tag(args.env, "environment")
     check_hint_command(args)
+    check_tmp_dir(args.tmp_dir)
     options = _options(args)
     source_options = SourceOptions(
         creds=parse_creds(args.creds) if args.creds else None,

@@ -3,8 +3,9 @@
 Owns: `Staging`, a folder `weenv-<kind>-<pid>-<random>` in the staging folder (`tmp_dir`,
 default the system's temp folder), locked (an exclusive flock) while its owner runs and
 removed by `close()` however the owner ends (short of SIGKILL); `staging_dir` is the context
-manager. The kinds: `build` and `convert` (blob files), `pull` (layers downloaded from a
-registry) and `archive` (a compressed docker archive, decompressed). And `stale_stagings` /
+manager, and `check_tmp_dir` refuses a `--tmp-dir` that cannot hold one before any work. The
+kinds: `build` and `convert` (blob files), `pull` (layers downloaded from a registry) and
+`archive` (a compressed docker archive, decompressed). And `stale_stagings` /
 `remove_stale`, which find and remove the folders of owners that can no longer clean up after
 themselves. A staging folder is stale when its owner pid is not alive *and* its lock is free
 (the lock also covers owners in another pid namespace that share the folder), or, for the
@@ -31,6 +32,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from weenvfs.errors import UsageError, WeenvError
+
 log = logging.getLogger(__name__)
 
 PREFIX = "weenv-"
@@ -54,6 +57,24 @@ def staging_parent(tmp_dir: Path | str | None) -> Path:
     return Path(tmp_dir) if tmp_dir is not None else Path(tempfile.gettempdir())
 
 
+def check_tmp_dir(tmp_dir: Path | str | None, option: str = "--tmp-dir") -> None:
+    """Refuse, as bad input (UsageError, one line naming `option`), a staging folder given by
+    the user that cannot hold stagings: absent, not a directory, or not writable. Checked
+    before a command does any work, so it fails at once rather than after a download."""
+    if tmp_dir is None:
+        return
+    try:
+        st = os.stat(tmp_dir)
+    except FileNotFoundError:
+        raise UsageError(f"{option} {tmp_dir}: no such directory") from None
+    except OSError as error:
+        raise UsageError(f"{option} {tmp_dir}: {error.strerror or error}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{option} {tmp_dir}: not a directory")
+    if not os.access(tmp_dir, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {tmp_dir}: not writable")
+
+
 class Staging:
     """A fresh staging folder of a `kind` (one of KINDS), locked until `close()` removes it.
 
@@ -62,7 +83,13 @@ class Staging:
 
     def __init__(self, tmp_dir: Path | str | None, kind: str) -> None:
         assert kind in KINDS, kind
-        self.path = Path(tempfile.mkdtemp(prefix=f"weenv-{kind}-{os.getpid()}-", dir=tmp_dir))
+        try:
+            self.path = Path(tempfile.mkdtemp(prefix=f"weenv-{kind}-{os.getpid()}-", dir=tmp_dir))
+        except OSError as error:  # gone or full since check_tmp_dir, or the system's
+            raise WeenvError(
+                f"cannot create a staging folder in {staging_parent(tmp_dir)}: "
+                f"{error.strerror or error}"
+            ) from None
         self._fd: int | None = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         # Until the lock is taken, our pid (alive) in the name keeps sweepers away.
         fcntl.flock(self._fd, fcntl.LOCK_EX)

@@ -194,3 +194,36 @@ def test_old_unlocked_stagings_of_every_kind_go_after_the_grace_period(tmp_path)
     (tmp_path / "weenv-other-abcd1234").mkdir()  # not a staging: never touched
     age(tmp_path / "weenv-other-abcd1234", 2 * HOUR)
     assert sorted(s.path.name for s in stale_stagings(tmp_path)) == sorted(names)
+
+
+@pytest.mark.parametrize("source", ["oci", "docker-archive"])
+def test_a_tmp_dir_that_cannot_hold_stagings_is_bad_input(tmp_path, capsys, source):
+    """`convert --tmp-dir` that is absent or a file: one line naming the option, exit 2,
+    before anything is staged or stored (was an internal error from mkdtemp, exit 70)."""
+    import oci_images as O
+    from fixtures import assert_one_line_error, run_cli
+    from support import layers as L
+
+    image = O.write_layout(tmp_path / "layout", [L.layer(L.file("a", b"a"))])
+    ref = (f"oci:{image.layout}:latest" if source == "oci"
+           else f"docker-archive:{O.docker_save_archive(image, tmp_path / 'save.tar')}")
+    a_file = tmp_path / "a-file"
+    a_file.write_bytes(b"x")
+    store = tmp_path / "store"
+    for tmp_dir, problem in ((tmp_path / "nowhere" / "dir", "no such directory"),
+                             (a_file, "not a directory")):
+        argv = ["convert", ref, "e", "--store", str(store), "--tmp-dir", str(tmp_dir), "--quiet"]
+        code, _, err = run_cli(argv, capsys)
+        line = assert_one_line_error(code, err)
+        assert code == 2 and line == f"weenv: error: --tmp-dir {tmp_dir}: {problem}", line
+    assert not store.exists() and a_file.read_bytes() == b"x"
+
+
+def test_a_staging_folder_that_cannot_be_made_is_one_line(tmp_path):
+    """The API (BuildOptions.tmp_dir, no CLI check): a WeenvError naming the folder."""
+    from weenvfs.errors import WeenvError
+    from weenvfs.tools.staging import staging_dir
+
+    failing = staging_dir(tmp_path / "nowhere", "build")
+    with pytest.raises(WeenvError, match="cannot create a staging folder in .*nowhere"):
+        failing.__enter__()
