@@ -111,6 +111,7 @@ BUDGET_OVER_STARGZ = 3.0  # issue 17: the weenv snapshotter vs eStargz, cold
 WORKLOADS = {
     "reference": "import numpy, pandas",
     "python": "import json, sqlite3, decimal, email.parser",  # --quick: a smaller tree
+    "large": "import torch, sklearn",  # a large Python image (~2 GB: tools/sample.py)
 }
 TAR_EXTRACT = ["tar", "-I", "zstd -T0", "-xf"]
 DOCKER = "docker pull + run"
@@ -125,6 +126,8 @@ examples:
   .venv/bin/python benchmarks/coldstart_ref.py --quick
   # without WeEnv under containerd (weenv pull + ctr run --snapshotter weenv)
   .venv/bin/python benchmarks/coldstart_ref.py --no-snapshotter
+  # a large Python image (~2 GB: + PyTorch, scikit-learn), `import torch, sklearn`
+  .venv/bin/python benchmarks/coldstart_ref.py --profile large --repeats 2
 """
 
 
