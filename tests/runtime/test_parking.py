@@ -92,6 +92,17 @@ def test_a_run_that_changes_nothing_parks_its_root_and_the_next_run_takes_it_ove
     assert not any(daemon.is_mounted(mounts.mountpoint(k)) for k in parked_env.keys)
 
 
+def test_a_bad_park_time_is_refused_before_anything_runs(parked_env: EnvRef,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    for bad in ("abc", "-1"):
+        monkeypatch.setenv(parking.PARK_SECONDS_ENV, bad)
+        refused = _run(parked_env, "sh", "-c", "echo ran", check=False)
+        assert refused.returncode == 2 and refused.stdout == b"", refused
+        assert refused.stderr == (f"weenv: error: ${parking.PARK_SECONDS_ENV} must be a "
+                                  f"non-negative number, not '{bad}'\n").encode()
+    assert _parked(parked_env) == []
+
+
 @pytest.mark.parametrize("change", [
     "echo x > /tmp/made",  # a new file (its folder copied up)
     ": > /made && rm /made",  # made and removed again: the upper's times changed

@@ -90,12 +90,15 @@ class WarmPolicy:
     def from_env(cls) -> WarmPolicy:
         """The node's policy: $WEENV_KEEP_WARM, $WEENV_WARM_MAX, $WEENV_WARM_MEMORY."""
         default = cls()
-        return cls(_env_number(KEEP_WARM_ENV, default.seconds, float),
-                   int(_env_number(WARM_MAX_ENV, default.max_idle, int)),
-                   int(_env_number(WARM_MEMORY_ENV, default.max_memory, int)))
+        return cls(env_number(KEEP_WARM_ENV, default.seconds, float),
+                   int(env_number(WARM_MAX_ENV, default.max_idle, int)),
+                   int(env_number(WARM_MEMORY_ENV, default.max_memory, int)))
 
 
-def _env_number(name: str, default: float, kind: type[float] | type[int]) -> float:
+def env_number(name: str, default: float, kind: type[float] | type[int]) -> float:
+    """$NAME as a non-negative number of `kind` (`default` when unset or empty); a
+    UsageError naming the variable otherwise (a typo must not switch a node's policy
+    silently)."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default

@@ -50,10 +50,7 @@ MAX_PARKED = 4
 def park_seconds() -> float:
     """How long a root stays parked ($WEENV_PARK_SECONDS, default 60; 0: never parked), and
     0 too when the node keeps no shared mount warm (a parked root holds its mounts)."""
-    try:
-        seconds = float(os.environ.get(PARK_SECONDS_ENV, DEFAULT_PARK_SECONDS))
-    except ValueError:
-        seconds = DEFAULT_PARK_SECONDS
+    seconds = mounts.env_number(PARK_SECONDS_ENV, DEFAULT_PARK_SECONDS, float)
     policy = mounts.WarmPolicy.from_env()
     if policy.seconds <= 0 or policy.max_idle <= 0:
         return 0.0

@@ -631,9 +631,11 @@ class Sandbox:
         is mounted again, and a root over the old one is not taken), and `drop_parked`
         removes a parked root over a mount that no longer answers (gc, the node service's
         housekeeping after every release)."""
+        if not self.state.get("parkable"):  # (parking.park_seconds was checked when made)
+            return False
         keys = self._mount_keys()
         seconds = parking.park_seconds()
-        if not self.state.get("parkable") or seconds <= 0 or not self._root_as_made():
+        if seconds <= 0 or not self._root_as_made():
             return False
         if not parking.has_room(keys):
             return False
