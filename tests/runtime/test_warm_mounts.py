@@ -217,3 +217,20 @@ def test_a_copy_in_use_in_another_namespace_is_left_to_it_and_the_eviction_goes_
     assert "etc" in os.listdir(f"/proc/{holders[0].proc.pid}/cwd")  # served still
     holders.pop().end()
     daemon.wait_exit(info.pid, 20)
+
+
+def test_gc_takes_a_warm_mount_whose_daemon_was_killed(
+        warm_root: Path, make_env: Callable[..., EnvRef]) -> None:
+    """A killed daemon leaves a mount nothing can be read from: gc unmounts it at once (its
+    warm time keeps nothing), with its kernel layers, instead of listing it till it expires."""
+    env = make_env()
+    mp = _use(env)
+    [info] = mounts.list_mounts()
+    assert info.pid is not None and info.warm_until is not None
+    os.kill(info.pid, 9)
+    daemon.wait_exit(info.pid, 30)
+    done = json.loads(run_weenv("sandbox", "gc", "--json").stdout)
+    assert env.digest in done["mounts"], done
+    assert mounts.list_mounts() == [] and not daemon.is_mounted(mp)
+    with open("/proc/self/mounts", "rb") as table:
+        assert os.fsencode(str(warm_root)) not in table.read()

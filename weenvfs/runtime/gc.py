@@ -13,7 +13,8 @@ Owns the rules for what is an orphan, and their removal:
 - parked sandboxes (parking.py) past their time or over a mount that no longer answers
   (`drop_parked`, which evictions of shared mounts also call first: a parked root holds them);
 - shared mounts (mounts.py): holders whose sandbox is gone are dropped, a mount with no holder
-  that is not kept warm is unmounted, and idle mounts over the node's bounds are evicted.
+  that is not kept warm, or whose daemon is dead, is unmounted, and idle mounts over the
+  node's bounds are evicted.
 A sandbox still being created or reset by a live owner is never touched.
 
 Must not: remove a sandbox whose owner runs, or an upper kept with `--keep`.

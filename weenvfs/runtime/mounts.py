@@ -595,17 +595,30 @@ def _anchored(path: Path, is_live: Callable[[str], bool]) -> bool:
 
 
 def expire(key: str, is_live: Callable[[str], bool], now: float | None = None) -> bool:
-    """Unmount mount `key` if it has no live holder and is not kept warm past `now`;
+    """Unmount mount `key` if it has no live holder and is not kept warm past `now`, or is
+    dead (its daemon gone: nothing can be served from it, so its warm time keeps nothing);
     return whether it was torn down."""
     with locked(key) as folder:
         prune_holders(folder, is_live)
         if _holders(folder):
             return False
         warm_until = _read_info(folder).get("warm_until")
-        if isinstance(warm_until, int | float) and warm_until > (now or time.time()):
+        if (isinstance(warm_until, int | float) and warm_until > (now or time.time())
+                and not _dead_mount(folder / "root")):
             return False
         _teardown(folder)
         return True
+
+
+def _dead_mount(mp: Path) -> bool:
+    """Mounted but not answering (its daemon was killed): what `_alive_mount` remounts."""
+    if not daemon.is_mounted(mp):
+        return False
+    try:
+        daemon.check_answers(mp)
+    except OSError:
+        return True
+    return False
 
 
 def _teardown(folder: Path) -> dict[str, Any] | None:
