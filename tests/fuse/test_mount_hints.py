@@ -6,7 +6,9 @@ publishes what it read; `weenv stats` shows replay progress, hint hits and waste
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -115,6 +117,26 @@ def test_record_hints_publishes_on_unmount(env, mounter: Mounter) -> None:
     bad = run_weenv("hints", "pack", "env:t", "--store", str(store), "--if-hint", "zz",
                     check=False)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--if-hint" in bad.stderr
+
+
+def test_recording_into_a_store_that_cannot_take_it_is_refused_at_once(
+        env, tmp_path: Path) -> None:
+    """The daemon publishes at unmount: a read-only store is said by `weenv mount` itself
+    (one line, nothing mounted), not only in the daemon's log after the work."""
+    store, _ = env
+    read_only = tmp_path / "ro-store"
+    read_only.mkdir()
+    subprocess.run(["mount", "--bind", "-o", "ro", str(store), str(read_only)], check=True)
+    try:
+        mp = tmp_path / "ro-mp"
+        mp.mkdir()
+        refused = run_weenv("mount", "env:t", str(mp), "--store", str(read_only), "--cache",
+                            str(tmp_path / "ro-cache"), "--record-hints", "rec", check=False)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+        assert refused.stderr.startswith("weenv: error: cannot record hints:")
+        assert not os.path.ismount(mp)
+    finally:
+        subprocess.run(["umount", str(read_only)], check=True)
 
 
 def test_a_recording_mount_packs_its_hint_in_the_background(env, mounter: Mounter,

@@ -269,6 +269,19 @@ def _page_roots(values: list[str]) -> dict[int, Path]:
     return out
 
 
+def _check_writable(store_url: str) -> None:
+    """--record-hints publishes at unmount, from the daemon: a store that cannot take it is
+    said now, by this command, not in the daemon's log once the work is done."""
+    from weenvfs.errors import StoreError
+    from weenvfs.store import open_store
+
+    with open_store(store_url) as store:
+        try:
+            store.check(write=True)
+        except StoreError as error:
+            raise UsageError(f"cannot record hints: {error}") from None
+
+
 def _has_entries(folder: Path) -> bool:
     try:
         with os.scandir(folder) as entries:
@@ -283,6 +296,8 @@ def _cmd_mount(args: argparse.Namespace) -> int:
     from .spawn import spawn  # loads the mount server's client: not for umount or stats
 
     config = _config(args)
+    if config.record_tag is not None:
+        _check_writable(args.store)
     config.cache_dir.mkdir(parents=True, exist_ok=True)
     log_file = Path(args.log_file or _default_log_file(config)).absolute()
     log_file.parent.mkdir(parents=True, exist_ok=True)
