@@ -79,6 +79,8 @@ def parse_name_tag(ref: str, what: str = "reference") -> tuple[str, str]:
     name, sep, tag = ref.rpartition(":")
     if not sep or "/" in tag:
         name, tag = ref, DEFAULT_TAG
+    if ":" in name:  # say the reference as given, not the part before its last colon
+        raise FormatError(what, f"{ref!r:.80} is not NAME[:TAG] (one colon at most)")
     return check_name(name, what), check_tag(tag)
 
 

@@ -419,6 +419,11 @@ def test_parse_name_tag_refuses(ref: str) -> None:
         parse_name_tag(ref)
 
 
+def test_a_refused_reference_is_named_whole() -> None:
+    with pytest.raises(FormatError, match="'a:b:c' is not NAME"):
+        parse_name_tag("a:b:c")
+
+
 def test_keys() -> None:
     assert object_key("blobs", D1) == f"blobs/{D1}"
     assert tag_key("groups", "python/3.11", "latest") == "tags/groups/python~3.11/latest"
