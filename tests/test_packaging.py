@@ -22,6 +22,7 @@ import tomllib
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -249,7 +250,14 @@ FAKE_COMMANDS = textwrap.dedent(
         "oserror": OSError(5, "Input/output error"),
     }
 
+    def _warn(args):
+        import logging
+        logging.getLogger("weenvfs.fake").warning("careful: %s", "this")
+        return 0
+
     def register(subparsers):
+        add_command(subparsers, "warn", help="warn", description="Warn.",
+                    examples=["weenv warn"], func=_warn)
         for name, exc in FAILURES.items():
             add_command(subparsers, "fail-" + name, help="fail", description="Fail.",
                         examples=["weenv fail-" + name], func=_raise(exc))
@@ -313,6 +321,16 @@ def test_errors_are_one_line(
     captured = capsys.readouterr()
     assert captured.err == line + "\n"
     assert captured.out == ""
+
+
+def test_warnings_are_said_as_the_commands_own_lines(
+    fake_commands: None, capsys: pytest.CaptureFixture[str], assert_logs: Any
+) -> None:
+    with assert_logs("careful", count=2):
+        assert cli.main(["warn"]) == 0
+        assert capsys.readouterr().err == "weenv: warning: careful: this\n"
+        assert cli.main(["-v", "warn"]) == 0  # with -v, as a log: level and logger
+        assert capsys.readouterr().err == "WARNING weenvfs.fake: careful: this\n"
 
 
 def test_debug_shows_traceback(fake_commands: None, capsys: pytest.CaptureFixture[str]) -> None:

@@ -269,6 +269,15 @@ def _open_log_file(path: str) -> logging.Handler:
         raise UsageError(f"cannot open log file {path}: {error.strerror}") from None
 
 
+class _ConsoleFormatter(logging.Formatter):
+    """Without -v only warnings and errors reach the console: said as the command's own lines
+    (`weenv: warning: ...`), as its errors are; with -v, levels and loggers as a log has them."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = super().format(record)
+        return f"weenv: {record.levelname.lower()}: {message}"
+
+
 def _setup_logging(setup: _LogSetup, verbose: int, log_file: str | None) -> None:
     """Attach a stderr handler (and a file handler) to the root logger, recorded in `setup`."""
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
@@ -281,7 +290,8 @@ def _setup_logging(setup: _LogSetup, verbose: int, log_file: str | None) -> None
     logging.getLogger("weenvfs").setLevel(wanted)
     console = logging.StreamHandler(sys.stderr)
     console.setLevel(level)
-    console.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    console.setFormatter(_ConsoleFormatter() if verbose == 0
+                         else logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     setup.handlers.append(console)
     if file_handler is not None:
         file_handler.setLevel(min(level, logging.INFO))
