@@ -9,6 +9,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -256,6 +257,22 @@ def test_check_reports_an_unreachable_endpoint(seaweed: Any) -> None:
                     session_options={"aws_access_key_id": "a", "aws_secret_access_key": "b"})
     err = _check_error(store)
     assert "cannot reach the endpoint" in str(err) and err.temporary
+
+
+def test_an_endpoint_that_never_answers_is_said_so(seaweed: Any) -> None:
+    """A server that takes the connection and sends nothing: one line saying so, not
+    'TimeoutError: timed out' (what the CLI printed after the timeout)."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"s3://weenv/x?endpoint=http://127.0.0.1:{silent.getsockname()[1]}"
+        store = S3Store(url, read_timeout=1, session_options={"aws_access_key_id": "a",
+                                                              "aws_secret_access_key": "b"})
+        with pytest.raises(StoreUnavailable) as raised:
+            store.get("tags/envs/x/y")
+        store.close()
+    assert "no answer from the endpoint in time" in str(raised.value)
+    assert raised.value.temporary
 
 
 # -- writes ----------------------------------------------------------------------------------

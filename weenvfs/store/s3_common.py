@@ -28,12 +28,14 @@ from botocore.exceptions import (
     BotoCoreError,
     ClientError,
     ConnectionError,
+    ConnectTimeoutError,
     EndpointConnectionError,
     FlexibleChecksumError,
     HTTPClientError,
     IncompleteReadError,
     NoCredentialsError,
     PartialCredentialsError,
+    ReadTimeoutError,
     SSLError,
 )
 from urllib3.exceptions import HTTPError as URLLib3Error
@@ -111,6 +113,8 @@ def translate(err: BaseException, url: str, what: str, key: str) -> StoreError:
         return StoreUnavailable(f"{where}: TLS error: {err}", temporary=False)
     if isinstance(err, EndpointConnectionError):
         return StoreUnavailable(f"{where}: cannot reach the endpoint: {err}", temporary=True)
+    if isinstance(err, (TimeoutError, ReadTimeoutError, ConnectTimeoutError)):
+        return StoreUnavailable(f"{where}: no answer from the endpoint in time", temporary=True)
     if isinstance(err, (ConnectionError, HTTPClientError, IncompleteReadError,
                         FlexibleChecksumError, URLLib3Error, http.client.HTTPException,
                         OSError)):
