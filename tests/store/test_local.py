@@ -223,6 +223,9 @@ def test_check_on_a_file_root(tmp_path: Path) -> None:
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(StoreUnavailable, match="not a directory"):
         LocalStore(tmp_path / "file").check()
+    for read in (lambda s: s.get("tags/envs/a/b"), lambda s: list(s.list())):  # the same words
+        with pytest.raises(StoreUnavailable, match="not a directory"):
+            read(LocalStore(tmp_path / "file"))
 
 
 def test_create_makes_the_root(tmp_path: Path) -> None:

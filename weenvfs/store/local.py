@@ -356,6 +356,8 @@ class LocalStore(Store):
         )
 
     def _root_missing(self) -> StoreUnavailable:
+        if os.path.exists(self._root):  # a file, or a dangling link: what `check` says
+            return StoreUnavailable(f"store {self.url}: not a directory", temporary=False)
         return StoreUnavailable(
             f"store {self.url}: directory {self._given} does not exist", temporary=False
         )
