@@ -87,6 +87,7 @@ class Exporter:
     tree: ComposedTree
     reader: ChunkReader
     stats: ExportStats = field(default_factory=ExportStats)
+    progress: Callable[[int], None] | None = None  # told each file data byte count written
     _first: dict[tuple[int, int], bytes] = field(default_factory=dict)
     _seen_dirs: set[tuple[int, int]] = field(default_factory=set)
     _root_fd: int = -1
@@ -200,6 +201,8 @@ class Exporter:
                 else:
                     _pwrite_all(fd, piece.data, piece.offset)
                     self.stats.bytes_written += piece.length
+                    if self.progress is not None:
+                        self.progress(piece.length)
             # Extends over a trailing hole; a no-op otherwise.
             os.ftruncate(fd, rec.size)
             _apply_fd(fd, rec, xattrs)
@@ -336,9 +339,11 @@ def _open_dest(dest: Path) -> _Dest:
     return _Dest(dest, fd, os.dup(fd), created, st.st_mode, st.st_uid, st.st_gid)
 
 
-def export_tree(tree: ComposedTree, reader: ChunkReader, dest: Path) -> ExportStats:
-    """Materialize `tree` into `dest` (see the module docstring for the guarantees)."""
-    stats = Exporter(tree, reader).run(dest)
+def export_tree(tree: ComposedTree, reader: ChunkReader, dest: Path,
+                progress: Callable[[int], None] | None = None) -> ExportStats:
+    """Materialize `tree` into `dest` (see the module docstring for the guarantees);
+    `progress(n)` after each `n` bytes of file data written."""
+    stats = Exporter(tree, reader, progress=progress).run(dest)
     log.info(
         "exported %d dirs, %d files (%d bytes, %d in holes), %d symlinks, %d hardlinks, "
         "%d special files into %s",

@@ -290,7 +290,12 @@ def _cmd_export(args: argparse.Namespace, repo: Repository) -> int:
         tree = ComposedTree([load_group_ref(repo, args.ref).index])
     else:
         tree = load_env(repo, args.ref).tree()
-    stats = export_tree(tree, ChunkReader(repo.store), args.dir)
+    progress = Progress(mode="auto" if sys.stderr.isatty() else "quiet")
+    progress.begin("exporting file data")
+    try:
+        stats = export_tree(tree, ChunkReader(repo.store), args.dir, progress=progress.update)
+    finally:
+        progress.end()
     print(
         f"exported {args.ref} to {args.dir}: {stats.dirs + 1} dirs, {stats.files} files "
         f"({format_size(stats.bytes_written)}), {stats.symlinks} symlinks, "

@@ -75,6 +75,19 @@ def test_holes_stay_holes(repo: Repository, store: LocalStore, tmp_path: Path, c
     assert st.st_size == 5 * 65536 and st.st_blocks * 512 <= 2 * 65536
 
 
+def test_export_tells_its_progress_the_bytes_it_writes(
+    repo: Repository, store: LocalStore, tmp_path: Path
+) -> None:
+    from weenvfs.tools.export import export_tree
+    from weenvfs.tools.reader import ChunkReader, load_env
+
+    standard_env(repo)
+    told: list[int] = []
+    stats = export_tree(load_env(repo, "py-env").tree(), ChunkReader(store), tmp_path / "out",
+                        progress=told.append)
+    assert sum(told) == stats.bytes_written > 0 and len(told) > 1
+
+
 def test_built_hostile_tree_round_trips(
     repo: Repository, store: LocalStore, tmp_path: Path, capsys: Any
 ) -> None:
