@@ -30,7 +30,9 @@
  * index's inode table, u64 offset of its chunk table (SPEC.md 6.4, 6.6).
  *
  * Channel records (32 bytes each, several per message) to the daemon: 'R' a read to answer
- * (dev, flags bit 0: it continues the file's last read, size, unique, device offset), 'X'
+ * (dev, flags bit 0: it continues the file's last read, size, unique, device offset, and in
+ * the last field the id of the task that asked, the FUSE header's pid: the daemon tells the
+ * kernel's own retry of a failed read from a new read by it, docs/design-notes.md), 'X'
  * the stats xattr (size, unique), 'T' a file range this program served
  * that starts a file or reaches a chunk no reported read reached (dev, flags, length, file
  * offset, inode): the daemon's read-ahead and hint recording see what they would have seen
@@ -118,7 +120,7 @@ struct record { /* to the daemon */
     uint64_t unique;
     uint64_t offset;
     uint32_t ino;
-    uint32_t pad;
+    uint32_t pid; /* 'R': the task that asked (0: unknown) */
 };
 
 /* Bytes [start, start + length) of a blob as stored, at offset 0 of `fd`. */
@@ -678,14 +680,16 @@ static uint32_t extent_at(const struct device *dev, uint64_t block) {
 
 static uint8_t data[1u << 20];
 
-static void forward_read(uint32_t d, uint64_t unique, uint64_t offset, uint32_t size, int follows) {
+static void forward_read(uint32_t d, uint64_t unique, uint64_t offset, uint32_t size, int follows,
+                         uint32_t pid) {
     struct record r = {.type = 'R', .flags = (uint8_t)follows, .dev = (uint16_t)d,
-                       .size = size, .unique = unique, .offset = offset};
+                       .size = size, .unique = unique, .offset = offset, .pid = pid};
     counters[C_FORWARDED]++;
     push_record(&r, 1);
 }
 
-static void do_read(uint64_t unique, uint64_t nodeid, const struct fuse_read_in *in) {
+static void do_read(uint64_t unique, uint64_t nodeid, uint32_t pid,
+                    const struct fuse_read_in *in) {
     struct device *dev = &devices[nodeid - ROOT - 1];
     uint32_t d = (uint32_t)(nodeid - ROOT - 1);
     uint64_t offset = in->offset, size = in->size;
@@ -709,7 +713,7 @@ static void do_read(uint64_t unique, uint64_t nodeid, const struct fuse_read_in 
         memset(data + (at - offset), 0, lo - at);
         int untold = !dev->file_told[k];
         if (!copy_file_bytes(dev, k, a, b, data + (lo - offset), &hits, &untold)) {
-            forward_read(d, unique, offset, in->size, follows_first > 0);
+            forward_read(d, unique, offset, in->size, follows_first > 0, pid);
             /* The daemon's reader sees this read: remember where it ended. */
             dev->last_end[k] = b + 1;
             return;
@@ -856,7 +860,7 @@ static void handle(const uint8_t *buf, size_t len) {
     }
     case FUSE_READ:
         if (nodeid == ROOT) { reply(unique, EISDIR, NULL, 0); return; }
-        do_read(unique, nodeid, arg);
+        do_read(unique, nodeid, h->pid, arg);
         return;
     case FUSE_RELEASE:
         reply(unique, 0, NULL, 0);

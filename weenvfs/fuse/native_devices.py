@@ -24,7 +24,9 @@ and its counters (reads, bytes, cache hits) are folded into the mount's `Stats`.
 Faults: the native server ends with the daemon (the channel closes; the FUSE connection goes
 with the last descriptor, so readers get errors, never a hang), and if it ends first, this
 process closes its own descriptor, which aborts the connection the same way, and the mount
-fails with an error.
+fails with an error. A read that fails is answered as the fetcher fails it (EIO at the
+deadline); the kernel's own retries of it, from the same task at once, continue that wait
+instead of starting a new one (`FailedReads`: the records carry the asking task's id).
 
 Must not: know EROFS bytes or fetch by itself (core/), or decide the mount's lifecycle
 (kernel_mount.py).
@@ -43,6 +45,7 @@ import socket
 import struct
 import subprocess
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +65,8 @@ HELPER = "weenv-devserve"
 # WEENV_DEVICE_SERVER=python serves the devices with pyfuse3 (device_ops.py) instead.
 SERVER_VARIABLE = "WEENV_DEVICE_SERVER"
 
-_RECORD = struct.Struct("<BBHIQQII")  # type, flags, device, size, unique, offset, inode, pad
+# type, flags, device, size, unique, offset, inode, and for 'R' the asking task (0: unknown)
+_RECORD = struct.Struct("<BBHIQQII")
 _CHUNK = struct.Struct("<BBHI")  # 'C', 0, device, chunk number (+ one SCM_RIGHTS descriptor)
 # 'F', flags (bit 0: it expires), device, blob number, start, length (+ one descriptor): a
 # frame source, its bytes from 0 being the blob's [start, start + length)
@@ -76,6 +80,92 @@ _COUNTERS = struct.Struct("<9Q")
 _MAX_HANDOVER = 64  # chunk descriptors in one message (the C side's receive buffer)
 _STOP_WAIT = 5.0  # seconds the native server gets to end after its folder is unmounted
 assert _RECORD.size == 32 and _MAP_DEVICE.size == 64 and _SOURCE.size == 24
+# How long after a task's read failed a read of the same bytes by that task may be the
+# kernel's retry of it (`FailedReads`): the kernel retries at once, milliseconds later.
+RETRY_WINDOW = 1.0
+# How long the count of a task's finished reads may take to read (`reads_done`): /proc waits
+# for a task in the middle of an exec, which may itself wait for this process's answer.
+_PROC_WAIT = 0.2
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A read that may be the kernel's retry of one this process failed: the failure's errno,
+    when (trio's clock) the deadline of the wait it continues runs out, and how many read
+    system calls the task had finished then (None: not known)."""
+
+    error: int
+    ends: float
+    reads_done: int | None
+
+
+def _syscr(tid: int) -> int | None:
+    try:
+        with open(f"/proc/{tid}/task/{tid}/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"syscr:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+async def reads_done(tid: int) -> int | None:
+    """How many read system calls task `tid` has finished (its own `syscr`, counted as each
+    one ends), or None when that cannot be read (soon enough)."""
+    if not tid:
+        return None
+    with trio.move_on_after(_PROC_WAIT):
+        return await trio.to_thread.run_sync(_syscr, tid, abandon_on_cancel=True)
+    return None
+
+
+class FailedReads:
+    """The device reads this process failed, to tell the kernel's retries of one from new reads.
+
+    The kernel answers a failed read of a file's pages by reading the page the reader waits
+    for once more, at once and from the same task, before the reader's read(2) or page fault
+    returns: filemap_update_page calls `read_folio` once on a folio a failed read-ahead left
+    not up to date, and filemap_fault up to twice more (the fault is retried after the first,
+    the per-VMA lock's attempt once more before that). Those reads are the same reader's
+    wait, not new ones: each gets what is left of the deadline the first failed read started
+    (`Retry.ends`), nothing when that read waited the whole deadline. Without this, a read of
+    data the store does not serve waited two deadlines on the kernel path, a page fault
+    three (docs/design-notes.md).
+
+    A retry is a read of the task whose read failed at most RETRY_WINDOW ago that overlaps
+    the failed one, while that task has finished no read system call since (`reads_done`:
+    the reader's own next read(2) is a new read with a deadline of its own); a retry that
+    fails is remembered as the same wait. A task's read of other bytes forgets its
+    failures."""
+
+    def __init__(self) -> None:
+        # task -> (trio time of the failure, device, start, end, its Retry)
+        self._by_task: dict[int, list[tuple[float, int, int, int, Retry]]] = {}
+
+    def failed(self, pid: int, dev: int, offset: int, size: int, retry: Retry) -> None:
+        """Task `pid`'s read of device `dev`'s [offset, offset + size) failed; `retry` is
+        what a retry of it gets. Call before answering it."""
+        if not pid:
+            return  # a task the kernel could not name (in another pid namespace)
+        now = trio.current_time()
+        for task in [t for t, records in self._by_task.items()
+                     if now - records[-1][0] > RETRY_WINDOW]:
+            del self._by_task[task]
+        self._by_task.setdefault(pid, []).append((now, dev, offset, offset + max(size, 1),
+                                                  retry))
+
+    def retry_of(self, pid: int, dev: int, offset: int, size: int) -> Retry | None:
+        """The `Retry` of task `pid`'s read of `dev`'s [offset, offset + size) when it
+        overlaps a read of that task's that failed at most RETRY_WINDOW ago (the caller then
+        checks `reads_done`), else None; either way the task's failures are forgotten."""
+        records = self._by_task.pop(pid, None) if pid else None
+        now = trio.current_time()
+        for when, d, start, stop, retry in records or ():
+            if d == dev and now - when <= RETRY_WINDOW and start < offset + max(size, 1) \
+                    and offset < stop:
+                return retry
+        return None
 
 
 def choose_server() -> tuple[str | None, str | None]:
@@ -169,6 +259,7 @@ class NativeDevices:
         self._stopping = False
         self._cancel = trio.CancelScope()
         self._places: dict[str, list[tuple[int, int]]] | None = None  # blob -> (dev, number)
+        self.failed_reads = FailedReads()
         self.failure: str | None = None  # why the server ended before it was told to
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -315,10 +406,12 @@ class NativeDevices:
         log.error("%s", self.failure)
 
     def _dispatch(self, record: tuple[int, ...], nursery: trio.Nursery) -> None:
-        kind, flags, dev, size, unique, offset, ino, _ = record
+        kind, flags, dev, size, unique, offset, ino, pid = record
         if kind == ord("R") and dev < len(self.devices):
+            # Here, not in the task: tasks start in no fixed order, a task's reads arrive in it.
+            retry = self.failed_reads.retry_of(pid, dev, offset, size)
             nursery.start_soon(self._read, self.devices[dev], dev, unique, offset, size,
-                               bool(flags & 1))
+                               bool(flags & 1), pid, retry)
         elif kind == ord("T") and dev < len(self.devices):
             device = self.devices[dev]
             with contextlib.suppress(Exception):  # a hint for read-ahead only
@@ -349,15 +442,37 @@ class NativeDevices:
                 log.warning("answering a device request: %s", e)
 
     async def _read(self, device: DeviceReader, dev: int, unique: int, offset: int, size: int,
-                    follows: bool) -> None:
+                    follows: bool, pid: int = 0, retry: Retry | None = None) -> None:
+        """Answer a forwarded read. `retry`: it may be the kernel's retry of a read that failed
+        (`FailedReads`); if so, it is served from the cache when its data came meanwhile,
+        else given what is left of the failed read's deadline (then that read's errno)."""
+        started = trio.current_time()
+        if retry is not None and retry.reads_done is not None:
+            done = await reads_done(pid)
+            if done is not None and done != retry.reads_done:
+                retry = None  # the task's read(2) ended since: this is a read of its own
+        data: bytes | None = None
         try:
             if follows:
                 device.continued(offset)
             data = device.read_cached(offset, size)
-            if data is None:
+            if data is None and retry is None:
                 data = await device.read(offset, size)
+            elif data is None and retry is not None and retry.ends > trio.current_time():
+                with trio.move_on_at(retry.ends):
+                    data = await device.read(offset, size)
         except Exception as error:  # noqa: BLE001 - every failure is an errno for the kernel
-            self._reply(unique, to_errno(error, self.error_log, "read"))
+            code = to_errno(error, self.error_log, "read")
+            # Before the answer, which the kernel's retry follows; a retry continues its wait.
+            ends = retry.ends if retry else started + device.reader.fetcher.deadline
+            self.failed_reads.failed(pid, dev, offset, size,
+                                     Retry(code, ends, await reads_done(pid)))
+            self._reply(unique, code)
+            return
+        if data is None:  # a retry whose deadline ran out: the answer its read got
+            assert retry is not None
+            self.failed_reads.failed(pid, dev, offset, size, retry)
+            self._reply(unique, retry.error)
             return
         self._reply(unique, 0, data)
         await self._hand_over(device, dev, offset, size)
