@@ -337,22 +337,23 @@ def _dispatch(args: argparse.Namespace) -> int:
         args.command_parser.print_help(sys.stderr)
         print(f"{args.command_parser.prog}: error: a command is required", file=sys.stderr)
         return 2
-    with _terminated_on_signals():
+    with terminated_on_signals():
         return int(args.func(args))
 
 
 @contextlib.contextmanager
-def _terminated_on_signals() -> Iterator[None]:
-    """SIGTERM and SIGHUP (unless ignored, as under nohup) raise `Terminated`, a
-    KeyboardInterrupt: every command cleans up on them as on Ctrl-C (its staging folders, a
-    recording's mount and child, a half-made export) and exits 128 + the signal. Services
-    (mountd, the snapshotter, a mount's daemon) set handlers of their own inside this."""
+def terminated_on_signals(even_ignored: bool = False) -> Iterator[None]:
+    """SIGTERM and SIGHUP (unless ignored, as under nohup, or `even_ignored`) raise
+    `Terminated`, a KeyboardInterrupt: every command cleans up on them as on Ctrl-C (its
+    staging folders, a recording's mount and child, a half-made export) and exits 128 + the
+    signal. Services (mountd, the snapshotter, a mount's daemon) set handlers of their own
+    inside this."""
 
     def handler(signum: int, frame: object) -> None:
         raise Terminated(signum)
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)
-           if signal.getsignal(s) != signal.SIG_IGN}
+           if even_ignored or signal.getsignal(s) != signal.SIG_IGN}
     try:
         yield
     finally:

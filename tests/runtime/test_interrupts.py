@@ -252,13 +252,15 @@ def _remove_created(served: Served) -> None:
 
 
 def test_sigterm_while_resolving_ends_weenv_run_as_in_its_own_process(served: Served) -> None:
-    """Before its clean-up is set up a run dies of SIGTERM; carried out by the node service
-    (weenvfs/hand_over.py), the process the user signalled dies of it as well, rather than
+    """Before its sandbox exists a run stops on SIGTERM as every command does (cli.py:
+    `Terminated`, status 128 + 15, one line); carried out by the node service
+    (weenvfs/hand_over.py), the process the user signalled ends the same way, rather than
     reporting a lost status."""
     served.stall("resolve")
     with _running(COMMANDS["run"](served)) as proc:
         _wait(served.stalled, proc, "the resolve step")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=HANG_GUARD)
-        assert proc.returncode == -signal.SIGTERM, err
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert err.strip().splitlines()[-1] == b"weenv: terminated by SIGTERM", err
         assert b"Traceback" not in err and b"exit status" not in err, err

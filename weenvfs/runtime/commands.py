@@ -21,10 +21,9 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from weenvfs.cli import add_command
+from weenvfs.cli import add_command, terminated_on_signals
 from weenvfs.cli_args import (
     add_ref_and_command,
     add_store,
@@ -35,7 +34,7 @@ from weenvfs.cli_args import (
     print_json,
     split_command,
 )
-from weenvfs.errors import Terminated, UsageError, WeenvError
+from weenvfs.errors import UsageError, WeenvError
 from weenvfs.units import size_arg
 
 from .lower_modes import DEFAULT_LOWER, LOWER_MODES
@@ -344,20 +343,11 @@ def _seccomp_option(values: list[str]) -> str | None:
     return profile
 
 
-@contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
+def _signals_interrupt() -> contextlib.AbstractContextManager[None]:
     """SIGTERM and SIGHUP raise Terminated (a KeyboardInterrupt), so `finally` blocks clean
-    up and the exit status says which signal it was."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise Terminated(signum)
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    up and the exit status says which signal it was; even where the process inherited them
+    ignored (the node service's fork of a run: its client relays them)."""
+    return terminated_on_signals(even_ignored=True)
 
 
 @contextlib.contextmanager
