@@ -234,8 +234,8 @@ def _mtime_ns(m: tarfile.TarInfo) -> int:
 def _xattrs(m: tarfile.TarInfo, raw: bytes) -> dict[bytes, bytes]:
     out: dict[bytes, bytes] = {}
     for key, value in m.pax_headers.items():
-        if key.startswith("SCHILY.xattr.") and value:  # a PAX record's empty value unsets
-            out[_b(key[len("SCHILY.xattr.") :])] = _b(value)  # it (POSIX; so does Docker)
+        if key.startswith("SCHILY.xattr."):  # an empty value is an empty xattr (kept)
+            out[_b(key[len("SCHILY.xattr.") :])] = _b(value)
         elif key.startswith("LIBARCHIVE.xattr."):
             name = urllib.parse.unquote_to_bytes(key[len("LIBARCHIVE.xattr.") :])
             try:
