@@ -489,10 +489,11 @@ def test_demand_does_not_wait_for_a_queued_prefetch(put_blob, local_store, chunk
 def test_stream_read_ahead_goes_beside_waiting_demand(put_blob, local_store, chunk_cache,
                                                      pattern) -> None:
     """A sequential reader's read-ahead (`schedule_prefetch(stream=True)`) is its next demand:
-    issued while demand reads wait (at most STREAM_CONCURRENCY requests at once), and a demand
-    read of a chunk on its way waits for that request instead of asking the store again."""
-    plains = _plains(pattern, 8)
+    issued while demand reads wait (STREAM_CONCURRENCY requests at once), and a demand read of
+    a chunk on its way waits for that request instead of asking the store again."""
+    plains = _plains(pattern, 2 + STREAM_CONCURRENCY)
     locs = put_blob(plains)
+    ahead, queued = locs[1:-1], locs[-1]  # as many as go out at once: all of them in flight
     gate = Gate(local_store)
     store = FaultyStore(local_store, get_range=gate.get_range)
     fetcher = Fetcher(store, chunk_cache, demand_concurrency=1, max_request_bytes=1)
@@ -503,25 +504,33 @@ def test_stream_read_ahead_goes_beside_waiting_demand(put_blob, local_store, chu
             await nursery.start(fetcher.serve)
             nursery.start_soon(_read_expecting, fetcher, locs[0], plains[0])
             await gate.arrivals(1)
-            nursery.start_soon(_read_expecting, fetcher, locs[7], plains[7])
+            nursery.start_soon(_read_expecting, fetcher, queued, plains[-1])
             with trio.fail_after(20):
                 while fetcher._demand.queued < 1:
                     await trio.sleep(0.002)
-            assert fetcher.schedule_prefetch(locs[1:7], stream=True)
-            await gate.arrivals(1 + STREAM_CONCURRENCY)  # with demand still queued
+            assert fetcher.schedule_prefetch(ahead, stream=True)
+            await gate.arrivals(1 + len(ahead))  # with demand still queued
             await trio.testing.wait_all_tasks_blocked()
-            assert len(gate.arrived) == 1 + STREAM_CONCURRENCY and fetcher._demand.queued == 1
-            nursery.start_soon(_read_expecting, fetcher, locs[1], plains[1])
+            assert sorted(gate.arrived[1:]) == sorted(loc.offset for loc in ahead)
+            assert fetcher._demand.queued == 1
+            read = trio.Event()
+
+            async def read_ahead() -> None:
+                await _read_expecting(fetcher, ahead[0], plains[1])
+                read.set()
+
+            nursery.start_soon(read_ahead)
             await trio.testing.wait_all_tasks_blocked()
             gate.open()
             with trio.fail_after(20):
+                await read.wait()  # (not cancelled between its wake-up and its count)
                 while not all(chunk_cache.contains(loc.digest) for loc in locs):
                     await trio.sleep(0.002)
             nursery.cancel_scope.cancel()
 
     trio.run(main)
     assert sorted(gate.arrived) == sorted(loc.offset for loc in locs)  # each chunk asked once
-    assert fetcher.stats.snapshot()["prefetch"]["hint_hits"] == 1  # locs[1]: read-ahead's
+    assert fetcher.stats.snapshot()["prefetch"]["hint_hits"] == 1  # ahead[0]: read-ahead's
 
 
 # -- deadline, errors, retries ---------------------------------------------------------------------
