@@ -96,13 +96,19 @@ class VanishingDriver(FolderV2Driver):
 def test_survives_a_cgroup_removed_mid_tick(
     v2_folder: V2Folder, sidecar_config: Callable[..., SidecarConfig], assert_logs: Any
 ) -> None:
-    config = sidecar_config()
+    # Ticks 0.2 s apart: the vanishing tick's writer must take "a" up before the next tick
+    # drops it (a writer still busy with an earlier write on a loaded node picked the new
+    # limits up only after that, found "a" dropped and wrote nothing: a CI run saw no
+    # write-error once).
+    config = sidecar_config(interval=0.2)
     driver = VanishingDriver(v2_folder.root)
     a = _register(v2_folder, config.spool, "a", driver)
     b = _register(v2_folder, config.spool, "b", driver)
     # The expectation first: the thread logs from its first tick on, and until it stops.
     with assert_logs("cgroup vanished", count=1), SidecarThread(config, driver) as thread:
         thread.wait_ticks(3)
+        wait_for(lambda: not thread.sidecar._in_flight,  # type: ignore[union-attr]
+                 "the earlier writes to end")
         # In the read of the tick that finds it gone, so that this tick also writes a (set
         # before it, an earlier tick could read the new usage and write a then: no error).
         driver.before = lambda: v2_folder.set(a, memory_current=str(195 * MIB))
