@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,17 +61,24 @@ def test_mount_quick_run_writes_table_and_json(tmp_path: Path) -> None:
     assert _mounted_below(work) == []
 
 
+def _read_quick(part: str, tmp_path: Path, require_or_skip: Callable[[object, str], None]
+                ) -> tuple[dict[str, Any], Path]:
+    """`read.py --quick --only PART` on an 8 MiB file: its results and its benchmark folder."""
+    require_or_skip(os.access("/proc/sys/vm/drop_caches", os.W_OK),
+                    "needs root to drop the page cache")
+    out, work = tmp_path / "out", tmp_path / "work"
+    done = _run("read.py", "--quick", "--only", part, "--size-mb", "8", "--out", str(out),
+                work=work)
+    assert done.returncode == 0, done.stderr
+    return json.loads((out / "read.json").read_text())["results"], work
+
+
 @pytest.mark.requires_fuse
 def test_read_quick_throughput_run(
     tmp_path: Path, require_or_skip: Callable[[object, str], None]
 ) -> None:
-    require_or_skip(os.access("/proc/sys/vm/drop_caches", os.W_OK),
-                    "needs root to drop the page cache")
-    out, work = tmp_path / "out", tmp_path / "work"
-    done = _run("read.py", "--quick", "--only", "throughput", "--size-mb", "8",
-                "--out", str(out), work=work)
-    assert done.returncode == 0, done.stderr
-    throughput = json.loads((out / "read.json").read_text())["results"]["throughput"]
+    results, work = _read_quick("throughput", tmp_path, require_or_skip)
+    throughput = results["throughput"]
     assert throughput["bytes"] == 8 << 20
     assert set(throughput["contenders"]) == {
         f"{who}, page cache {state}"
@@ -86,13 +94,8 @@ def test_read_quick_cold_s3_run(
 ) -> None:
     """The cold read from SeaweedFS against a plain GET: both rows, the bytes the mount
     fetched (the whole file: nothing was cached), nothing left mounted or running."""
-    require_or_skip(os.access("/proc/sys/vm/drop_caches", os.W_OK),
-                    "needs root to drop the page cache")
-    out, work = tmp_path / "out", tmp_path / "work"
-    done = _run("read.py", "--quick", "--only", "cold-s3", "--size-mb", "8",
-                "--out", str(out), work=work)
-    assert done.returncode == 0, done.stderr
-    cold = json.loads((out / "read.json").read_text())["results"]["cold_s3"]
+    results, work = _read_quick("cold-s3", tmp_path, require_or_skip)
+    cold = results["cold_s3"]
     assert set(cold["contenders"]) == {"weenv mount + read, node cache empty",
                                        "plain GET of the blobs"}
     assert cold["fetched"]["bytes"] >= 8 << 20 and cold["fetched"]["plain_bytes"] >= 8 << 20

@@ -134,10 +134,8 @@ class Reader:
         else:
             last_end, queued, advised, window = known
         if start == last_end:
-            chunk_size = self.tree.file(inode)[0].chunk_size
-            if (end - 1) // chunk_size > (last_end - 1) // chunk_size:  # on into a new chunk
-                window = min(window * 2, max(self.readahead, self.stream_ahead // chunk_size))
-            queued, advised = self._queue_after(inode, end, queued, advised, window)
+            queued, advised, window = self._queue_after(inode, last_end, end, queued, advised,
+                                                        window)
         self._positions[inode] = (end, queued, advised, window)
         if len(self._positions) > _TRACKED:
             self._positions.popitem(last=False)
@@ -162,18 +160,22 @@ class Reader:
             return -1
         return after[-1]
 
-    def _queue_after(self, inode: int, end: int, queued: int, advised: int,
-                     window: int) -> tuple[int, int]:
-        """Queue, as a stream, up to `window` chunks after the one holding byte `end - 1` once
-        no more than half that many are queued ahead of it (so a stream goes out in batches the
-        fetcher sends as few large requests, not a 1 MiB request per chunk read: a ranged GET
-        costs SeaweedFS nearly as much at 1 MiB as at 4), and advise the next ones up to
-        `advise_ahead`; return the highest chunk positions now queued and advised."""
+    def _queue_after(self, inode: int, last_end: int, end: int, queued: int, advised: int,
+                     window: int) -> tuple[int, int, int]:
+        """A read continued the last one (which ended at `last_end`) up to `end`: the window
+        doubles if it went on into a new chunk (up to `stream_ahead`); queue, as a stream, up
+        to `window` chunks after the one holding byte `end - 1` once no more than half that
+        many are queued ahead of it (so a stream goes out in batches the fetcher sends as few
+        large requests, not a 1 MiB request per chunk read: a ranged GET costs SeaweedFS nearly
+        as much at 1 MiB as at 4), and advise the next ones up to `advise_ahead`; return the
+        highest chunk positions now queued and advised, and the window."""
         index, ino = self.tree.file(inode)
         chunks = index.file_chunks(ino)
         if len(chunks) <= 1:
-            return queued, advised
+            return queued, advised, window
         current = (end - 1) // index.chunk_size
+        if current > (last_end - 1) // index.chunk_size:  # on into a new chunk
+            window = min(window * 2, max(self.readahead, self.stream_ahead // index.chunk_size))
         first = max(current + 1, queued + 1)
         last = min(current + window, len(chunks) - 1)
         if first <= last and queued - current <= window // 2:
@@ -186,4 +188,4 @@ class Reader:
         if near <= far:
             self.fetcher.advise([chunk_loc(index, chunks[k]) for k in range(near, far + 1)])
             advised = far
-        return queued, advised
+        return queued, advised, window
