@@ -4,7 +4,7 @@ path: once, not once per time the kernel asks the device again.
 The kernel answers a failed read-ahead of a file's pages by reading the page the reader waits
 for once more from the same task (read(2): once; a page fault: up to twice more), and each of
 those device reads used to wait a deadline of its own: EIO after twice the deadline, a SIGBUS
-after two or three times (fuse/native_devices.py `FailedReads`, docs/design-notes.md). The
+after two or three times (fuse/failed_reads.py `FailedReads`, docs/design-notes.md). The
 reader's own next read is a new read: it gets the data once the store answers again.
 
 Real parts: a `weenv mount` daemon on the kernel path with the installed native device server,
