@@ -9,7 +9,7 @@ sweep over every key under blobs/, indexes/, manifests/ and hints/, and the safe
   deleting anything (`GcAborted`, one line naming the object and the tag it came from).
   So does any tag the store holds that cannot be read (garbage content, or in a local store a
   folder, a dangling or looping symlink in its place): its target is unknown, so any object
-  may be its root (listing.scan_tags finds them; a store's plain listing skips some).
+  may be its root (tag_scan.scan_tags finds them; a store's plain listing skips some).
   Blobs are leaves and are not read; reachable blobs absent from the listing are reported.
 - Publishing writes blobs, then indexes, then manifests, then tags, and can reuse an object
   that already exists. So an object younger than `grace` (default 1 hour) is kept even when
@@ -52,8 +52,8 @@ from weenvfs.store.base import Store
 from weenvfs.store.local import LocalStore
 from weenvfs.store.repository import Repository
 
-from .listing import scan_tags
 from .staging import LEGACY_GRACE, StaleStaging, remove_stale, stale_stagings
+from .tag_scan import scan_tags
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class _Marker:
 
     def tags(self, roots: dict[str, int]) -> None:
         """Mark from every tag (again, after listing, to catch tags set meanwhile). Every tag
-        the store holds is a root: one that cannot be read (listing.scan_tags) aborts."""
+        the store holds is a root: one that cannot be read (tag_scan.scan_tags) aborts."""
         follow = {"envs": self.manifest, "groups": self.index, "hints": self.hint}
         scans = {kind: scan_tags(self.repo, kind) for kind in TAG_KINDS}
         unreadable = sorted(u for scan in scans.values() for u in scan.unreadable)
