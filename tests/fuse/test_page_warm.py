@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from hint_mounts import CHUNK, WAIT, publish_hint, publish_varied_env, wait_for_state
-from mounts import Mount, Mounter
+from mounts import Mount, Mounter, run_weenv
 from support.polling import wait_for
 
 from weenvfs.core.cache import ChunkCache
@@ -197,6 +197,15 @@ def _warmer_of(mount: Mount, store: Path) -> PageWarmer:
     return _after_the_replay(hint, indexes, {0: mount.mountpoint}, ChunkCache(mount.cache))
 
 
+def _drop_pages(path: Path) -> None:
+    """Have the kernel drop `path`'s pages from the page cache."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def test_ranges_already_in_the_page_cache_are_not_read_again(env, mounter: Mounter) -> None:
     """A warm-up through a mount whose pages are resident (a group mount kept warm by the
     environments that share it) reads nothing; a file whose pages the kernel dropped is read
@@ -213,13 +222,36 @@ def test_ranges_already_in_the_page_cache_are_not_read_again(env, mounter: Mount
     assert again["bytes_resident"] >= sum(len(contents[p]) for p in HINTED)
     assert device_reads(mount) == before
     dropped = HINTED[1]  # lib/big1: several chunks, read whole by the hint
-    fd = os.open(mount.mountpoint / dropped, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    _drop_pages(mount.mountpoint / dropped)
     third = _warmer_of(mount, store).run()
     assert third["files_read"] == 1 and third["files_resident"] == len(HINTED) - 1
     assert third["bytes_read"] == len(contents[dropped])
     assert device_reads(mount) > before
     assert (mount.mountpoint / dropped).read_bytes() == contents[dropped]
+
+
+def test_a_warm_up_never_keeps_its_mount_busy(env, mounter: Mounter, tmp_path: Path) -> None:
+    """`weenv umount` just after `weenv mount`, while the replay still reads through the mount,
+    unmounts (the warm-up reads through a detached clone), and the warm-up then stops."""
+    if mounter.path == "fuse":
+        pytest.skip("the page-cache warm-up is the kernel path's")
+    store, _ = env
+    publish_hint(store, "env:t", HINTED, files=True)
+    mount = mounter.mount("env:t", store)
+    warmed(mount)
+    for path in HINTED:
+        _drop_pages(mount.mountpoint / path)
+    hint, indexes = _published_hint(store)
+    # A cache without the hinted chunks, and a replay that is never done: the warm-up opens
+    # the mount and waits for its first file's chunks for as long as the mount is there.
+    warmer = PageWarmer(hint, indexes, {0: mount.mountpoint}, ChunkCache(tmp_path / "empty"),
+                        threading.Event())
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(warmer.run()), daemon=True)
+    thread.start()
+    wait_for(lambda: warmer._opened or None, "the warm-up to open the mount", WAIT)
+    done = run_weenv("umount", str(mount.mountpoint), check=False)
+    assert done.returncode == 0, done.stderr
+    assert not os.path.ismount(mount.mountpoint)
+    thread.join(WAIT)
+    assert not thread.is_alive() and result["files_read"] == 0

@@ -17,6 +17,9 @@ MB of resident pages for nothing (docs/design-notes.md).
 Files are opened with openat2(2) beneath the mount (no symlinks, no magic links, no other
 mount), so a hint cannot make this read anything else. Advisory work: an error skips the file
 (or, for a mount that does not come, its group's files) and is logged; nothing is raised.
+The warm-up never keeps a mount busy: it reads through a detached clone of each mount
+(open_tree(2), as root), so a `weenv umount` just after a mount is not refused because its
+replay is still reading, and it stops once a mount it reads through is unmounted.
 
 Must not: fetch chunks (it waits for the replay's), or know FUSE.
 """
@@ -64,6 +67,12 @@ class _OpenHow(ctypes.Structure):
                 ("resolve", ctypes.c_uint64)]
 
 
+# open_tree(2) (Linux 5.2): the same number in the generic table and on x86_64.
+_SYS_OPEN_TREE = 428
+OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC = 1, os.O_CLOEXEC
+_AT_FDCWD = -100
+MOUNT_CHECK = 0.05  # seconds between two looks at whether a mount read through is still there
+
 # cachestat(2) (Linux 6.5): the same number in the generic table and on x86_64.
 _SYS_CACHESTAT = 451
 
@@ -89,6 +98,23 @@ def open_beneath(folder: int, path: bytes) -> int:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), os.fsdecode(path))
     return int(fd)
+
+
+def open_root(root: Path) -> int:
+    """A descriptor of the mount at `root` that does not keep it busy: a detached clone of it
+    (open_tree(2) needs CAP_SYS_ADMIN); without that right, the folder itself (O_PATH)."""
+    fd = _libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(root),
+                       OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)
+    if fd >= 0:
+        return int(fd)
+    code = ctypes.get_errno()
+    if code not in (errno.EPERM, errno.ENOSYS):
+        raise OSError(code, os.strerror(code), str(root))
+    return os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+class Unmounted(Exception):
+    """A mount the warm-up reads through was unmounted: there is nothing left to warm."""
 
 
 def in_page_cache(fd: int, start: int, end: int) -> bool:
@@ -152,6 +178,8 @@ class PageWarmer:
                                          "files_resident": 0, "bytes_resident": 0,
                                          "skipped": 0, "seconds": None}
         self._buffer = bytearray(READ_SIZE)
+        self._opened: list[Path] = []  # the mounts read through (their clones are open)
+        self._checked = 0.0  # when `_check_mounted` last looked
 
     def run(self) -> dict[str, Any]:
         """Warm every file it can; return (and keep in `progress`) what it did."""
@@ -168,6 +196,7 @@ class PageWarmer:
                 if path is None or file.group in unusable:
                     self.progress["skipped"] += 1
                     continue
+                self._check_mounted()
                 if file.group not in folders:
                     try:
                         folders[file.group] = self._open_root(self.roots[file.group])
@@ -177,6 +206,8 @@ class PageWarmer:
                         self.progress["skipped"] += 1
                         continue
                 self._warm(folders[file.group], file.group, file.inode, path, hinted)
+        except Unmounted as gone:
+            log.info("page-cache warm-up stops: %s was unmounted", gone)
         except Exception as error:  # advisory work: the mount goes on without it
             log.warning("page-cache warm-up stopped: %s", error)
         finally:
@@ -200,7 +231,19 @@ class PageWarmer:
             if time.monotonic() > deadline:
                 raise OSError(errno.ETIMEDOUT, f"{root} was not mounted in {MOUNT_WAIT:g} s")
             time.sleep(POLL)
-        return os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = open_root(root)
+        self._opened.append(root)
+        return fd
+
+    def _check_mounted(self) -> None:
+        """Raise Unmounted if a mount read through is gone (looked at every MOUNT_CHECK s)."""
+        now = time.monotonic()
+        if now - self._checked < MOUNT_CHECK:
+            return
+        self._checked = now
+        for root in self._opened:
+            if not os.path.ismount(root):
+                raise Unmounted(root)
 
     def _warm(self, folder: int, group: int, ino: int, path: bytes,
               hinted: set[tuple[int, int]]) -> None:
@@ -251,6 +294,7 @@ class PageWarmer:
         while not self.cache.contains(loc.digest):
             if self.fetch_done.is_set():
                 return self.cache.contains(loc.digest)
+            self._check_mounted()
             time.sleep(POLL)
         return True
 
