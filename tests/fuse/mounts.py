@@ -97,6 +97,7 @@ class Mount:
     pid: int
     log_file: Path
     cache: Path
+    said: str = ""  # what `weenv mount` wrote on stderr
     expected_log: list[re.Pattern[str]] = field(default_factory=list)
 
     def stats(self) -> dict[str, Any]:
@@ -183,11 +184,11 @@ class Mounter:
         cache = cache or self.tmp_path / "cache"
         log_file = self.tmp_path / f"mount{self._count}.log"
         chosen = ["--path", self.path] if self.path and "--path" not in extra else []
-        run_weenv("--log-file", str(log_file), "mount", ref, str(mp), "--store", str(store),
-                  "--cache", str(cache), *chosen, *extra)
+        done = run_weenv("--log-file", str(log_file), "mount", ref, str(mp), "--store",
+                         str(store), "--cache", str(cache), *chosen, *extra)
         record = daemon.read_pid_file(mp)
         assert record is not None, f"no pid file for {mp}"
-        mount = Mount(mp, record["pid"], log_file, cache)
+        mount = Mount(mp, record["pid"], log_file, cache, said=done.stderr)
         self.mounts.append(mount)
         return mount
 

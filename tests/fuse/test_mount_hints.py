@@ -80,9 +80,32 @@ def test_fetch_all_then_store_removed_every_file_reads(env, mounter: Mounter) ->
 def test_a_broken_hint_is_ignored(env, mounter: Mounter) -> None:
     store, contents = env
     mount = mounter.mount("env:t", store, extra=["--hint", "ab" * 32])
-    mount.expect_log_lines(r"hint abababababab \(hint abababababab\) is missing")
+    mount.expect_log_lines(r"hint abababababab (\(hint abababababab\) is missing|is not in)")
     assert wait_for_state(mount, "no hint")["fetch"]["prefetch"]["chunks"] == 0
     assert (mount.mountpoint / "lib/big0").read_bytes() == contents["lib/big0"]
+
+
+def test_a_named_hint_that_is_not_there_is_said_and_the_mount_goes_on(
+        env, mounter: Mounter) -> None:
+    """Hints are advisory, so a missing one is no error, but a misspelt `--hint` must not
+    pass unseen: one warning line on the console (none for the default, `latest`)."""
+    store, contents = env
+    missing = "blake3:" + "0" * 64
+    for spec, said in (("nosuchtag", "no hint tag 'nosuchtag' for this environment"),
+                       (missing, "hint 000000000000 is not in the store"),
+                       ("latest", None)):
+        mount = mounter.mount("env:t", store, extra=["--hint", spec])
+        lines = mount.said.strip().splitlines()
+        if said is None:
+            assert lines == []
+        else:
+            assert lines == [f"weenv: warning: {said}: mounting without a hint"]
+            mount.expect_log_lines("mounting without a hint|is missing from the store")
+        path = sorted(contents)[0]
+        assert (mount.mountpoint / path).read_bytes() == contents[path]
+        run_weenv("umount", str(mount.mountpoint))
+    publish_hint(store, "env:t", sorted(contents)[:2], tag="nosuchtag")
+    assert mounter.mount("env:t", store, extra=["--hint", "nosuchtag"]).said == ""
 
 
 def test_record_hints_publishes_on_unmount(env, mounter: Mounter) -> None:

@@ -35,6 +35,8 @@ from .config import DEFAULT_METRICS, PATHS, default_cache_dir, mount_args
 from .stats_channel import read_stats
 
 if TYPE_CHECKING:
+    from weenvfs.core.loaded_env import LoadedEnv
+
     from .config import MountConfig
 
 log = logging.getLogger(__name__)
@@ -334,6 +336,7 @@ def _mount_foreground(args: argparse.Namespace) -> int:
         # Nothing is mounted yet: a SIGTERM while the store is read (a stalled store, a
         # Ctrl-C'd `weenv mount`) ends the daemon at once.
         env = load(args.store, args.ref, config.layer, config.cache_dir)
+        _warn_missing_hint(env, config.hint, pipe)
         # The loaded indexes live as long as the daemon: keep them out of every collection
         # (as the node service does with its modules before it forks this process).
         gc.freeze()
@@ -365,6 +368,26 @@ def _mount_foreground(args: argparse.Namespace) -> int:
         daemon.remove_pid_file(config.mountpoint, os.getpid())
         env.store.close()
     return 0
+
+
+def _warn_missing_hint(env: LoadedEnv, hint: str, pipe: daemon.ReadyPipe) -> None:
+    """Tell the user of a `--hint` naming a hint that is not there (the replay would only log
+    it in the daemon's log file)."""
+    from weenvfs.core.node_hints import NO_HINT, missing_hint
+
+    from .config import MountConfig
+
+    if hint in (MountConfig.hint, NO_HINT) or not env.serves_top:
+        return
+    from weenvfs.store.repository import Repository
+
+    note = missing_hint(Repository(env.store), env.digest, env.manifest, hint)
+    if note is None:
+        return
+    if pipe.fd is None:  # in the foreground: this process is the one on the console
+        log.warning("%s", note)
+    else:
+        pipe.warn(note)  # the parent logs it (on the console, and in the log file)
 
 
 def _log_to_file_only() -> None:

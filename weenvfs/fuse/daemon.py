@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
 import select
 import shutil
@@ -40,8 +41,11 @@ from weenvfs.errors import UsageError, WeenvError
 from . import node_socket
 from .mount_copies import describe, holders_elsewhere, remove_mount_folder, unescape_mount_field
 
+log = logging.getLogger(__name__)
+
 READY = "ok"
 PID = "pid"  # the daemon's first line: `pid N`
+WARNING = "warning:"  # `warning: TEXT` before the answer: logged by the parent, which waits on
 SPAWN_TIMEOUT = 60.0  # seconds for the daemon to mount and answer
 EXIT_TIMEOUT = 30.0  # seconds for a daemon to exit after its unmount
 # Seconds after which a daemon not gone yet is checked for copies held elsewhere: of its mount
@@ -176,6 +180,10 @@ class ReadyPipe:
         """Tell the parent why mounting failed (one line)."""
         self._send(f"error: {message}")
 
+    def warn(self, message: str) -> None:
+        """Tell the parent something its user should see; the mount goes on."""
+        self._write(f"{WARNING} {message}")
+
 
 # -- the parent's end -----------------------------------------------------------------------
 
@@ -262,7 +270,8 @@ def _await_ready(
     fd: int, timeout: float, seen: list[int] | None = None
 ) -> tuple[int | None, str | None]:
     """The daemon's pid (from its `pid N` line, also appended to `seen` as soon as read) and
-    its next line: `ok`, `error: ...`, '' at EOF (it exited), or None after `timeout`."""
+    its next line: `ok`, `error: ...`, '' at EOF (it exited), or None after `timeout`
+    (`warning: ...` lines are logged on the way)."""
     deadline = time.monotonic() + timeout
     data, pid = b"", None
     while True:
@@ -274,6 +283,9 @@ def _await_ready(
                 pid = int(rest)
                 if seen is not None:
                     seen.append(pid)
+                continue
+            if word == WARNING:
+                log.warning("%s", rest)
                 continue
             return pid, line
         left = deadline - time.monotonic()
