@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -259,8 +260,9 @@ FAKE_COMMANDS = textwrap.dedent(
         add_command(subparsers, "warn", help="warn", description="Warn.",
                     examples=["weenv warn"], func=_warn)
         for name, exc in FAILURES.items():
-            add_command(subparsers, "fail-" + name, help="fail", description="Fail.",
-                        examples=["weenv fail-" + name], func=_raise(exc))
+            p = add_command(subparsers, "fail-" + name, help="fail", description="Fail.",
+                            examples=["weenv fail-" + name], func=_raise(exc))
+            p.add_argument("--json", action="store_true")
         group = add_command(subparsers, "group", help="a group", description="A group.",
                             examples=["weenv group leaf"], func=None)
         leaves = group.add_subparsers(title="subcommands", metavar="SUBCOMMAND")
@@ -321,6 +323,21 @@ def test_errors_are_one_line(
     captured = capsys.readouterr()
     assert captured.err == line + "\n"
     assert captured.out == ""
+
+
+@pytest.mark.parametrize(("command", "code"), [("fail-user", 1), ("fail-internal", 70),
+                                               ("fail-interrupt", 130), ("fail-path", 1)])
+def test_with_json_a_failure_is_also_a_json_line_on_stdout(
+    fake_commands: None, capsys: pytest.CaptureFixture[str], command: str, code: int
+) -> None:
+    """A script that reads `--json` output finds the failure there; people still read it on
+    stderr."""
+    assert cli.main([command, "--json"]) == code
+    captured = capsys.readouterr()
+    (line,) = captured.err.splitlines()
+    assert json.loads(captured.out) == {"error": line.removeprefix("weenv: ").removeprefix(
+        "error: "), "exit_code": code}
+    assert captured.out.count("\n") == 1
 
 
 def test_warnings_are_said_as_the_commands_own_lines(

@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import errno
 import importlib
+import json
 import logging
 import os
 import signal
@@ -362,8 +363,20 @@ def terminated_on_signals(even_ignored: bool = False) -> Iterator[None]:
 
 
 def _internal(error: Exception) -> str:
-    return (f"weenv: internal error: {type(error).__name__}: {_one_line(error)}"
+    return (f"internal error: {type(error).__name__}: {_one_line(error)}"
             " (run with --debug for the traceback)")
+
+
+def _failed(what: str, code: int, as_json: bool) -> int:
+    """Say `weenv: WHAT` on stderr and, for a command run with --json, also as one JSON line
+    on stdout (`{"error": WHAT, "exit_code": CODE}`: a script reading the output finds the
+    failure where it looks); return `code`."""
+    print(f"weenv: {what}", file=sys.stderr)
+    if as_json:
+        with contextlib.suppress(OSError):
+            print(json.dumps({"error": what.removeprefix("error: "), "exit_code": code},
+                             sort_keys=True), flush=True)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -372,10 +385,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     process first (`weenv run` to the node service, whose process then calls this)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv  # until the arguments are parsed
+    as_json = "--json" in argv  # likewise: a failure is also a JSON line on stdout
     logs = _LogSetup()
     try:
         args = _parse(_parser_for(_command_of(argv)), argv)
-        debug = args.debug
+        debug, as_json = args.debug, bool(getattr(args, "json", False))
         _setup_logging(logs, args.verbose, args.log_file)
         return _dispatch(args)
     except _ParseExit as stop:
@@ -383,14 +397,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (WeenvError, FormatError) as error:
         if debug:
             traceback.print_exc()
-        print(f"weenv: error: {_one_line(error)}", file=sys.stderr)
-        return int(getattr(error, "exit_code", 1))
+        return _failed(f"error: {_one_line(error)}", int(getattr(error, "exit_code", 1)),
+                       as_json)
     except Terminated as stop:
-        print(f"weenv: terminated by {signal.Signals(stop.signum).name}", file=sys.stderr)
-        return 128 + stop.signum
+        return _failed(f"terminated by {signal.Signals(stop.signum).name}", 128 + stop.signum,
+                       as_json)
     except KeyboardInterrupt:
-        print("weenv: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _failed("interrupted", EXIT_INTERRUPTED, as_json)
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
@@ -398,18 +411,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         if error.filename is None or error.strerror is None:  # not about a path given: a bug
-            print(_internal(error), file=sys.stderr)
-            return EXIT_INTERNAL
+            return _failed(_internal(error), EXIT_INTERNAL, as_json)
         # A path that cannot be used (a file where a folder must be, no permission): the
         # node's or the caller's setting, told as such, not as an internal error.
         problem = ("exists and is not a folder" if error.errno == errno.EEXIST
                    else error.strerror.lower())
-        print(f"weenv: error: {error.filename}: {problem}", file=sys.stderr)
-        return 1
+        return _failed(f"error: {error.filename}: {problem}", 1, as_json)
     except Exception as error:
         if debug:
             traceback.print_exc()
-        print(_internal(error), file=sys.stderr)
-        return EXIT_INTERNAL
+        return _failed(_internal(error), EXIT_INTERNAL, as_json)
     finally:
         logs.undo()
