@@ -16,6 +16,7 @@ from support.trees import file
 
 from weenvfs.core.cache import ChunkCache
 from weenvfs.core.chunk_plan import chunk_loc
+from weenvfs.core.commands import _Progress
 from weenvfs.core.node_hints import publish_run
 from weenvfs.format.hints import HintRecord
 from weenvfs.store import open_store
@@ -109,3 +110,18 @@ def test_bad_input_is_one_line(store: Path, tmp_path: Path, args: tuple[str, ...
                  str(tmp_path / "cache"), check=False)
     assert done.returncode != 0
     assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+
+
+def test_progress_counts_every_chunk_once_all_are_fetched(capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    """`cache warm --all` shows how far it is through the whole environment, not the hint's
+    count (which stays 'N of N' for the rest of a long fetch)."""
+    progress = _Progress("env:t")
+    hints = {"state": "replaying", "chunks_done": 2, "chunks": 3}
+    for state, said in (("replaying", "replaying, 2 of 3 hinted chunk(s)"),
+                        ("fetching all", "fetching all, 40 of 100 chunk(s)")):
+        progress.shown = float("-inf")  # as if a second had passed
+        progress({"done": False, "fetch": {"bytes_fetched": 3 << 20},
+                  "hints": {**hints, "state": state,
+                            "fetch_all": {"done": 40, "chunks": 100, "missing": 0}}})
+        assert capsys.readouterr().err == f"weenv: warming env:t: {said}, 3 MiB fetched\n"

@@ -216,6 +216,10 @@ class _Progress:
             return
         self.shown = now
         hints, fetch = line["hints"], line["fetch"]
-        print(f"weenv: warming {self.ref}: {hints['state']}, {hints['chunks_done']} of "
-              f"{hints['chunks']} hinted chunk(s), {format_size(fetch['bytes_fetched'])} "
-              "fetched", file=sys.stderr, flush=True)
+        everything = hints.get("fetch_all")
+        if everything is not None and hints["state"] == "fetching all":
+            done = f"{everything['done']} of {everything['chunks']} chunk(s)"
+        else:
+            done = f"{hints['chunks_done']} of {hints['chunks']} hinted chunk(s)"
+        print(f"weenv: warming {self.ref}: {hints['state']}, {done}, "
+              f"{format_size(fetch['bytes_fetched'])} fetched", file=sys.stderr, flush=True)
