@@ -400,8 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _failed(f"error: {_one_line(error)}", int(getattr(error, "exit_code", 1)),
                        as_json)
     except Terminated as stop:
-        return _failed(f"terminated by {signal.Signals(stop.signum).name}", 128 + stop.signum,
-                       as_json)
+        return _failed(stop.why or f"terminated by {signal.Signals(stop.signum).name}",
+                       128 + stop.signum, as_json)
     except KeyboardInterrupt:
         return _failed("interrupted", EXIT_INTERRUPTED, as_json)
     except BrokenPipeError:

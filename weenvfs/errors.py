@@ -7,6 +7,8 @@ tools; translate them only at the FUSE boundary (errno) and in `main()` (exit co
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class WeenvError(Exception):
     """weenv failed."""
@@ -21,9 +23,14 @@ class Terminated(KeyboardInterrupt):
     """A signal other than SIGINT (SIGTERM, SIGHUP) stops a command: `finally` blocks run as
     for Ctrl-C, and `main()` exits with 128 + `signum`, as a shell reports a death by it."""
 
+    # Why this process sent itself a signal (signum -> what to say instead of "terminated by
+    # SIG..."): the node service's command whose `weenv run` went away.
+    reasons: ClassVar[dict[int, str]] = {}
+
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
+        self.why = Terminated.reasons.get(signum)
 
 
 class UsageError(WeenvError):

@@ -23,6 +23,7 @@ import pytest
 from rt_support import EnvRef, owned_by
 
 from weenvfs.fuse import daemon
+from weenvfs.fuse.service_forks import CLIENT_GONE
 from weenvfs.runtime import sandbox_state
 from weenvfs.runtime.sandbox import Sandbox
 
@@ -139,6 +140,10 @@ def test_a_client_killed_with_sigkill_leaves_nothing(env_ref: EnvRef, client: li
     while daemon.is_mounted(env_ref.mountpoint()):  # released with the sandbox (keep-warm 0)
         assert time.monotonic() < deadline, "the mount outlived the sandbox"
         time.sleep(0.05)
+    # Said as what happened (on the client's stderr, which a terminal still shows), not as a
+    # SIGTERM nobody sent.
+    assert child.stderr is not None
+    assert child.stderr.read().decode().splitlines() == [f"weenv: {CLIENT_GONE}"]
 
 
 def test_signals_reach_the_command_through_the_client(env_ref: EnvRef,

@@ -30,8 +30,12 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from weenvfs.errors import Terminated
+
 log = logging.getLogger(__name__)
 
+# Said (instead of "terminated by SIGTERM") by a command whose client went away (kill -9).
+CLIENT_GONE = "stopped: the weenv process it ran for went away"
 _children: dict[int, int] = {}  # children of `detached` not reaped yet: pid -> pidfd (or -1)
 # What an attached command asked to do once its client has its exit status (`when_answered`);
 # None in any process that is not such a command.
@@ -231,6 +235,7 @@ def _become_attached(argv: list[str], env: dict[str, str], umask: int, cwd: str,
         def watch() -> None:
             with contextlib.suppress(OSError):
                 os.read(alive, 1)  # returns once the client's end is closed
+                Terminated.reasons[signal.SIGTERM] = CLIENT_GONE
                 os.kill(os.getpid(), signal.SIGTERM)
 
         threading.Thread(target=watch, name="client-watch", daemon=True).start()
