@@ -239,8 +239,7 @@ def find_hint(
     return None
 
 
-def missing_hint(repo: Repository, manifest_digest: str, manifest: Manifest,
-                 spec: str) -> str | None:
+def missing_hint(env: LoadedEnv, spec: str) -> str | None:
     """Why a hint the user named (`--hint TAG|DIGEST`, not the default `latest` nor `none`)
     will not be found: one line for a console warning, or None (it exists, or the store
     cannot say: the replay logs that). Hints stay advisory (the mount goes on without one:
@@ -248,16 +247,17 @@ def missing_hint(repo: Repository, manifest_digest: str, manifest: Manifest,
     not pass unseen."""
     if spec in (NO_HINT, DEFAULT_TAG):
         return None
+    repo = Repository(env.store)
     match = HINT_DIGEST.fullmatch(spec)
     try:
         if match is not None:
             if repo.has_object("hints", match.group(1)):
                 return None
             return f"hint {short(match.group(1))} is not in the store: mounting without a hint"
-        repo.get_tag("hints", manifest_digest, spec)
+        repo.get_tag("hints", env.digest, spec)
         return None
     except RefNotFound:
-        if manifest.hints is not None:
+        if env.manifest.hints is not None:
             return None  # find_hint falls back to the manifest's own
         return f"no hint tag {spec!r} for this environment: mounting without a hint"
     except (StoreError, FormatError):

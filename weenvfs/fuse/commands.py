@@ -379,9 +379,7 @@ def _warn_missing_hint(env: LoadedEnv, hint: str, pipe: daemon.ReadyPipe) -> Non
 
     if hint in (MountConfig.hint, NO_HINT) or not env.serves_top:
         return
-    from weenvfs.store.repository import Repository
-
-    note = missing_hint(Repository(env.store), env.digest, env.manifest, hint)
+    note = missing_hint(env, hint)
     if note is None:
         return
     if pipe.fd is None:  # in the foreground: this process is the one on the console
