@@ -136,6 +136,21 @@ def test_gc_clears_orphans_after_kill_9_of_the_controller(env_ref: EnvRef) -> No
     assert not daemon.is_mounted(env_ref.mountpoint())
 
 
+def test_housekeeping_clears_a_sandbox_whose_controller_was_killed(env_ref: EnvRef) -> None:
+    """What the node service runs every minute and after every release removes the sandbox
+    of a controller killed with SIGKILL, and leaves a live one alone."""
+    with controller(env_ref, command="sleep 1000 > /dev/null 2>&1 &") as (child, sandbox_id):
+        pids = Sandbox.load(sandbox_id).processes()
+        child.kill()  # SIGKILL: no clean-up code runs
+        child.wait(WAIT)
+    with _open(env_ref) as live:
+        run_weenv("mounts", "evict", "--expired", "--quiet")
+        assert not sandbox_state.exists(sandbox_id)
+        assert not any(pid_visible(p) and daemon.process_alive(p) for p in pids)
+        assert not cgroups.cgroup_dirs(f"/weenv/{sandbox_id}")
+        assert sandbox_state.exists(live.id) and live.exec(["true"]).ok
+
+
 def test_gc_leaves_live_and_detached_sandboxes_alone(env_ref: EnvRef) -> None:
     detached = (
         run_weenv(

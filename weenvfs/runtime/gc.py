@@ -92,8 +92,21 @@ def collect(*, mounts_only: bool = False, launcher: Launcher | None = None) -> G
     return report
 
 
-def _sandboxes(report: GcReport, launcher: Launcher | None) -> None:
-    for sandbox_id in sandbox_state.list_ids():
+def remove_orphans(ids: list[str]) -> GcReport:
+    """Remove those of sandboxes `ids` that are orphans (sandbox.ownerless found them: the
+    node service's housekeeping) and nothing else."""
+    report = GcReport()
+    _sandboxes(report, None, ids)
+    if report.removed:
+        log.info("housekeeping removed orphaned sandboxes %s", report.sandboxes)
+    for error in report.errors:
+        log.warning("%s", error)
+    return report
+
+
+def _sandboxes(report: GcReport, launcher: Launcher | None,
+               ids: list[str] | None = None) -> None:
+    for sandbox_id in sandbox_state.list_ids() if ids is None else ids:
         try:
             box = Sandbox.load(sandbox_id, launcher)
         except UsageError:

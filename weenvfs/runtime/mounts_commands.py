@@ -5,7 +5,9 @@ Owns: its arguments and output. `weenv mounts` lists every shared mount of the n
 (kernel: EROFS over a FUSE data device; fuse: the tree served over FUSE), daemon, holders,
 idle since and warm until. `weenv mounts evict KEY|--idle|--all [--force]` unmounts them;
 `--expired` applies the node's policy (idle timeout, count and memory bounds), as the node's
-mount server does every minute. Must not: mount or unmount itself (mounts.py, fuse/daemon.py).
+mount server does every minute and after every release, and first removes the sandboxes whose
+owner was killed (what `weenv sandbox gc` would remove first). Must not: mount or unmount
+itself (mounts.py, fuse/daemon.py).
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ def register(subparsers: Sub) -> None:
     which.add_argument("--idle", action="store_true", help="every mount no sandbox holds")
     which.add_argument("--all", action="store_true", help="every mount (see --force)")
     which.add_argument("--expired", action="store_true",
-                       help="mounts past their idle timeout or over the node's bounds")
+                       help="mounts past their idle timeout or over the node's bounds "
+                       "(as root, after the sandboxes whose owner was killed)")
     ev.add_argument("--force", action="store_true", help="unmount mounts with holders too")
     ev.add_argument("--quiet", action="store_true", help="print nothing")
 
@@ -110,6 +113,7 @@ def _cmd_evict(args: argparse.Namespace) -> int:
     if args.expired:
         if _is_root():  # (this node root's own: another root's housekeeping keeps its own)
             _drop_parked(expired_only=True, own_root=True)
+            _remove_ownerless()
         evicted = mounts.evict_idle(is_live=sandbox_state.exists if _is_root() else None)
     else:
         listed = mounts.list_mounts()
@@ -142,6 +146,19 @@ def _drop_parked(**which: Any) -> list[str]:
     from .sandbox import drop_parked  # the node service has it imported (not gc.py's imports)
 
     return drop_parked(**which)
+
+
+def _remove_ownerless() -> None:
+    """Remove the sandboxes whose owner was killed (a `weenv run` in its own process, sent
+    SIGKILL: nothing of it could clean up), so that they go within a housekeeping period,
+    not at the next `weenv sandbox gc`. gc.py is imported only when there is one."""
+    from .sandbox import ownerless
+
+    found = ownerless(own_root=True)
+    if found:
+        from .gc import remove_orphans
+
+        remove_orphans(found)
 
 
 def _is_root() -> bool:

@@ -755,6 +755,25 @@ def drop_parked(keys: set[str] | None = None, *, expired_only: bool = False,
     return dropped
 
 
+def ownerless(*, own_root: bool = False) -> list[str]:
+    """The ids of the sandboxes whose owner process is gone (a `weenv run` killed with
+    SIGKILL in its own process): gc.py's first rule, checked cheaply (state files and
+    /proc) so that the node service's housekeeping can look after every release; with
+    `own_root`, only those over this process's folder of shared mounts."""
+    found = []
+    for sandbox_id in list_ids():
+        try:
+            state = read_state(sandbox_dir(sandbox_id))
+            if owner_alive(state.get("owner")):
+                continue
+        except (OSError, ValueError, KeyError, TypeError, WeenvError):
+            continue  # gc reports a state it cannot read
+        if own_root and not Sandbox(state).in_envs_root():
+            continue
+        found.append(sandbox_id)
+    return found
+
+
 def _parkable(source: EnvSource, options: SandboxOptions) -> bool:
     """Whether a sandbox of `source` made with `options` may park its root and take a parked
     one (parking.py): an upper in a folder of its own and thrown away (no --tmpfs-upper,
