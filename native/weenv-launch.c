@@ -469,10 +469,22 @@ static int command_at(char **words, int count) {
     return -1;
 }
 
-static int switched_off(const char *name) {
+/* Whether switch `name` is anything but plainly on (weenvfs/switches.py): off, or a value
+ * neither on nor off, which Python reports. Spaces around the word are ignored. */
+static int not_on(const char *name) {
+    static const char *on[] = {"", "on", "1", "yes", "true"};
     const char *value = getenv(name);
-    return value && (strcasecmp(value, "off") == 0 || strcmp(value, "0") == 0
-                     || strcasecmp(value, "no") == 0);
+    if (value == NULL)
+        return 0;
+    while (*value == ' ' || *value == '\t' || *value == '\n')
+        value++;
+    size_t len = strlen(value);
+    while (len > 0 && (value[len - 1] == ' ' || value[len - 1] == '\t' || value[len - 1] == '\n'))
+        len--;
+    for (size_t i = 0; i < sizeof on / sizeof on[0]; i++)
+        if (strlen(on[i]) == len && strncasecmp(value, on[i], len) == 0)
+            return 0;
+    return 1;
 }
 
 int main(int argc, char **argv) {
@@ -481,7 +493,7 @@ int main(int argc, char **argv) {
     int at = command_at(words, count);
     if (at < 0 || (strcmp(words[at], "run") != 0 && strcmp(words[at], "pull") != 0)
         || geteuid() != 0
-        || switched_off("WEENV_NODE_RUN") || switched_off("WEENV_MOUNTD"))
+        || not_on("WEENV_NODE_RUN") || not_on("WEENV_MOUNTD"))
         python(argv);
     for (int i = 0; i < count; i++)
         if (strcmp(words[i], "-h") == 0 || strcmp(words[i], "--help") == 0)

@@ -93,7 +93,7 @@ def test_what_run_executes_imports_no_store_or_codec() -> None:
 # The whole of what a handed-over `weenv run` may import of the project (entry.py): the
 # node service carries the command out; this process only asks it and waits.
 STAND_IN = {"weenvfs", "weenvfs.entry", "weenvfs.command_word", "weenvfs.fuse",
-            "weenvfs.fuse.node_socket", "weenvfs.hand_over"}
+            "weenvfs.fuse.node_socket", "weenvfs.hand_over", "weenvfs.switches"}
 # Modules the stand-in must not load: the CLI's parser, logging, JSON and typing.
 NOT_IN_STAND_IN = ("argparse", "logging", "json", "typing", "weenvfs.cli")
 

@@ -73,14 +73,16 @@ RULES: dict[str, Rule] = {
     # node service and, above the runtime, the containerd snapshotter serve.
     "fuse": _rule(
         {"pyfuse3", "trio", "setproctitle", "prometheus_client"},
-        {"core", "store", "errors", "units", "native", "cgroups"}, store={"weenvfs.store"},
+        {"core", "store", "errors", "units", "native", "cgroups", "switches"},
+        store={"weenvfs.store"},
     ),
     "runtime": _rule({"trio"}, {"core", "fuse", "store", "provision", "errors", "units",
-                                "native", "cgroups"}),
+                                "native", "cgroups", "switches"}),
     # The build side; it publishes each group's EROFS image over the groups below it exactly
     # as a node derives it (SPEC.md 15.9), so it uses the node's derivation, and nothing else
     # of the core (docs/design-notes.md).
-    "tools": _rule({"requests", "urllib3"} | CODEC, {"format", "store", "core", "errors", "units"},
+    "tools": _rule({"requests", "urllib3"} | CODEC,
+                   {"format", "store", "core", "errors", "units", "switches"},
                    core={"weenvfs.core.kernel_image"}),
     "provision": _rule({"trio"}, {"units"}),
     # containerd's remote snapshotter (DESIGN.md: on top of runtime and tools, like the CLI):
@@ -93,6 +95,9 @@ RULES: dict[str, Rule] = {
     "units": _rule(set(), set()),  # byte sizes for humans: stdlib only, shared by every room
     "native": _rule(set(), set()),  # where the native programs are: stdlib only, for any room
     "cgroups": _rule(set(), set()),  # where this process's cgroups are: stdlib only
+    # The node's on/off environment variables: stdlib only (the stand-in reads them), and the
+    # usage error it raises for a bad value.
+    "switches": _rule(set(), {"errors"}),
     # weenvfs/__init__.py: the version only; importing it must not pull in anything.
     "package": _rule(set(), set()),
     # The `weenv` entry point and its shared argument helpers: they load command modules by
@@ -104,7 +109,7 @@ RULES: dict[str, Rule] = {
                          "errors", "units", "native"}),
     # The stand-in of a command the node service carries out (hand_over.py): the service's
     # socket client, and its own module only when no service answers (to start one).
-    "stand-in": _rule(set(), {"fuse"},
+    "stand-in": _rule(set(), {"fuse", "switches"},
                       fuse={"weenvfs.fuse.node_socket", "weenvfs.fuse.mountd"}),
 }
 # The room of each file at the top of weenvfs/ (a new file there needs an entry).
@@ -120,6 +125,7 @@ TOP_FILES = {
     "units.py": "units",
     "native_programs.py": "native",
     "cgroup_places.py": "cgroups",
+    "switches.py": "switches",
     "hint_commands.py": "top",
     "dev_commands.py": "top",
     "demo.py": "top",

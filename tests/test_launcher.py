@@ -227,8 +227,12 @@ def test_a_run_that_ends_without_a_status_is_one_error_line(
     (["--version"], None),
     (["run", "--help"], None),
     (["--log-file", "run", "version"], None),
-    (["-v", "run", "--store", "{missing}", "env:1", "true"], "WEENV_NODE_RUN"),
-    (["run", "--store", "{missing}", "env:1", "true"], "WEENV_MOUNTD"),
+    (["-v", "run", "--store", "{missing}", "env:1", "true"], "WEENV_NODE_RUN=off"),
+    (["run", "--store", "{missing}", "env:1", "true"], "WEENV_MOUNTD=off"),
+    (["run", "--store", "{missing}", "env:1", "true"], "WEENV_NODE_RUN= False "),
+    # Neither on nor off: Python's one-line usage error (switches.py), not a run.
+    (["run", "--store", "{missing}", "env:1", "true"], "WEENV_MOUNTD=of"),
+    (["pull", "x/y:1"], "WEENV_NODE_RUN=disabled"),
     (["mounts", "--no-such-option"], None),
 ])
 def test_what_python_decides_goes_to_python_with_the_same_output(
@@ -236,7 +240,8 @@ def test_what_python_decides_goes_to_python_with_the_same_output(
         switch: str | None) -> None:
     service = serve(lambda fds: b"refused: this test's service takes nothing")
     args = [w.format(missing=tmp_path / "missing") for w in words]
-    env = _env(service, **({switch: "off"} if switch else {}))
+    name, _, value = (switch or "").partition("=")
+    env = _env(service, **({name: value} if switch else {}))
     native = subprocess.run([launcher, *args], env=env, capture_output=True, timeout=WAIT,
                             check=False)
     python = subprocess.run([sys.executable, "-m", "weenvfs", *args], env=env,
@@ -244,6 +249,9 @@ def test_what_python_decides_goes_to_python_with_the_same_output(
     assert (native.returncode, native.stdout, native.stderr) == (
         python.returncode, python.stdout, python.stderr)
     assert service.requests == []
+    if value.strip() in ("of", "disabled"):
+        assert (python.returncode, python.stderr.decode()) == (
+            2, f"weenv: error: ${name} is {value!r}: set it to on or off (or unset it)\n")
 
 
 @pytest.mark.parametrize("answer", [

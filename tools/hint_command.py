@@ -33,6 +33,7 @@ from weenvfs.format.errors import FormatError
 from weenvfs.format.refs import DEFAULT_TAG, SEED_TAG
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
+from weenvfs.switches import switched_off
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def wants_seed(args: argparse.Namespace) -> bool:
     if not args.seed_hint or args.hint_command is not None:
         return False
     for switch in (SEED_SWITCH, RECORD_SWITCH):
-        if os.environ.get(switch, "").lower() in ("off", "0", "no"):
+        if switched_off(switch):
             log.info("no seed hint: $%s is off", switch)
             return False
     if os.geteuid() != 0:

@@ -45,6 +45,7 @@ import sys
 from collections.abc import Sequence
 
 from weenvfs.fuse import node_socket
+from weenvfs.switches import switched_off
 
 SWITCH_ENV = "WEENV_NODE_RUN"  # "off": every `weenv run` and `pull` runs in its own process
 EXIT_LOST = 125  # as `docker run` when the daemon fails: the command's own status is unknown
@@ -54,8 +55,13 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 def hand_over(argv: Sequence[str], at: int) -> int | None:
     """`weenv run` or `weenv pull` carried out by the node service: its exit status, or None
     to run the command in this process (entry.main calls this before anything else is
-    imported: entry.HAND_OVER)."""
-    return delegate(argv, at) if wanted(argv) else None
+    imported: entry.HAND_OVER). A switch set to neither on nor off is a usage error (2)."""
+    try:
+        want = wanted(argv)
+    except Exception as error:  # switches.py's UsageError (not imported here: see the module)
+        print(f"weenv: error: {error}", file=sys.stderr)
+        return 2
+    return delegate(argv, at) if want else None
 
 
 def wanted(argv: Sequence[str]) -> bool:
@@ -64,7 +70,7 @@ def wanted(argv: Sequence[str]) -> bool:
     no `-h`/`--help` anywhere (help must not start a service; when the word belongs to the
     sandbox's command, that run merely goes the slower way), and a working folder that
     still exists (the service's process could not enter a deleted one)."""
-    if (os.environ.get(SWITCH_ENV, "").lower() in ("off", "0", "no") or not node_socket.enabled()
+    if (switched_off(SWITCH_ENV) or not node_socket.enabled()
             or os.geteuid() != 0 or any(word in ("-h", "--help") for word in argv)):
         return False
     try:

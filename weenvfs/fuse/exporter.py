@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from weenvfs.errors import UsageError, WeenvError
+from weenvfs.switches import OFF_WORDS
 
 from .config import DEFAULT_METRICS
 from .service_forks import forget_children
@@ -37,7 +38,7 @@ from .service_forks import forget_children
 log = logging.getLogger(__name__)
 
 ENV = "WEENV_METRICS"
-OFF = ("off", "no", "0", "false")
+OFF = OFF_WORDS
 ADDRESS_SUFFIX = ".metrics"
 PARENT_CHECK = 1.0  # seconds between two checks, in the child, that the server still runs
 

@@ -26,6 +26,8 @@ import socket
 import sys
 from _json import encode_basestring_ascii as _quoted  # json.dumps' own string encoder
 
+from weenvfs.switches import switched_off
+
 SOCKET_ENV = "WEENV_MOUNTD_SOCKET"
 SWITCH_ENV = "WEENV_MOUNTD"  # "off": never use a server
 CONNECT_TIMEOUT = 5.0  # seconds for a server to accept and answer one request
@@ -61,7 +63,7 @@ def socket_path() -> str:
 
 def enabled() -> bool:
     """Whether the node service is used at all (WEENV_MOUNTD is not `off`)."""
-    return os.environ.get(SWITCH_ENV, "").lower() not in ("off", "0", "no")
+    return not switched_off(SWITCH_ENV)
 
 
 def fingerprint() -> str:

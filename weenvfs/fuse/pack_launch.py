@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 from weenvfs.core.loaded_env import LoadedEnv
+from weenvfs.switches import switched_off
 
 from . import mountd
 from .config import MountConfig
@@ -31,7 +32,7 @@ SWITCH_ENV = "WEENV_HINT_PACK"  # "off": a recording mount does not pack what it
 
 def enabled() -> bool:
     """Whether recording mounts pack the hints they publish."""
-    return os.environ.get(SWITCH_ENV, "").lower() not in ("off", "0", "no")
+    return not switched_off(SWITCH_ENV)
 
 
 def launch(env: LoadedEnv, config: MountConfig, hint_digest: str) -> bool:

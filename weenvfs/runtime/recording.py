@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weenvfs.errors import StoreError, UsageError
+from weenvfs.switches import switched_off
 
 if TYPE_CHECKING:
     from weenvfs.store.base import Store
@@ -51,7 +51,7 @@ def decide(store: Store, digest: str, manifest: Any, wish: bool | None,
     costs no store request (core/node_copies.py `known_hinted`)."""
     if wish is False:
         return False
-    if wish is None and os.environ.get(SWITCH_ENV, "").lower() in ("off", "0", "no"):
+    if wish is None and switched_off(SWITCH_ENV):
         return False
     # Imported here: lowers.py imports this module, and `weenv run` parses its arguments
     # without the store and the core (tests/test_cli_dispatch.py).
