@@ -240,12 +240,12 @@ def find_hint(
 
 
 def missing_hint(env: LoadedEnv, spec: str) -> str | None:
-    """Why a hint the user named (`--hint TAG|DIGEST`, not the default `latest` nor `none`)
-    will not be found: one line for a console warning, or None (it exists, or the store
-    cannot say: the replay logs that). Hints stay advisory (the mount goes on without one:
-    `--hint train --record-hints train` starts with no `train`), but a misspelt name should
-    not pass unseen."""
-    if spec in (NO_HINT, DEFAULT_TAG):
+    """Why a hint the user named (`--hint TAG|DIGEST`, not the default `latest`, the `seed`
+    a recording first run replays, nor `none`) will not be found: one line for a console
+    warning, or None (it exists, or the store cannot say: the replay logs that). Hints stay
+    advisory (the mount goes on without one: `--hint train --record-hints train` starts
+    with no `train`), but a misspelt name should not pass unseen."""
+    if spec in (NO_HINT, DEFAULT_TAG, SEED_TAG):
         return None
     repo = Repository(env.store)
     match = HINT_DIGEST.fullmatch(spec)
