@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,8 +41,7 @@ from .lower_modes import DEFAULT_LOWER, LOWER_MODES
 
 if TYPE_CHECKING:
     from .elastic import NodeView
-    from .resolve_ahead import Ahead
-    from .sandbox import EnvSource, Sandbox
+    from .sandbox import Sandbox
 
 Sub = argparse._SubParsersAction  # type: ignore[type-arg]
 
@@ -382,7 +381,7 @@ def _signals_ignored() -> Iterator[None]:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from .cgroups import prime_migrations
-    from .resolve_ahead import resolved_ahead
+    from .environment import resolve_source
     from .sandbox import Sandbox
 
     # As early as can be, so the run's own work hides the wait; the only priming of a run
@@ -391,21 +390,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     given = split_command(args, "ref", store=True)
     if args.owner_pid:
         log.info("run by the node service for process %d", args.owner_pid)
-
-    def make(source: EnvSource) -> Sandbox:
-        _command_of(source, given, args.entrypoint)  # before anything is made for nothing
-        return Sandbox.create(source, _options(args, keep_upper=args.keep),
-                              owner_pid=args.owner_pid or os.getpid(), start=False)
-
+    source = resolve_source(args.ref, args.store, args.cache, args.record_hint,
+                            record_tag=args.record_tag)
+    command = source.run_argv(given, args.entrypoint)
+    if not command:
+        raise UsageError("no command given and the environment has no entrypoint or cmd")
     with _signals_interrupt():
-        # The sandbox is made from this node's last answer while the store is asked
-        # (resolve_ahead.py): ~5 ms of a warm run from S3.
-        with resolved_ahead(args.ref, args.store, args.cache, args.record_hint,
-                            record_tag=args.record_tag) as ahead, \
-                _provisioner_notice(args.elastic):
-            source, box = _made_confirmed(ahead, make)
+        with _provisioner_notice(args.elastic):
+            box = Sandbox.create(source, _options(args, keep_upper=args.keep),
+                                 owner_pid=args.owner_pid or os.getpid(), start=False)
         try:
-            return _run_once(box, _command_of(source, given, args.entrypoint))
+            return _run_once(box, command)
         finally:
             with _signals_ignored():
                 box.destroy(park=True)  # its root may wait for the next run (parking.py)
@@ -413,42 +408,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
             if args.keep:
                 print(f"weenv: upper layer kept in {box.upper_root / 'upper'}",
                       file=sys.stderr)
-
-
-def _command_of(source: EnvSource, given: list[str], entrypoint: str | None) -> list[str]:
-    """The command a run of `source` runs (its entrypoint and cmd as Docker combines them
-    with the words `given` and `--entrypoint`); UsageError if there is none."""
-    command = source.run_argv(given, entrypoint)
-    if not command:
-        raise UsageError("no command given and the environment has no entrypoint or cmd")
-    return command
-
-
-def _made_confirmed(ahead: Ahead, make: Callable[[EnvSource], Sandbox]
-                    ) -> tuple[EnvSource, Sandbox]:
-    """The sandbox of the environment the store names for the run's reference: made from
-    `ahead`'s guess while the store answers, and made again if the answer differs (a tag
-    moved since this node last resolved it). A resolution that failed raises its own error,
-    also when making the sandbox failed (the guess may be why)."""
-    box: Sandbox | None = None
-    try:
-        box = make(ahead.source)
-    except Exception:
-        if ahead.confirm() is ahead.source:
-            raise
-    try:
-        source = ahead.confirm()
-    except BaseException:
-        if box is not None:
-            with _signals_ignored():
-                box.destroy(park=True)  # never ran: a root the next run may take
-        raise
-    if box is not None and source is ahead.source:
-        return source, box
-    if box is not None:
-        with _signals_ignored():
-            box.destroy()
-    return source, make(source)
 
 
 def _say_hint(box: Sandbox) -> None:

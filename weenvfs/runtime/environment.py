@@ -95,23 +95,17 @@ def resolve_source(ref: str, store: str | Path, cache: str | Path | None,
 
     with open_store(str(store)) as opened:
         digest, manifest = resolve_env(Repository(opened), ref, cache_dir)
-        return source_of(ref, digest, manifest, opened, cache_dir, record_hint, record_tag)
-
-
-def source_of(ref: str, digest: str, manifest: Any, opened: Any, cache_dir: Path,
-              record_hint: bool | None, record_tag: str) -> EnvSource:
-    """The EnvSource of environment `digest` (its `Manifest`) in the open store `opened`, as
-    `ref` named it: whether it records its hint decided (recording.py) with the store."""
-    record = recording.decide(opened, digest, manifest, record_hint, cache_dir)
+        url = opened.url
+        record = recording.decide(opened, digest, manifest, record_hint, cache_dir)
     if record:
         from weenvfs.core.node_hints import check_hint_spec
 
         check_hint_spec(record_tag, "--record-tag", allow_none=False)
     config = manifest.config
-    return EnvSource(ref, digest, opened.url, cache_dir, tuple(config.env), config.cwd,
-                     config.user, (*config.entrypoint, *config.cmd),
-                     tuple(g.index for g in manifest.groups), record_tag if record else None,
-                     record and record_hint is None, tuple(config.entrypoint))
+    return EnvSource(ref, digest, url, cache_dir, tuple(config.env), config.cwd, config.user,
+                     (*config.entrypoint, *config.cmd), tuple(g.index for g in manifest.groups),
+                     record_tag if record else None, record and record_hint is None,
+                     tuple(config.entrypoint))
 
 
 # Environments still open when the interpreter exits normally are closed then; after a crash
