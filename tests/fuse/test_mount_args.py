@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,16 @@ def test_nonempty_flag_mounts_over_files(tmp_path: Path, mounter) -> None:
     (mp / "precious").write_text("x")
     mounter.mount(ref, tmp_path / "store", mountpoint=mp, extra=["--nonempty"])
     assert sorted(p.name for p in mp.iterdir()) == ["hello"]
+
+
+def test_a_store_whose_name_is_not_utf8_mounts(tmp_path: Path, mounter) -> None:
+    """The node notes what each reference resolved to, keyed by the store as given: a folder
+    named in bytes that are not UTF-8 (a surrogate escape in Python) is a key like any."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "hello").write_text("hello\n")
+    ref = publish(tmp_path / "store", [src])
+    odd = Path(os.fsdecode(os.path.join(os.fsencode(tmp_path), b"store-\xfe")))
+    odd.symlink_to(tmp_path / "store")
+    mount = mounter.mount(ref, odd)
+    assert (mount.mountpoint / "hello").read_text() == "hello\n"

@@ -209,7 +209,8 @@ def last_resolved(cache_dir: Path, store: str, ref: str) -> str | None:
 
 
 def _ref_path(cache_dir: Path, store: str, ref: str) -> Path:
-    key = hashlib.sha256(f"{store}\n{ref}".encode()).hexdigest()
+    # (A store folder named in bytes that are not UTF-8 arrives as surrogate escapes.)
+    key = hashlib.sha256(f"{store}\n{ref}".encode(errors="surrogateescape")).hexdigest()
     return cache_dir / REF_DIR / key
 
 
