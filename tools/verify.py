@@ -32,7 +32,13 @@ from typing import Any
 import blake3
 
 from weenvfs.core.kernel_image import stack_image
-from weenvfs.errors import ObjectMissing, ObjectTooLarge, StoreError, StoreUnavailable
+from weenvfs.errors import (
+    ObjectMissing,
+    ObjectTooLarge,
+    RefNotFound,
+    StoreError,
+    StoreUnavailable,
+)
 from weenvfs.format.chunk import decode_chunk, decompress_object
 from weenvfs.format.constants import MAX_IMAGE_SIZE
 from weenvfs.format.digest import digest_bytes, digest_hex, short
@@ -41,7 +47,7 @@ from weenvfs.format.errors import FormatError
 from weenvfs.format.hints import Hint, decode_hint
 from weenvfs.format.index import ROOT_INODE, GroupIndex, Inode
 from weenvfs.format.manifest import Manifest, decode_manifest, encode_manifest
-from weenvfs.format.refs import object_key, stored_limit
+from weenvfs.format.refs import object_key, stored_limit, tag_key
 from weenvfs.format.validate import check_tree
 from weenvfs.store.repository import Repository
 
@@ -242,9 +248,23 @@ class Verifier:
             # SPEC 9.3: the manifest's own hint is bound to it with `hints` set to null.
             bound = digest_hex(encode_manifest(dataclasses.replace(manifest, hints=None)))
             self._hint(manifest.hints, bound, indexes)
-        for hint in sorted({hint for _, _, hint in self.repo.list_tags("hints", digest)}):
+        for hint in sorted(self._hint_tags(digest)):
             self._hint(hint, digest, indexes)  # what mounts replay: `latest`, the seed, ...
         return self.report
+
+    def _hint_tags(self, digest: str) -> set[str]:
+        """The hints the environment's hint tags name; a tag that names none (its content is
+        not a digest) is reported, not a reason to stop."""
+        found = set()
+        for tag in sorted(self.repo.tag_names("hints", digest)):
+            try:
+                found.add(self.repo.get_tag("hints", digest, tag))
+            except RefNotFound:
+                continue  # deleted while listing
+            except FormatError as error:
+                self._problem(tag_key("hints", digest, tag),
+                              f"hint tag {tag!r} cannot be read: {error}")
+        return found
 
     def verify_group(self, ref: str) -> Report:
         """Check group `ref` (NAME[:TAG] or index digest), its blobs and chunks."""

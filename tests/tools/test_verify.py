@@ -24,6 +24,7 @@ from weenvfs.format.digest import digest_hex, short
 from weenvfs.format.hints import Hint, HintRecord, encode_hint
 from weenvfs.format.index import GroupIndex
 from weenvfs.format.manifest import GroupRef
+from weenvfs.format.refs import tag_key
 from weenvfs.store.local import LocalStore
 from weenvfs.store.repository import Repository
 from weenvfs.tools.verify import check_structure, verify
@@ -347,3 +348,17 @@ def test_a_tagged_hint_naming_no_chunk_is_a_problem(
     repo.set_tag("hints", env, "latest", bad)
     code, lines = _verify(store, capsys, "py-env")
     assert code == 1 and lines[0] == f"hints/{short(bad)}: 1 of 1 hint records name no chunk"
+
+
+def test_a_hint_tag_that_cannot_be_read_is_a_problem_not_a_stop(
+    repo: Repository, store: LocalStore, env: str, capsys: Any
+) -> None:
+    """A hint tag whose content is not a digest is reported with the rest of the check (it
+    ended the check with one error line); the environment's other hints are still checked."""
+    _packed(repo, env, "seed")
+    key = tag_key("hints", env, "latest")
+    (store.root / key).parent.mkdir(parents=True, exist_ok=True)
+    (store.root / key).write_bytes(b"garbage\n")
+    code, lines = _verify(store, capsys, "py-env")
+    assert code == 1 and lines[0].startswith(f"{key}: hint tag 'latest' cannot be read: ")
+    assert len(lines) == 2 and lines[1].startswith("FAILED: py-env: 1 problem")
