@@ -197,6 +197,19 @@ def _warmer_of(mount: Mount, store: Path) -> PageWarmer:
     return _after_the_replay(hint, indexes, {0: mount.mountpoint}, ChunkCache(mount.cache))
 
 
+def _warmed_mount(env: tuple[Path, dict[str, bytes]], mounter: Mounter
+                  ) -> tuple[Path, dict[str, bytes], Mount]:
+    """`env`'s store and contents, and a kernel-path mount of it whose replay of a hint of
+    HINTED (with files) has ended (skips the test on the FUSE tree)."""
+    if mounter.path == "fuse":
+        pytest.skip("the page-cache warm-up is the kernel path's")
+    store, contents = env
+    publish_hint(store, "env:t", HINTED, files=True)
+    mount = mounter.mount("env:t", store)
+    warmed(mount)
+    return store, contents, mount
+
+
 def _drop_pages(path: Path) -> None:
     """Have the kernel drop `path`'s pages from the page cache."""
     fd = os.open(path, os.O_RDONLY)
@@ -210,12 +223,7 @@ def test_ranges_already_in_the_page_cache_are_not_read_again(env, mounter: Mount
     """A warm-up through a mount whose pages are resident (a group mount kept warm by the
     environments that share it) reads nothing; a file whose pages the kernel dropped is read
     again, alone."""
-    if mounter.path == "fuse":
-        pytest.skip("the page-cache warm-up is the kernel path's")
-    store, contents = env
-    publish_hint(store, "env:t", HINTED, files=True)
-    mount = mounter.mount("env:t", store)
-    warmed(mount)
+    store, contents, mount = _warmed_mount(env, mounter)
     before = device_reads(mount)
     again = _warmer_of(mount, store).run()
     assert again["bytes_read"] == 0 and again["files_resident"] == len(HINTED)
@@ -233,12 +241,7 @@ def test_ranges_already_in_the_page_cache_are_not_read_again(env, mounter: Mount
 def test_a_warm_up_never_keeps_its_mount_busy(env, mounter: Mounter, tmp_path: Path) -> None:
     """`weenv umount` just after `weenv mount`, while the replay still reads through the mount,
     unmounts (the warm-up reads through a detached clone), and the warm-up then stops."""
-    if mounter.path == "fuse":
-        pytest.skip("the page-cache warm-up is the kernel path's")
-    store, _ = env
-    publish_hint(store, "env:t", HINTED, files=True)
-    mount = mounter.mount("env:t", store)
-    warmed(mount)
+    store, _, mount = _warmed_mount(env, mounter)
     for path in HINTED:
         _drop_pages(mount.mountpoint / path)
     hint, indexes = _published_hint(store)

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 READY = "ok"
 PID = "pid"  # the daemon's first line: `pid N`
-WARNING = "warning:"  # `warning: TEXT` before the answer: logged by the parent, which waits on
+WARNING = "warning:"  # `warning: TEXT` before the answer: logged by the parent as it waits
 SPAWN_TIMEOUT = 60.0  # seconds for the daemon to mount and answer
 EXIT_TIMEOUT = 30.0  # seconds for a daemon to exit after its unmount
 # Seconds after which a daemon not gone yet is checked for copies held elsewhere: of its mount
