@@ -120,7 +120,8 @@ def _register_mount(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
 def _add_hint_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hint", default="latest", metavar="TAG|DIGEST|none",
                    help="prefetch hint to replay in the background: a hint tag of this "
-                   "environment, a hint digest, or none (default: tag latest, if it exists)")
+                   "environment, a hint digest, or none (default: tag latest, if it exists; "
+                   "one that does not exist is a warning, and the mount goes on without)")
     p.add_argument("--fetch-all", action="store_true",
                    help="after the hint, fetch every chunk into the cache, so that the mount "
                    "keeps working if the store goes away")
