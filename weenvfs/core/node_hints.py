@@ -212,31 +212,41 @@ def find_hint(
     for a malformed `spec`."""
     if spec == NO_HINT:
         return None
-    match = HINT_DIGEST.fullmatch(spec)
-    if match is not None:
-        return _load(repo, match.group(1), f"hint {short(match.group(1))}", manifest_digest,
-                     indexes)
-    check_tag(spec)
     try:
-        digest = repo.get_tag("hints", manifest_digest, spec)
-    except RefNotFound:
-        digest = None
+        where = _locate(repo, manifest_digest, manifest, spec)
     except (StoreError, FormatError) as e:
         log.warning("cannot read hint tag %s of %s: %s", spec, short(manifest_digest), e)
         return None
-    if digest is not None:
-        found = _load(repo, digest, f"tag {spec}", manifest_digest, indexes)
-        if found is not None and spec == SEED_TAG:
-            found = dataclasses.replace(found, partial=True)
-        return found
-    if manifest.hints is not None:
-        # SPEC.md 9.3: bound to the same manifest without its `hints` field.
-        bound = digest_hex(encode_manifest(dataclasses.replace(manifest, hints=None)))
-        return _load(repo, manifest.hints, "the manifest", bound, indexes)
-    if spec == DEFAULT_TAG:
-        return find_hint(repo, manifest_digest, manifest, indexes, SEED_TAG)
-    log.info("no hint %s for %s", spec, short(manifest_digest))
-    return None
+    if where is None:
+        if spec == DEFAULT_TAG:
+            return find_hint(repo, manifest_digest, manifest, indexes, SEED_TAG)
+        log.info("no hint %s for %s", spec, short(manifest_digest))
+        return None
+    found = _load(repo, *where, indexes)
+    if found is not None and where[1] == f"tag {SEED_TAG}":
+        found = dataclasses.replace(found, partial=True)
+    return found
+
+
+def _locate(repo: Repository, manifest_digest: str, manifest: Manifest,
+            spec: str) -> tuple[str, str, str] | None:
+    """Where hint `spec` (not `none`) is, without reading it: (its digest, what named it,
+    the manifest digest it must be bound to); None when the tag does not exist and the
+    manifest names no hint of its own. StoreError or FormatError when the tag cannot be
+    read."""
+    match = HINT_DIGEST.fullmatch(spec)
+    if match is not None:
+        return match.group(1), f"hint {short(match.group(1))}", manifest_digest
+    check_tag(spec)
+    try:
+        return repo.get_tag("hints", manifest_digest, spec), f"tag {spec}", manifest_digest
+    except RefNotFound:
+        pass
+    if manifest.hints is None:
+        return None
+    # SPEC.md 9.3: bound to the same manifest without its `hints` field.
+    bound = digest_hex(encode_manifest(dataclasses.replace(manifest, hints=None)))
+    return manifest.hints, "the manifest", bound
 
 
 def missing_hint(env: LoadedEnv, spec: str) -> str | None:
@@ -244,24 +254,20 @@ def missing_hint(env: LoadedEnv, spec: str) -> str | None:
     a recording first run replays, nor `none`) will not be found: one line for a console
     warning, or None (it exists, or the store cannot say: the replay logs that). Hints stay
     advisory (the mount goes on without one: `--hint train --record-hints train` starts
-    with no `train`), but a misspelt name should not pass unseen."""
+    with no `train`), but a misspelt name should not pass unseen. Only where the hint is
+    is looked at (`_locate`, and whether that object exists), not the hint itself."""
     if spec in (NO_HINT, DEFAULT_TAG, SEED_TAG):
         return None
     repo = Repository(env.store)
-    match = HINT_DIGEST.fullmatch(spec)
     try:
-        if match is not None:
-            if repo.has_object("hints", match.group(1)):
-                return None
-            return f"hint {short(match.group(1))} is not in the store: mounting without a hint"
-        repo.get_tag("hints", env.digest, spec)
-        return None
-    except RefNotFound:
-        if env.manifest.hints is not None:
-            return None  # find_hint falls back to the manifest's own
-        return f"no hint tag {spec!r} for this environment: mounting without a hint"
+        where = _locate(repo, env.digest, env.manifest, spec)
+        if where is None:
+            return f"no hint tag {spec!r} for this environment: mounting without a hint"
+        if not repo.has_object("hints", where[0]):
+            return f"hint {short(where[0])} is not in the store: mounting without a hint"
     except (StoreError, FormatError):
-        return None
+        pass
+    return None
 
 
 def _load(
