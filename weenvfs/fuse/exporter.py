@@ -38,7 +38,6 @@ from .service_forks import forget_children
 log = logging.getLogger(__name__)
 
 ENV = "WEENV_METRICS"
-OFF = OFF_WORDS
 ADDRESS_SUFFIX = ".metrics"
 PARENT_CHECK = 1.0  # seconds between two checks, in the child, that the server still runs
 
@@ -57,7 +56,7 @@ class Address:
 def parse_address(text: str, what: str = "--metrics") -> Address | None:
     """HOST:PORT ([V6]:PORT for IPv6; port 0: any free port), or None for `off`; UsageError
     (one line, naming `what` was wrong) for anything else."""
-    if text.strip().lower() in OFF:
+    if text.strip().lower() in OFF_WORDS:
         return None
     host, sep, port = text.strip().rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
