@@ -3,10 +3,14 @@ SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup bench-setup demo test lint bench
+.PHONY: setup test-setup bench-setup demo test lint bench
 
 setup:
 	bash scripts/setup.sh
+
+# The tests add the lazy-pulling peer (its smoke test is part of the suite).
+test-setup:
+	bash scripts/setup.sh --test
 
 demo: setup
 	$(BIN)/weenv demo
@@ -14,7 +18,7 @@ demo: setup
 lint: setup
 	$(BIN)/ruff check .
 
-test: setup
+test: test-setup
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 

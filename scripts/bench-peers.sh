@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install the lazy-pulling peer of the benchmarks (benchmarks/stargz_peer.py), as root:
 # containerd, ctr-remote and a stargz snapshotter daemon built offline from Debian's Go sources.
-# Called by `scripts/setup.sh --bench`; only the benchmarks need these, so the tests' list
-# (scripts/debian-packages.txt) does not hold them: scripts/bench-packages.txt does.
+# Called by `scripts/setup.sh --test` (make test, CI: the peer's smoke test) and `--bench`; only
+# benchmarks/ code runs these, so the project's list (scripts/debian-packages.txt) does not hold
+# them: scripts/bench-packages.txt does.
 # Idempotent, and quick when everything is in place: apt runs only for missing packages, go
 # only when the daemon's source or the Debian library changed.
 #

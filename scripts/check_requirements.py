@@ -8,8 +8,9 @@ Two checks, each failing with one line per problem and a non-zero exit:
    package in that list, or from one the base system always has (priority required or
    important). A command found only because someone installed its package by hand fails.
    A command that only benchmarks/ runs may instead come from a package in
-   scripts/bench-packages.txt (what `scripts/setup.sh --bench` adds: scripts/bench-peers.sh);
-   the tests must not need those, so CI never installs them.
+   scripts/bench-packages.txt (what `scripts/setup.sh --test` and `--bench` add:
+   scripts/bench-peers.sh); the tests run those commands only through benchmarks/ code (the
+   eStargz peer's smoke test).
 Standard library only: it runs before the venv exists.
 """
 

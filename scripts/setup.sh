@@ -2,7 +2,9 @@
 # Install what WeEnv needs on a fresh Debian 12 machine, as root: Debian packages, then the
 # dev venv .venv with an editable install of the project and its test tools.
 # Every Debian package is installed, those only the benchmarks or tests run included (docker.io:
-# the Docker peer, which tests of the benchmarks run too); `setup.sh --bench` adds matplotlib.
+# the Docker peer, which tests of the benchmarks run too). `setup.sh --test` (make test, CI) adds
+# the lazy-pulling peer (scripts/bench-peers.sh), whose smoke test is part of the suite;
+# `setup.sh --bench` adds that and matplotlib.
 # Idempotent, and quick when everything is in place: apt runs only for missing packages and
 # pip only when pyproject.toml changed (or the install is broken).
 set -euo pipefail
@@ -11,15 +13,20 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # Every Debian package the project, its tests and its benchmarks run: one list, in
 # scripts/debian-packages.txt (scripts/check_requirements.py checks it against the code).
 mapfile -t DEBIAN_PACKAGES < <(sed -e 's/#.*//' scripts/debian-packages.txt | awk 'NF {print $1}')
-EXTRAS=test
-if [[ ${1:-} == --bench ]]; then
-    EXTRAS=test,bench  # matplotlib, for the benchmarks' figures
-fi
 PYTHON=${PYTHON:-python3}
 VENV=.venv
 STAMP=$VENV/.weenv-setup-stamp
 
 log() { printf 'setup: %s\n' "$*" >&2; }
+
+EXTRAS=test
+PEERS=no
+case ${1:-} in
+    --test) PEERS=yes ;;
+    --bench) PEERS=yes EXTRAS=test,bench ;;  # matplotlib, for the benchmarks' figures
+    '') ;;
+    *) log "unknown option $1 (--test: with the eStargz peer; --bench: that and matplotlib)"; exit 2 ;;
+esac
 
 # shellcheck source=scripts/apt.sh
 source scripts/apt.sh
@@ -115,7 +122,7 @@ for v in (sys.executable, n.PACKAGE, ":".join(n._code_folders())):
 }
 
 install_debian_packages
-if [[ $EXTRAS == *bench* ]]; then
+if [[ $PEERS == yes ]]; then
     # After the project's packages: the snapshotter build is keyed on containerd's version.
     bash scripts/bench-peers.sh  # the stargz snapshotter (scripts/bench-packages.txt)
 fi

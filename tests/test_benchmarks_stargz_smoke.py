@@ -4,8 +4,8 @@ lazy pull + run and a cold overlayfs pull + run both succeed, and afterwards not
 theirs is mounted or running.
 
 Owns: proving the peer works end to end. Must not: assert anything about timings; the numbers
-only have to exist. The bench peers are installed by `scripts/setup.sh --bench` alone, so
-without them this test skips (in CI too).
+only have to exist. The peer is installed by `scripts/setup.sh --test` (make test, CI) and
+`--bench`; without it this test skips, and fails in strict mode (CI).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -62,14 +63,13 @@ print(json.dumps(out))
 
 
 @pytest.mark.slow
-def test_stargz_peer_lazy_and_overlayfs_runs(tmp_path: Path) -> None:
+def test_stargz_peer_lazy_and_overlayfs_runs(
+    tmp_path: Path, require_or_skip: Callable[[object, str], None]
+) -> None:
     done = subprocess.run([sys.executable, "-c", WHY_NOT], capture_output=True, text=True,
                           check=True)
     why = done.stdout.strip()
-    if why:
-        # Not require_or_skip: only `scripts/setup.sh --bench` installs the peer (CI does not),
-        # so its absence is expected and must skip cleanly even in strict mode.
-        pytest.skip(f"eStargz peer not installed: {why}")
+    require_or_skip(not why, f"eStargz peer not installed: {why}")
     work = tmp_path / "stargz"
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(BENCH), str(work)],
                           capture_output=True, text=True, timeout=900, check=False, cwd=REPO)

@@ -98,6 +98,11 @@ def test_a_bench_package_serves_benchmarks_only(tmp_path: Path,
 def test_setup_bench_runs_the_bench_peers_script() -> None:
     setup = (REPO / "scripts" / "setup.sh").read_text()
     assert "bash scripts/bench-peers.sh" in setup
+    # make test and CI install the peer too: its smoke test is part of the suite (a fresh
+    # machine skipped it while the peers came only with --bench).
+    assert "--test) PEERS=yes" in setup
+    assert "bash scripts/setup.sh --test" in (REPO / "Makefile").read_text()
+    assert "bash scripts/setup.sh --test" in (REPO / ".ci" / "run").read_text()
     peers = (REPO / "scripts" / "bench-peers.sh").read_text()
     assert "scripts/bench-packages.txt" in peers
     assert set(check.read_list(check.BENCH_LIST)).isdisjoint(check.read_list())
