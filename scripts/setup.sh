@@ -25,6 +25,17 @@ case ${1:-} in
     --test) PEERS=yes ;;
     --bench) PEERS=yes EXTRAS=test,bench ;;  # matplotlib, for the benchmarks' figures
     '') ;;
+    -h | --help)
+        cat <<'USAGE'
+usage: bash scripts/setup.sh [--test | --bench]
+Install WeEnv's Debian packages, the .venv (editable) and its native programs, as root.
+  --test   also the eStargz peer a test of the benchmarks runs (make test, CI)
+  --bench  that and matplotlib, for the benchmarks' figures (make bench-setup)
+examples:
+  bash scripts/setup.sh            # what make demo runs
+  bash scripts/setup.sh --test     # what make test and .ci/run run
+USAGE
+        exit 0 ;;
     *) log "unknown option $1 (--test: with the eStargz peer; --bench: that and matplotlib)"; exit 2 ;;
 esac
 

@@ -106,3 +106,16 @@ def test_setup_bench_runs_the_bench_peers_script() -> None:
     peers = (REPO / "scripts" / "bench-peers.sh").read_text()
     assert "scripts/bench-packages.txt" in peers
     assert set(check.read_list(check.BENCH_LIST)).isdisjoint(check.read_list())
+
+
+def test_setup_has_help_and_refuses_unknown_options() -> None:
+    setup = REPO / "scripts" / "setup.sh"
+    shown = subprocess.run(["bash", str(setup), "--help"], capture_output=True, text=True,
+                           check=False, timeout=30)
+    assert shown.returncode == 0 and "--test" in shown.stdout and "examples:" in shown.stdout
+    refused = subprocess.run(["bash", str(setup), "--tset"], capture_output=True, text=True,
+                             check=False, timeout=30)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.strip().splitlines() == [
+        "setup: unknown option --tset (--test: with the eStargz peer; --bench: that and "
+        "matplotlib)"]
