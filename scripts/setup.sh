@@ -20,10 +20,11 @@ STAMP=$VENV/.weenv-setup-stamp
 log() { printf 'setup: %s\n' "$*" >&2; }
 
 EXTRAS=test
+BENCH_EXTRAS=test,bench  # matplotlib too, for the benchmarks' figures
 PEERS=no
 case ${1:-} in
     --test) PEERS=yes ;;
-    --bench) PEERS=yes EXTRAS=test,bench ;;  # matplotlib, for the benchmarks' figures
+    --bench) PEERS=yes EXTRAS=$BENCH_EXTRAS ;;
     '') ;;
     -h | --help)
         cat <<'USAGE'
@@ -86,7 +87,7 @@ install_venv() {
     [[ -f $STAMP ]] && have=$(cat "$STAMP")
     # An install with the benchmarks' extras serves the tests too (make test after make
     # bench-setup installed nothing again).
-    if [[ -n $have && ( $have == "$want" || $have == $(stamp_value test,bench) ) ]] \
+    if [[ -n $have && ( $have == "$want" || $have == $(stamp_value "$BENCH_EXTRAS") ) ]] \
         && "$VENV/bin/python" -c 'import weenvfs.cli' >/dev/null 2>&1 \
         && [[ -x $VENV/bin/weenv ]]; then
         log "$VENV up to date"

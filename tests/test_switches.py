@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from weenvfs.errors import UsageError
-from weenvfs.switches import switched_off
+from weenvfs.switches import problem, switched_off
 
 NAME = "WEENV_TEST_SWITCH"
 
@@ -22,6 +22,7 @@ def test_the_words_for_on_and_off(monkeypatch: pytest.MonkeyPatch, value: str | 
     else:
         monkeypatch.setenv(NAME, value)
     assert switched_off(NAME) is off
+    assert problem(NAME) is None
 
 
 @pytest.mark.parametrize("value", ["of", "disable", "2", "off please"])
@@ -31,3 +32,4 @@ def test_anything_else_is_a_usage_error_naming_the_variable(monkeypatch: pytest.
     with pytest.raises(UsageError) as caught:
         switched_off(NAME)
     assert str(caught.value) == f"${NAME} is {value!r}: set it to on or off (or unset it)"
+    assert problem(NAME) == str(caught.value)

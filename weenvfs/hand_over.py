@@ -45,7 +45,7 @@ import sys
 from collections.abc import Sequence
 
 from weenvfs.fuse import node_socket
-from weenvfs.switches import switched_off
+from weenvfs.switches import problem, switched_off
 
 SWITCH_ENV = "WEENV_NODE_RUN"  # "off": every `weenv run` and `pull` runs in its own process
 EXIT_LOST = 125  # as `docker run` when the daemon fails: the command's own status is unknown
@@ -56,12 +56,12 @@ def hand_over(argv: Sequence[str], at: int) -> int | None:
     """`weenv run` or `weenv pull` carried out by the node service: its exit status, or None
     to run the command in this process (entry.main calls this before anything else is
     imported: entry.HAND_OVER). A switch set to neither on nor off is a usage error (2)."""
-    try:
-        want = wanted(argv)
-    except Exception as error:  # switches.py's UsageError (not imported here: see the module)
-        print(f"weenv: error: {error}", file=sys.stderr)
-        return 2
-    return delegate(argv, at) if want else None
+    for switch in (SWITCH_ENV, node_socket.SWITCH_ENV):
+        wrong = problem(switch)
+        if wrong is not None:
+            print(f"weenv: error: {wrong}", file=sys.stderr)
+            return 2
+    return delegate(argv, at) if wanted(argv) else None
 
 
 def wanted(argv: Sequence[str]) -> bool:

@@ -22,11 +22,18 @@ ON_WORDS = ("", "on", "1", "yes", "true")
 def switched_off(name: str) -> bool:
     """Whether environment variable `name` turns its feature off (see the module); UsageError
     for a value that is neither on nor off."""
-    value = os.environ.get(name, "").strip().lower()
-    if value in OFF_WORDS:
-        return True
-    if value in ON_WORDS:
-        return False
-    from weenvfs.errors import UsageError  # only when there is something to say
+    wrong = problem(name)
+    if wrong is not None:
+        from weenvfs.errors import UsageError  # only when there is something to say
 
-    raise UsageError(f"${name} is {os.environ[name]!r}: set it to on or off (or unset it)")
+        raise UsageError(wrong)
+    return os.environ.get(name, "").strip().lower() in OFF_WORDS
+
+
+def problem(name: str) -> str | None:
+    """What is wrong with switch `name`'s value in one line, or None (on, off or unset): for
+    a caller that may not import weenvfs.errors (hand_over.py)."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in OFF_WORDS or value in ON_WORDS:
+        return None
+    return f"${name} is {os.environ[name]!r}: set it to on or off (or unset it)"
