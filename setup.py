@@ -3,8 +3,9 @@
 Everything else is declared in pyproject.toml. A wheel (or a `pip install` from the source
 tree) compiles with the system's C compiler, into the package's `weenvfs/_native/`, where
 the code looks for them (weenvfs/native_programs.py): native/weenv-devserve.c, the kernel
-path's device server, and native/weenv-cgroup-view.c, the private cgroup view crun runs in
-on a hybrid cgroup host; the wheel is then tagged for this platform. Without a compiler the
+path's device server, native/weenv-cgroup-view.c, the private cgroup view crun runs in
+on a hybrid cgroup host, and native/weenv-standby.c, the init of a sandbox started ahead of a
+warm run (runtime/standby.py); the wheel is then tagged for this platform. Without a compiler the
 build goes on without them and says so: mounts then serve their data devices from Python
 (`weenv stats` reports why), and crun runs through unshare, sh and umount. An editable
 install (scripts/setup.sh) builds nothing here: setup.sh compiles them next to the venv's
@@ -25,7 +26,8 @@ from setuptools.dist import Distribution
 
 # Each program: its source, and what it is without it (for the warning).
 PROGRAMS = {"weenv-devserve": "mounts will serve their data devices from Python",
-            "weenv-cgroup-view": "crun will run through unshare, sh and umount"}
+            "weenv-cgroup-view": "crun will run through unshare, sh and umount",
+            "weenv-standby": "every weenv run will start its sandbox itself"}
 SOURCE = Path("native") / "weenv-devserve.c"  # the wheel is native when this one builds
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 
@@ -40,9 +42,12 @@ def _compiler() -> str | None:
 
 
 def _extra_arguments(source: Path) -> list[str]:
-    """The device server's fetching (zstd, BLAKE3), as scripts/setup.sh builds it: what
+    """What a program needs besides the common flags, as scripts/setup.sh builds it: the
+    standby init is static; the device server's fetching (zstd, BLAKE3) is what
     native/decode-flags.sh prints (nothing where they are missing: it then leaves every
     fetch to the daemon)."""
+    if source.name == "weenv-standby.c":
+        return ["-static"]  # it runs inside the sandbox's image, whatever its C library
     if source != SOURCE:
         return []
     done = subprocess.run(["bash", str(Path("native") / "decode-flags.sh")],

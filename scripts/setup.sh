@@ -102,13 +102,17 @@ install_venv() {
 # (weenvfs/native_programs.py); each built again when its source is newer: the kernel path's
 # server of data devices (native/weenv-devserve.c; without it mounts serve their devices
 # from Python, `weenv stats`: device_server) and the private cgroup view crun runs in on a
-# hybrid cgroup host (native/weenv-cgroup-view.c; without it, unshare, sh and umount).
+# hybrid cgroup host (native/weenv-cgroup-view.c; without it, unshare, sh and umount), and
+# the init of the sandbox a warm `weenv run` finds started ahead (native/weenv-standby.c,
+# static: it runs inside any image; without it, every run starts its sandbox itself).
 build_native() {
     local name source target extra
-    for name in weenv-devserve weenv-cgroup-view; do
+    for name in weenv-devserve weenv-cgroup-view weenv-standby; do
         source=native/$name.c target=$VENV/bin/$name extra=()
         if [[ $name == weenv-devserve ]]; then
             mapfile -t extra < <(bash native/decode-flags.sh)  # its fetching: zstd, BLAKE3
+        elif [[ $name == weenv-standby ]]; then
+            extra=(-static)
         fi
         if [[ -x $target && $target -nt $source && ( $name != weenv-devserve || $target -nt native/decode-flags.sh ) ]]; then
             continue

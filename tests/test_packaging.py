@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -213,6 +214,36 @@ def test_the_wheel_carries_the_cgroup_view_crun_runs_in(wheel: Path, wheel_venv:
 
 
 @pytest.mark.slow
+def test_the_wheel_carries_the_standby_init_statically_linked(wheel: Path, wheel_venv: Path,
+                                                               tmp_path: Path) -> None:
+    """setup.py compiles native/weenv-standby.c into the wheel, statically (it runs inside
+    any image), and code from that install finds it; started without its listening socket
+    it refuses in one line with 125."""
+    assert "weenvfs/_native/weenv-standby" in zipfile.ZipFile(wheel).namelist()
+    proc = _run([wheel_venv / "bin" / "python", "-c",
+                 "from weenvfs import native_programs; "
+                 "print(native_programs.find('weenv-standby'))"],
+                env=_wheel_env(), cwd=tmp_path)
+    found = proc.stdout.strip()
+    assert Path(found).resolve().is_relative_to(wheel_venv.resolve()), found
+    assert not _has_interpreter(Path(found))  # no dynamic loader: static
+    refused = subprocess.run([found], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                             timeout=30, check=False)
+    assert refused.returncode == 125
+    assert refused.stderr == "weenv-standby: stdin is not a listening socket\n"
+
+
+def _has_interpreter(program: Path) -> bool:
+    """Whether an ELF64 little-endian `program` names a dynamic loader (a PT_INTERP header)."""
+    data = program.read_bytes()
+    assert data[:6] == b"\x7fELF\x02\x01", "not a 64-bit little-endian ELF file"
+    offset, = struct.unpack_from("<Q", data, 0x20)
+    size, count = struct.unpack_from("<HH", data, 0x36)
+    kinds = [struct.unpack_from("<I", data, offset + i * size)[0] for i in range(count)]
+    return 3 in kinds  # PT_INTERP
+
+
+@pytest.mark.slow
 def test_the_sdist_carries_the_server_s_source(tmp_path: Path) -> None:
     """An sdist holds what its wheel build compiles."""
     src = tmp_path / "src"
@@ -223,7 +254,7 @@ def test_the_sdist_carries_the_server_s_source(tmp_path: Path) -> None:
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     assert {"native/weenv-devserve.c", "native/weenv-launch.c", "native/weenv-cgroup-view.c",
-            "native/decode-flags.sh", "setup.py"} <= names
+            "native/weenv-standby.c", "native/decode-flags.sh", "setup.py"} <= names
 
 
 # --- the entry point contract ---------------------------------------------------------------

@@ -9,6 +9,8 @@ tests/support/runtime_fixtures.py, shared with tests/security).
   (ref, store, digest, cache, mount keys);
 - `env_ref`: one such environment;
 - `warm_root`: shared mounts in a folder of the test's own, kept warm as on a node;
+- `parked_env`: an environment whose runs park their roots, run by a node service of the
+  test's own (test_parking.py, test_standby.py);
 - autouse `node_clean`: snapshots what sandboxes leave on the node before the test; after it,
   fails the test if anything new of the test's environments is left (mounts, cgroups, runc
   containers, processes, upper dirs, env folders), or anything of a sandbox without state,
@@ -32,6 +34,7 @@ from support.runtime_fixtures import (  # noqa: F401  (pytest finds fixtures by 
     minbase_store,
     no_default_hint_recording,
     node_clean,
+    parked_env,
     test_digests,
     warm_root,
 )

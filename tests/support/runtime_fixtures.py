@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from support.mount_server import mount_server
 from support.runtime import (
     EnvRef,
     NodeSnapshot,
@@ -28,7 +29,7 @@ from weenvfs.store.repository import Repository
 from weenvfs.tools.publish import compose_env
 
 __all__ = ["GROUP", "_runtime_requirements", "env_ref", "make_env", "minbase_store",
-           "node_clean", "test_digests", "warm_root"]
+           "node_clean", "parked_env", "test_digests", "warm_root"]
 
 GROUP = "minbase:t"
 
@@ -132,3 +133,15 @@ def warm_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         sandbox.drop_parked(keys={m.key for m in mounts.list_mounts()} | test_digests)
         for mount in mounts.list_mounts():
             mounts.evict(mount.key, force=True)
+
+
+@pytest.fixture
+def parked_env(warm_root: Path, make_env: Callable[..., EnvRef], tmp_path: Path,
+               monkeypatch: pytest.MonkeyPatch) -> Iterator[EnvRef]:
+    """An environment whose runs park their roots (on a node keeping its mounts warm), run
+    by a node service of the test's own: the session's service forks its housekeeping every
+    minute, which also removes expired parked roots, and a removal it is finishing (the
+    folder goes after the lock) would race what a test checks right after its own."""
+    monkeypatch.setenv(parking.PARK_SECONDS_ENV, "60")
+    with mount_server(tmp_path / "mountd" / "mountd.sock", monkeypatch):
+        yield make_env()

@@ -380,6 +380,7 @@ def _signals_ignored() -> Iterator[None]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from . import standby
     from .cgroups import prime_migrations
     from .environment import resolve_source
     from .sandbox import Sandbox
@@ -387,6 +388,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # As early as can be, so the run's own work hides the wait; the only priming of a run
     # (`Sandbox.run_once` has no other caller; a second one there gained nothing, 24 rounds).
     prime_migrations()
+    standby_on = standby.wanted()  # a bad $WEENV_STANDBY fails here, before anything is made
     given = split_command(args, "ref", store=True)
     if args.owner_pid:
         log.info("run by the node service for process %d", args.owner_pid)
@@ -405,9 +407,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
             with _signals_ignored():
                 box.destroy(park=True)  # its root may wait for the next run (parking.py)
             _say_hint(box)
+            if standby_on and box.state.get("status") == "parked":
+                _standby_after_answer(box)
             if args.keep:
                 print(f"weenv: upper layer kept in {box.upper_root / 'upper'}",
                       file=sys.stderr)
+
+
+def _standby_after_answer(box: Sandbox) -> None:
+    """In the node service's fork of a run: once the client has its status, start the
+    parked root's next sandbox for the next run like this one (standby.py). A run that is
+    not the service's makes none: it would pay for it before its own exit."""
+    from weenvfs.fuse.service_forks import when_answered
+
+    when_answered(box.make_standby)
 
 
 def _say_hint(box: Sandbox) -> None:

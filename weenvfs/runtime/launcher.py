@@ -313,28 +313,40 @@ class OciCliLauncher(Launcher):
         """config.json of `spec` for this runtime (crun adds its compiled filter)."""
         return runtime_spec(spec)
 
-    def _run(self, *args: str, output: IO[Any] | None = None) -> tuple[int, str]:
+    def config(self, spec: LaunchSpec) -> dict[str, Any]:
+        """config.json of `spec` for this runtime (what `start` writes)."""
+        return self._config(spec)
+
+    def _run(self, *args: str, output: IO[Any] | None = None,
+             stdin: int | IO[Any] = subprocess.DEVNULL) -> tuple[int, str]:
         """Run `RUNTIME ARGS`; (status, stderr). With `output`, stdout and stderr go there."""
-        proc = self._popen(args, stdin=subprocess.DEVNULL, stdout=output or subprocess.DEVNULL,
+        proc = self._popen(args, stdin=stdin, stdout=output or subprocess.DEVNULL,
                            stderr=output or subprocess.PIPE, text=True)
         wait_exit(proc, COMMAND_TIMEOUT, f"{self.name} {args[0]}")
         _, err = proc.communicate()
         return proc.returncode, err or ""
 
     def start(self, spec: LaunchSpec) -> int:
-        spec.bundle.mkdir(parents=True, exist_ok=True)
-        _write_json(spec.bundle / "config.json", self._config(spec))
-        pid_file = spec.bundle / "init.pid"
+        return self.start_detached(spec.sandbox_id, spec.bundle, self._config(spec))
+
+    def start_detached(self, sandbox_id: str, bundle: Path, config: Mapping[str, Any], *,
+                       stdin: int | IO[Any] = subprocess.DEVNULL) -> int:
+        """Start the init of `config` (a config.json, written into `bundle`) detached, with
+        `stdin` as its standard input; its host pid once it runs."""
+        bundle.mkdir(parents=True, exist_ok=True)
+        _write_json(bundle / "config.json", config)
+        pid_file = bundle / "init.pid"
         # The detached init inherits runc's stdout and stderr: a pipe would never reach EOF,
         # so both go to a file, which also keeps what the init may say later.
-        log_path = spec.bundle / "init.log"
+        log_path = bundle / "init.log"
         with open(log_path, "wb") as log_file:
-            code, _ = self._run("run", "--detach", "--bundle", str(spec.bundle),
-                                "--pid-file", str(pid_file), spec.sandbox_id, output=log_file)
+            code, _ = self._run("run", "--detach", "--bundle", str(bundle),
+                                "--pid-file", str(pid_file), sandbox_id, output=log_file,
+                                stdin=stdin)
         if code != 0:
-            self.destroy(spec.sandbox_id)  # the runtime may leave a created container behind
+            self.destroy(sandbox_id)  # the runtime may leave a created container behind
             message = runtime_message(log_path.read_text(errors="replace"))
-            raise WeenvError(f"{self.name} could not start sandbox {spec.sandbox_id}: {message}")
+            raise WeenvError(f"{self.name} could not start sandbox {sandbox_id}: {message}")
         return int(pid_file.read_text().strip())
 
     def run(self, spec: LaunchSpec, *, stdin: int | IO[Any] | None,

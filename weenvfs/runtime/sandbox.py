@@ -48,10 +48,10 @@ from weenvfs.errors import UsageError, WeenvError
 from weenvfs.fuse import daemon
 from weenvfs.fuse.mount_copies import remove_mount_folder
 
-from . import cgroups, disk, mounts, parking, rootfs, safe_paths, seccomp
+from . import cgroups, disk, mounts, parking, rootfs, safe_paths, seccomp, standby
 from .cgroups import Limits, cgroup_pids, remove_cgroup
 from .etc_layer import etc_layer
-from .launcher import DEFAULT_CAPS, Launcher, LaunchSpec, ProcessSpec
+from .launcher import DEFAULT_CAPS, Launcher, LaunchSpec, OciCliLauncher, ProcessSpec
 from .lower_modes import DEFAULT_LOWER, LOWER_MODES
 from .lowers import LowerMount, acquire_lowers, plan_lowers, release_lowers
 from .runtimes import default_launcher, launcher_named
@@ -165,6 +165,10 @@ class Sandbox:
         self.launcher = launcher or launcher_named(str(state.get("launcher") or "runc"))
         # What the recording mount published when `destroy` ended it (recording.py), if any.
         self.hint_outcome: dict[str, Any] | None = None
+        # The launch of its one command (`run_once`): what a standby after it is made for;
+        # and that command, when a standby took it.
+        self._one_shot: LaunchSpec | None = None
+        self._handed: standby.Handed | None = None
 
     # -- facts ----------------------------------------------------------------------------
 
@@ -369,6 +373,8 @@ class Sandbox:
             box.state = initial_state(sandbox_id, record, creator, launcher.name)
             box.state.update(parkable=True, upper_print=old["upper_print"],
                              parked=old.get("parked"))
+            if old.get("standby"):  # its init and cgroup: used or discarded by the start
+                box.state.update(standby=old["standby"], cgroup=old.get("cgroup") or {})
             box.save()
         log.info("sandbox %s: took over its parked root", sandbox_id)
         return box
@@ -448,6 +454,7 @@ class Sandbox:
 
     def _start(self) -> None:
         cgroups.prime_migrations()
+        self._discard_standby()  # a long-lived init is catatonit's
         spec = self._launch_spec(self.process, one_shot=False)
         self.state["init_pid"] = self.launcher.start(spec)
         self.state["status"] = "running"
@@ -463,9 +470,69 @@ class Sandbox:
         if self.state.get("status") != "created":
             raise WeenvError(f"sandbox {self.id} has started already: use exec")
         launch = self._launch_spec(spec, one_shot=True)
+        self._one_shot = launch
+        own_stdio = stdin is None and stdout is None and stderr is None
+        handed = self._hand_to_standby(launch) if own_stdio else None
+        if handed is None:
+            self._discard_standby()
+        self._handed = handed
         self.state["status"] = "running"
         self.save()
+        if handed is not None:
+            return handed  # type: ignore[return-value]  # waited for and killed as a Popen
         return self.launcher.run(launch, stdin=stdin, stdout=stdout, stderr=stderr)
+
+    def _hand_to_standby(self, launch: LaunchSpec) -> standby.Handed | None:
+        """The command of `launch` handed to the standby taken over with the parked root
+        (standby.py), if there is one, it fits `launch` and its init still waits; else None."""
+        record = self.state.get("standby")
+        if not record or not isinstance(self.launcher, OciCliLauncher):
+            return None
+        program = standby.receiver()
+        if program is None or not standby.wanted():
+            return None
+        expected = standby.digest(standby.config(self.launcher, launch, program))
+        handed = standby.hand(record, expected, launch.process)
+        if handed is not None:
+            self.state.pop("standby", None)
+            self.state["init_pid"] = int(record["pid"])
+        return handed
+
+    def _discard_standby(self) -> None:
+        """Stop and forget the standby taken over with the parked root, if any, or what the
+        runtime still keeps of a command a standby ran (`_end`)."""
+        self.state.pop("standby", None)
+        self._forget_runtime()
+
+    def _forget_runtime(self) -> None:
+        """`_stop` if the runtime has a record of the sandbox (a stat; most often none)."""
+        if self.launcher.status(self.id) is not None:
+            self._stop()
+
+    def make_standby(self) -> None:
+        """Start a standby in the parked root of this finished run (standby.py), for the
+        next run like its own, if it is still parked and has none; a failure is logged. (The
+        node service's fork of the run, after the run's client got its status.)"""
+        launch = self._one_shot
+        if launch is None or not isinstance(self.launcher, OciCliLauncher):
+            return
+        with locked(self.dir) as present:
+            if not present:
+                return
+            self._reload()
+            if self.state.get("status") != "parked" or self.state.get("standby"):
+                return
+            self._forget_runtime()  # the run's, left for now (`_end`)
+            try:
+                record = standby.start(self.launcher, launch)
+            except (OSError, WeenvError) as error:
+                log.info("sandbox %s: no standby: %s", self.id, error)
+                self._stop()
+                return
+            self.state.update(standby=record, cgroup={"path": launch.cgroup.path,
+                                                      "resources": launch.cgroup.resources})
+            self.save()
+        log.info("sandbox %s: a standby waits for the next run", self.id)
 
     @property
     def seccomp(self) -> seccomp.Seccomp:
@@ -596,6 +663,13 @@ class Sandbox:
             from . import elastic
 
             elastic.release(self.id)
+        if park and self._handed is not None:
+            # Its init is gone (it reported the status), every process of its pid namespace
+            # with it: the runtime's record and the empty cgroup wait for whoever starts or
+            # ends the parked root next (`_forget_runtime`), after the run's answer.
+            self._handed.kill()
+            if self._park():
+                return True
         self._stop()
         if self.is_elastic:  # the provisioner's cgroup, kept across resets
             remove_cgroup(cgroups.sandbox_cgroup(self.id))

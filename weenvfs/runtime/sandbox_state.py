@@ -59,6 +59,7 @@ class SandboxState(TypedDict, total=False):
     parkable: bool  # may park its root at its end and took or may take one (parking.py)
     upper_print: list[int]  # parking.upper_print of its upper as made
     parked: dict[str, Any]  # while parked: since when, and the daemons of its mounts
+    standby: dict[str, Any]  # a parked root's next init, waiting for a run (standby.py)
 
 
 def process_start(pid: int) -> int | None:
