@@ -10,6 +10,7 @@ tells which init it ran under: /proc/1/cmdline is the standby program or cataton
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -108,6 +109,10 @@ def test_the_next_run_runs_in_the_standby_and_sees_the_sandbox_a_run_makes(
     assert os.path.samefile(f"/proc/{record['pid']}/exe", str(standby.receiver()))
     box = Sandbox.load(root)
     assert box.processes() == [record["pid"]] and (CRUN_ROOT / root).is_dir()
+    assert os.stat(record["socket"]).st_mode & 0o7777 == 0o600  # root's only
+    listed = json.loads(run_weenv("sandbox", "ls", "--json").stdout)["sandboxes"]
+    assert [(b["status"], b["standby"]) for b in listed if b["id"] == root] == [
+        ("parked", record["pid"])]
 
     seen = _run(parked_env, "sh", "-c", f"{PROBE}; {INIT}")
     assert _init_of(seen) == STANDBY
@@ -145,6 +150,14 @@ def test_streams_status_options_and_signals_are_those_of_any_run(parked_env: Env
     assert missing.returncode == 127 and b"command not found" in missing.stderr
 
 
+def test_a_bad_switch_value_is_one_line_before_anything_runs(parked_env: EnvRef) -> None:
+    done = _run(parked_env, "sh", "-c", "echo ran", check=False,
+                extra_env={standby.SWITCH: "maybe"})
+    assert (done.returncode, done.stdout) == (2, b"")
+    assert done.stderr == (f"weenv: error: ${standby.SWITCH} is 'maybe': set it to on or off "
+                           "(or unset it)\n").encode()
+
+
 @pytest.mark.parametrize("option", [("--user", "nobody"), ("--memory", "100m"),
                                     ("--network", "host"),
                                     ("--security-opt", "seccomp=unconfined")])
@@ -164,6 +177,23 @@ def test_a_run_the_standby_does_not_fit_discards_it_and_the_next_like_it_fits(
     _, record = _standby(parked_env, other_than=mine["pid"])
     plain = _run(parked_env, "sh", "-c", f"id -un; {INIT}")  # and back again
     assert (plain.stdout, _init_of(plain)) == (b"root\n", CATATONIT)
+
+
+def test_a_run_outside_the_node_service_uses_a_standby_and_makes_none(
+        parked_env: EnvRef) -> None:
+    """It would pay for one before its own exit. The runtime's record of the standby it used
+    stays with the parked root until whoever starts it next deletes it (here the next run,
+    which then starts its own sandbox)."""
+    _run(parked_env, "true")
+    root, record = _standby(parked_env)
+    alone = _run(parked_env, "sh", "-c", f"hostname; {INIT}",
+                 extra_env={"WEENV_NODE_RUN": "off"})
+    assert alone.stdout.decode().strip() == root and _init_of(alone) == STANDBY
+    assert _state(root)["status"] == "parked" and "standby" not in _state(root)
+    assert (CRUN_ROOT / root).is_dir() and not daemon.process_alive(record["pid"])
+    after = _run(parked_env, "sh", "-c", f"hostname; {INIT}")
+    assert after.stdout.decode().strip() == root and _init_of(after) == CATATONIT
+    _standby(parked_env)
 
 
 def test_a_standby_whose_init_died_is_not_used_and_leaves_nothing(parked_env: EnvRef) -> None:

@@ -529,6 +529,8 @@ def _describe(box: Sandbox, node: NodeView) -> dict[str, Any]:
         "env": state["env"]["ref"],
         "digest": state["env"]["digest"],
         "owner": (state.get("owner") or {}).get("pid"),
+        # A parked root's standby (standby.py): the pid of its init, waiting for a run.
+        "standby": (state.get("standby") or {}).get("pid"),
         "created": state.get("created"),
         "resets": state.get("resets", 0),
         "rootfs": str(box.rootfs),

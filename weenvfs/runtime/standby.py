@@ -12,8 +12,9 @@ whose config is the same but for the command, its environment and folder (the st
 config digest says so) connects, hands over argv, env, cwd and its three standard streams,
 and waits for the status line; the init then does what catatonit does (forks the command,
 relays signals, reaps, exits with its status). Anything else (another user, limits,
-network, filter or runtime; `sandbox create`, the Python API, a standby whose init died)
-discards the standby first: it is only a cache, its cost paid while the node was idle.
+network, filter or runtime; `sandbox create`, the Python API; an init that died, does not
+answer or refuses) discards the standby first, and the run goes on as without one: it is
+only a cache, its cost paid while the node was idle.
 
 A standby never ran anything: the run that takes it gets a sandbox exactly as new as the
 runtime's `run` would have made (fresh namespaces, /dev, /dev/shm, IPC), which is why a
@@ -35,6 +36,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import socket
 import struct
 from collections.abc import Mapping
@@ -101,6 +103,7 @@ def start(launcher: OciCliLauncher, launch: LaunchSpec) -> dict[str, Any]:
     path.unlink(missing_ok=True)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listening:
         listening.bind(str(path))
+        os.chmod(path, 0o600)  # root's only, whatever the umask (no connection before listen)
         listening.listen(1)
         pid = launcher.start_detached(launch.sandbox_id, launch.bundle, document,
                                       stdin=listening.fileno())
