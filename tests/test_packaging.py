@@ -202,13 +202,7 @@ def test_the_wheel_carries_the_cgroup_view_crun_runs_in(wheel: Path, wheel_venv:
                                                         tmp_path: Path) -> None:
     """setup.py compiles native/weenv-cgroup-view.c into the wheel too, and code from that
     install finds it (`native_programs.find`)."""
-    assert "weenvfs/_native/weenv-cgroup-view" in zipfile.ZipFile(wheel).namelist()
-    proc = _run([wheel_venv / "bin" / "python", "-c",
-                 "from weenvfs import native_programs; "
-                 "print(native_programs.find('weenv-cgroup-view'))"],
-                env=_wheel_env(), cwd=tmp_path)
-    found = proc.stdout.strip()
-    assert Path(found).resolve().is_relative_to(wheel_venv.resolve()), found
+    found = _found_in_wheel("weenv-cgroup-view", wheel, wheel_venv, tmp_path)
     usage = subprocess.run([found], capture_output=True, text=True, timeout=30, check=False)
     assert usage.returncode == 125 and "usage" in usage.stderr.lower(), usage.stderr
 
@@ -219,18 +213,24 @@ def test_the_wheel_carries_the_standby_init_statically_linked(wheel: Path, wheel
     """setup.py compiles native/weenv-standby.c into the wheel, statically (it runs inside
     any image), and code from that install finds it; started without its listening socket
     it refuses in one line with 125."""
-    assert "weenvfs/_native/weenv-standby" in zipfile.ZipFile(wheel).namelist()
-    proc = _run([wheel_venv / "bin" / "python", "-c",
-                 "from weenvfs import native_programs; "
-                 "print(native_programs.find('weenv-standby'))"],
-                env=_wheel_env(), cwd=tmp_path)
-    found = proc.stdout.strip()
-    assert Path(found).resolve().is_relative_to(wheel_venv.resolve()), found
+    found = _found_in_wheel("weenv-standby", wheel, wheel_venv, tmp_path)
     assert not _has_interpreter(Path(found))  # no dynamic loader: static
     refused = subprocess.run([found], stdin=subprocess.DEVNULL, capture_output=True, text=True,
                              timeout=30, check=False)
     assert refused.returncode == 125
     assert refused.stderr == "weenv-standby: stdin is not a listening socket\n"
+
+
+def _found_in_wheel(name: str, wheel: Path, wheel_venv: Path, tmp_path: Path) -> str:
+    """Native program `name` is in the wheel, and code from its install finds it there
+    (`native_programs.find`): its path."""
+    assert f"weenvfs/_native/{name}" in zipfile.ZipFile(wheel).namelist()
+    proc = _run([wheel_venv / "bin" / "python", "-c",
+                 f"from weenvfs import native_programs; print(native_programs.find({name!r}))"],
+                env=_wheel_env(), cwd=tmp_path)
+    found = proc.stdout.strip()
+    assert Path(found).resolve().is_relative_to(wheel_venv.resolve()), found
+    return found
 
 
 def _has_interpreter(program: Path) -> bool:

@@ -15,4 +15,5 @@ from support.runtime import (  # noqa: F401  (re-exported for the runtime tests)
     run_weenv,
     runtime_unavailable,
     sample_store,
+    started_run,
 )

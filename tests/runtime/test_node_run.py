@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from rt_support import EnvRef, owned_by
+from rt_support import EnvRef, owned_by, started_run
 
 from weenvfs.fuse import daemon
 from weenvfs.fuse.service_forks import CLIENT_GONE
@@ -115,13 +115,9 @@ def test_a_bad_option_is_reported_as_before(env_ref: EnvRef, _weenv: Run) -> Non
 def test_a_client_killed_with_sigkill_leaves_nothing(env_ref: EnvRef, client: list[str]) -> None:
     """The service's process sees the client's end of its alive pipe close and cleans up
     as for SIGTERM: sandbox, its processes and its mount go."""
-    child = subprocess.Popen(
-        [*client, "run", "--store", str(env_ref.store), "--cache",
-         str(env_ref.cache), env_ref.ref, "/bin/sh", "-c", "echo started; sleep 1000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline() == b"started\n"
+    with started_run([*client, "run", "--store", str(env_ref.store), "--cache",
+                      str(env_ref.cache), env_ref.ref, "/bin/sh", "-c",
+                      "echo started; sleep 1000"]) as child:
         owned = owned_by(child.pid)
         assert len(owned) == 1  # owned by the client, the process its user sees
         box = Sandbox.load(owned[0])
@@ -129,10 +125,6 @@ def test_a_client_killed_with_sigkill_leaves_nothing(env_ref: EnvRef, client: li
         assert pids
         child.kill()
         child.wait(WAIT)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
     deadline = time.monotonic() + WAIT
     while sandbox_state.exists(box.id) or any(daemon.process_alive(p) for p in pids):
         assert time.monotonic() < deadline, "the sandbox outlived its killed client"
@@ -149,20 +141,13 @@ def test_a_client_killed_with_sigkill_leaves_nothing(env_ref: EnvRef, client: li
 def test_signals_reach_the_command_through_the_client(env_ref: EnvRef,
                                                      client: list[str]) -> None:
     """SIGHUP to the client ends the run as it would in-process (exit 129, sandbox gone)."""
-    child = subprocess.Popen(
-        [*client, "run", "--store", str(env_ref.store), "--cache",
-         str(env_ref.cache), env_ref.ref, "/bin/sh", "-c", "echo started; sleep 1000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        assert child.stdout is not None and child.stderr is not None
-        assert child.stdout.readline() == b"started\n"
+    with started_run([*client, "run", "--store", str(env_ref.store), "--cache",
+                      str(env_ref.cache), env_ref.ref, "/bin/sh", "-c",
+                      "echo started; sleep 1000"]) as child:
         child.send_signal(signal.SIGHUP)
         assert child.wait(WAIT) == 128 + signal.SIGHUP
+        assert child.stderr is not None
         assert child.stderr.read().decode().strip().endswith("weenv: terminated by SIGHUP")
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
     assert not owned_by(child.pid)
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from rt_support import EnvRef, owned_by, run_weenv
+from rt_support import EnvRef, owned_by, run_weenv, started_run
 from support.polling import wait_for
 
 from weenvfs.fuse import daemon
@@ -165,14 +165,14 @@ def test_a_run_the_standby_does_not_fit_discards_it_and_the_next_like_it_fits(
         parked_env: EnvRef, option: tuple[str, ...]) -> None:
     _run(parked_env, "true")
     _, record = _standby(parked_env)
-    other = _run(parked_env, "sh", "-c", f"id -un; {INIT}", options=option)
+    other = _run(parked_env, "sh", "-c", f"id -un; {PROBE}; {INIT}", options=option)
     assert _init_of(other) == CATATONIT  # its own sandbox, as without standbys
     assert not daemon.process_alive(record["pid"])
     expected = b"nobody\n" if option[0] == "--user" else b"root\n"
-    assert other.stdout == expected
+    assert other.stdout.startswith(expected)
     _, mine = _standby(parked_env, other_than=record["pid"])  # made for runs like it
-    fits = _run(parked_env, "sh", "-c", f"id -un; {INIT}", options=option)
-    assert (fits.stdout, _init_of(fits)) == (expected, STANDBY)
+    fits = _run(parked_env, "sh", "-c", f"id -un; {PROBE}; {INIT}", options=option)
+    assert (fits.stdout, _init_of(fits)) == (other.stdout, STANDBY)  # the same sandbox
     assert not daemon.process_alive(mine["pid"])
     _, record = _standby(parked_env, other_than=mine["pid"])
     plain = _run(parked_env, "sh", "-c", f"id -un; {INIT}")  # and back again
@@ -240,21 +240,13 @@ def test_the_python_api_discards_a_standby_and_starts_its_own_init(parked_env: E
 def test_a_client_killed_during_its_command_leaves_no_process(parked_env: EnvRef) -> None:
     _run(parked_env, "true")
     root, record = _standby(parked_env)
-    child = subprocess.Popen(
-        [*_client(), "run", "--store", str(parked_env.store), "--cache",
-         str(parked_env.cache), parked_env.ref, "sh", "-c", "echo started; sleep 1000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline() == b"started\n"
+    with started_run([*_client(), "run", "--store", str(parked_env.store), "--cache",
+                      str(parked_env.cache), parked_env.ref, "sh", "-c",
+                      "echo started; sleep 1000"]) as child:
         pids = Sandbox.load(root).processes()
         assert record["pid"] in pids and len(pids) >= 2  # the init and the command
         child.kill()
         child.wait(WAIT)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
     wait_for(lambda: not any(daemon.process_alive(p) for p in pids), "the command's end", WAIT)
     wait_for(lambda: not owned_by(child.pid), "the run's cleanup", WAIT)
 
@@ -263,21 +255,14 @@ def test_sigterm_to_the_client_ends_a_command_in_a_standby_as_any_run(
         parked_env: EnvRef) -> None:
     _run(parked_env, "true")
     _standby(parked_env)
-    child = subprocess.Popen(
-        [*_client(), "run", "--store", str(parked_env.store), "--cache",
-         str(parked_env.cache), parked_env.ref, "sh", "-c", f"{INIT}; echo started; sleep 1000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        assert child.stdout is not None and child.stderr is not None
-        assert child.stdout.readline() == b"started\n"
+    with started_run([*_client(), "run", "--store", str(parked_env.store), "--cache",
+                      str(parked_env.cache), parked_env.ref, "sh", "-c",
+                      f"{INIT}; echo started; sleep 1000"]) as child:
         child.send_signal(signal.SIGTERM)
         assert child.wait(WAIT) == 128 + signal.SIGTERM
+        assert child.stderr is not None
         said = child.stderr.read().decode()
         assert said.startswith(STANDBY + "\n") and said.strip().endswith("terminated by SIGTERM")
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
     assert not owned_by(child.pid)
 
 

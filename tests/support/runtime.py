@@ -52,6 +52,21 @@ def run_weenv(
     return done
 
 
+@contextlib.contextmanager
+def started_run(argv: list[str]) -> Iterator[subprocess.Popen[bytes]]:
+    """`argv` (a `weenv run` whose command prints `started` first) started, with its stdout
+    and stderr piped, once that line is out; killed at the end if it still runs."""
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        assert child.stdout.readline() == b"started\n"
+        yield child
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
 def owned_by(pid: int) -> list[str]:
     """Ids of the sandboxes process `pid` owns (a detached one, `sandbox create`d, has no
     owner; one removed meanwhile is skipped)."""

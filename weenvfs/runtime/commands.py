@@ -146,7 +146,9 @@ def _register_run(subparsers: Sub) -> None:
             "groups ($WEENV_PARK_SECONDS, default 60; 0: never). As root, the node service\n"
             "(`weenv mountd`, started when missing) carries the run out with this process's\n"
             "stdio, folder and environment; this process passes on signals and the exit\n"
-            "status (WEENV_NODE_RUN=off: everything in this process)."
+            "status (WEENV_NODE_RUN=off: everything in this process). After a parked run\n"
+            "the service starts the next sandbox of that root ahead, for the next run with\n"
+            "the same user, limits and options (WEENV_STANDBY=off: none)."
         ),
         examples=[
             "weenv run --store /srv/weenv debian:12 cat /etc/os-release",
