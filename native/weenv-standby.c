@@ -18,8 +18,8 @@
  *
  * and then does what `catatonit -- COMMAND` does: forks the command (its own process group,
  * the terminal's foreground group if stdin is one, every signal unblocked, the given streams,
- * folder and environment, looked up in that environment's PATH), says "started\n" on the
- * connection, forwards the signals it gets to it, reaps every orphan, and when the command
+ * folder and environment, looked up in that environment's PATH) once it said "started\n" on
+ * the connection, forwards the signals it gets to it, reaps every orphan, and when the command
  * ends writes "exit N\n" on the connection (N its status, 128 + the signal if it was killed)
  * and exits with N (the kernel then kills whatever the command left in the sandbox). The
  * host closing the connection first (its run was killed) kills every process of the sandbox.
@@ -204,15 +204,21 @@ int main(void) {
     int streams[3];
     uint32_t argc, envc;
     char **words = read_request(streams, &argc, &envc);
+    /* Said before the fork: up to here the host may run the command another way (it falls
+     * back on anything else), from here on it is this sandbox's, and runs at most once. */
+    static const char started[] = "started\n";
+    if (write(conn, started, sizeof started - 1) != (ssize_t)(sizeof started - 1))
+        refuse("the host went away");
     pid_t child = fork();
-    if (child < 0)
-        refuse("fork failed");
+    if (child < 0) {
+        dprintf(streams[2], "weenv: cannot start %s: %s\n", words[1], strerror(errno));
+        (void)!write(conn, "exit 125\n", 9);
+        _exit(125);
+    }
     if (child == 0)
         become(words, argc, envc, streams, &old);
     for (int i = 0; i < 3; i++)
         close(streams[i]);
-    static const char started[] = "started\n"; /* the host falls back to its runtime before */
-    (void)!write(conn, started, sizeof started - 1);
 
     struct pollfd watch[2] = {{signals, POLLIN, 0}, {conn, POLLIN | POLLRDHUP, 0}};
     for (;;) {

@@ -139,6 +139,9 @@ def test_streams_status_options_and_signals_are_those_of_any_run(parked_env: Env
         (("-w", "/tmp", "-e", "WHO=me"), ("sh", "-c", f"echo $PWD $WHO; {INIT}"), b"", 0,
          b"/tmp me\n"),
         ((), ("sh", "-c", f"{INIT}; cat"), b"", 0, b""),  # stdin at its end, never a hang
+        (("-e", os.fsdecode(b"V=\xe9t\xe9")), ("sh", "-c", f'{INIT}; printf %s "$1$V"', "sh",
+                                                os.fsdecode(b"caf\xe9")), b"", 0,
+         b"caf\xe9\xe9t\xe9"),  # bytes that are not UTF-8, unchanged
     ]
     for options, command, stdin, status, out in cases:
         _standby(parked_env)

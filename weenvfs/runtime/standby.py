@@ -92,8 +92,8 @@ def digest(document: Mapping[str, Any]) -> str:
 
 
 def start(launcher: OciCliLauncher, launch: LaunchSpec) -> dict[str, Any]:
-    """Start a standby for the runs of `launch` (its sandbox made, stopped and its runtime's
-    record deleted); the record its state keeps: config digest, socket, init pid and start
+    """Start a standby for the runs of `launch` in its parked root (which the runtime has no
+    container of); the record the state keeps: config digest, socket, init pid and start
     time. WeenvError (the runtime's message) or OSError when it did not start."""
     program = receiver()
     if program is None:
@@ -162,7 +162,9 @@ def hand(record: Mapping[str, Any], expected: str, process: ProcessSpec) -> Hand
         answer = _read_line(lines)
     except (OSError, KeyError) as error:
         answer = str(error).encode()
-    if answer != b"started\n":  # nothing ran: the caller runs it as without a standby
+    # Anything but "started" (said before its fork): nothing ran, and the caller runs the
+    # command as without a standby.
+    if answer != b"started\n":
         connection.close()
         log.info("the standby of pid %s did not take the command: %s", pid,
                  answer.decode(errors="replace").strip() or "it ended")
