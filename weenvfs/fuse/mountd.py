@@ -23,7 +23,9 @@ Owns:
 - attached commands: a request of kind ATTACHED (`launch_attached`, weenvfs/hand_over.py:
   `weenv run` hands itself over) is forked the same way but runs with the client's stdin,
   stdout, stderr and working folder, writes `pid N` and then `exit N` on the status pipe the
-  client passed, and takes the closing of the client's alive pipe as SIGTERM;
+  client passed, and takes the closing of the client's alive pipe as SIGTERM; it goes to
+  the spare when one waits (forked ahead after a run, or once requests pause for
+  SPARE_AFTER: service_forks.py `fork_spare`);
 - `launch`: the client side used by `spawn.spawn` (its socket half, which needs none of this
   module's imports, is node_socket.py): True if the server forked the daemon,
   False when no server answers (after `start_server` tried to start one, when `may_start`:
@@ -86,9 +88,12 @@ from .service_evictions import HOUSEKEEPING, Evictions
 from .service_forks import (
     argv_env,
     child_fds,
+    drop_spare,
     fork_attached,
     fork_daemon,
+    fork_spare,
     fork_task,
+    has_spare,
     reap_forked,
 )
 from .service_loading import Preload, preload_steps
@@ -107,6 +112,10 @@ AUTO_IDLE = 600.0  # seconds an auto-started server lingers with no request and 
 HOUSEKEEPING_EVERY = 60.0  # seconds between two runs of HOUSEKEEPING while the server runs
 # Seconds between two checks while an eviction waits or a child has no pidfd to wake the loop.
 PENDING_POLL = 0.05
+# Seconds without a request before a spare is forked again (service_forks.py `fork_spare`;
+# at once after a `weenv run`): not amid the requests of a cold start, whose children need
+# the CPU.
+SPARE_AFTER = 0.1
 
 
 def socket_path() -> Path:
@@ -408,6 +417,11 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
             waits.append(last + idle - now)
         if preload.pending:
             waits.append(0.0)  # only look for a request waiting
+        elif not has_spare():  # the next `weenv run`'s process, forked once requests pause
+            if now >= last + SPARE_AFTER:
+                fork_spare(held, run)
+            else:
+                waits.append(last + SPARE_AFTER - now)
         if not _wait_for_client(listener, max(0.0, min(waits))):
             if preload.pending:
                 preload.step()
@@ -468,6 +482,7 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
     (its code is stale). A child is forked once `preload` has taken the steps it needs."""
     conn.settimeout(CONNECT_TIMEOUT)
     fds: list[int] = []
+    spare = False
     try:
         data, fds = _receive(conn)
         if not data:
@@ -515,8 +530,9 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
             if replay:
                 replays[pid] = daemons[pid]
         _answer(conn, "ok")
-        prebuild_clients(request)
-        preload_envs(request)
+        if prebuild_clients(request) | preload_envs(request):
+            drop_spare()  # forked without what the server holds now
+        spare = attached and (preload is None or not preload.pending)
     except (OSError, ValueError, KeyError, TypeError) as error:
         log.warning("bad mount request: %s", error)
         with contextlib.suppress(OSError):
@@ -525,6 +541,8 @@ def _handle(conn: socket.socket, held: tuple[Any, ...], code_print: str,
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+    if spare:  # a run is often followed by another one; forked once the client's
+        fork_spare(held, run)  # descriptors are closed here (the spare must not hold them)
     return True
 
 

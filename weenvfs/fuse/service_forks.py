@@ -13,7 +13,10 @@ CLI's `main`: fuse may not import the CLI):
   (`weenv run` hands itself over: hand_over.py), its pid and exit status on a status pipe;
   what it asked to do after its answer (`when_answered`: a closing `weenv run` asks for the
   eviction of idle mounts over the node's bounds, runtime/mounts.py) runs once the status
-  is out, with the client's stdio closed and signals ignored;
+  is out, with the client's stdio closed and signals ignored. The child is the spare when
+  one waits (`fork_spare`: forked ahead while the server was idle, it takes the request and
+  its descriptors over a socket pair), so a warm `weenv run` does not wait for the fork
+  (~3 ms: the page tables of the server's ~70 MB);
 - `fork_task`: a chore of the server's own (housekeeping, an eviction).
 
 Must not: return into the server's loop from a child (every path ends in `os._exit`), or
@@ -22,10 +25,13 @@ keep what the server holds (its socket, lock and the connection: `held`).
 
 from __future__ import annotations
 
+import array
 import contextlib
+import json
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +46,10 @@ _children: dict[int, int] = {}  # children of `detached` not reaped yet: pid -> 
 # What an attached command asked to do once its client has its exit status (`when_answered`);
 # None in any process that is not such a command.
 _after_answer: list[Callable[[], None]] | None = None
+# The spare (`fork_spare`): its pid and the server's end of its socket pair, or None.
+_spare: tuple[int, socket.socket] | None = None
+SPARE_SWITCH = "WEENV_SPARE"  # off (the server's environment): every command forked anew
+SPARE_REQUEST = 1 << 20  # the largest request a spare takes (a larger one: a fork)
 
 
 def fork_daemon(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
@@ -53,10 +63,98 @@ def fork_daemon(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
 
 def fork_attached(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
                   run: Callable[[list[str]], int]) -> int:
-    """Fork the command of an ATTACHED request (see `detached`); its pid."""
+    """Fork the command of an ATTACHED request (see `detached`), or hand it to the spare;
+    its pid."""
+    pid = _hand_to_spare(request, fds)
+    if pid:
+        return pid
     argv, env = argv_env(request)
     umask, cwd = int(request["umask"]), str(request["cwd"])
     return detached(held, lambda: _become_attached(argv, env, umask, cwd, run, fds))
+
+
+def fork_spare(held: tuple[Any, ...], run: Callable[[list[str]], int]) -> None:
+    """Fork, now, the child the next ATTACHED request takes (`fork_attached`), unless one
+    waits or $WEENV_SPARE is off: the server calls it when idle, after the preloads of the
+    last request (the spare has what a child forked then would have). It waits for a
+    request on its socket pair and then is that request's command; it exits when the
+    server's end closes (the server exited) without one."""
+    global _spare
+    if _spare is not None:
+        return
+    from weenvfs.switches import switched_off
+
+    try:
+        if switched_off(SPARE_SWITCH):
+            return
+    except Exception:  # noqa: BLE001 - a bad value is the server's log line, never its end
+        log.warning("$%s is neither on nor off: no spare", SPARE_SWITCH)
+        return
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        pid = detached((*held, ours), lambda: _become_spare(theirs, run))
+    except OSError as error:
+        ours.close()
+        log.warning("no spare: %s", error)
+        return
+    finally:
+        theirs.close()
+    _spare = (pid, ours)
+
+
+def drop_spare() -> None:
+    """Let the spare go (it exits): the server now holds what it lacks (a store client, an
+    environment's indexes kept after a request), and the next spare is forked with them."""
+    global _spare
+    if _spare is not None:
+        _spare[1].close()
+        _spare = None
+
+
+def has_spare() -> bool:
+    """Whether a spare waits (or was forked and has not been handed a request)."""
+    return _spare is not None
+
+
+def _hand_to_spare(request: dict[str, Any], fds: list[int]) -> int:
+    """Send `request` and its descriptors to the spare; its pid, or 0 when there is none or
+    it did not take them (gone, or the request too large): the caller forks."""
+    global _spare
+    if _spare is None:
+        return 0
+    pid, ours = _spare
+    _spare = None
+    try:
+        with ours:
+            ours.sendmsg([json.dumps(request).encode()],
+                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    except OSError as error:
+        log.info("the spare %d did not take a request (%s): forking", pid, error)
+        return 0
+    return pid
+
+
+def _become_spare(theirs: socket.socket, run: Callable[[list[str]], int]) -> None:
+    """In the spare: wait for a request, then become its command (`_become_attached`)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the server's handler
+    with contextlib.suppress(Exception):  # what `ps` shows until it takes a request
+        import setproctitle
+
+        setproctitle.setproctitle("weenv mountd: spare for the next weenv run")
+    size = array.array("i").itemsize
+    data, ancdata, _flags, _ = theirs.recvmsg(SPARE_REQUEST, socket.CMSG_SPACE(8 * size))
+    fds: list[int] = []
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            received = array.array("i")
+            received.frombytes(payload[: len(payload) - len(payload) % size])
+            fds.extend(received)
+    theirs.close()
+    if not data:
+        os._exit(0)  # the server exited: nothing to do
+    request = json.loads(data)
+    argv, env = argv_env(request)
+    _become_attached(argv, env, int(request["umask"]), str(request["cwd"]), run, fds)
 
 
 def argv_env(request: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
@@ -111,12 +209,17 @@ def detached(held: tuple[Any, ...], body: Callable[[], None]) -> int:
 
 def forget_children() -> None:
     """In a process just forked from the server: close the server's pidfds of its other
-    children (not this process's to hold or reap)."""
+    children (not this process's to hold or reap), and its end of the spare's socket pair
+    (the spare must see it close when the server exits)."""
+    global _spare
     for fd in _children.values():
         if fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(fd)
     _children.clear()
+    if _spare is not None:
+        _spare[1].close()
+        _spare = None
 
 
 def reap_forked() -> bool:

@@ -18,36 +18,39 @@ from .service_forks import argv_env
 log = logging.getLogger(__name__)
 
 
-def prebuild_clients(request: dict[str, Any]) -> None:
+def prebuild_clients(request: dict[str, Any]) -> bool:
     """After answering: make the store client of the request's `--store` URL for the next
     children that open it (store.prebuild_client: about 20 ms each of them saves; a mount,
-    its replay and the resolution before it open the same store one after the other)."""
+    its replay and the resolution before it open the same store one after the other).
+    Whether it made one."""
     from weenvfs.store import prebuild_client
 
     argv, env = argv_env(request)
     value = option_value(argv, "--store")
     if value is None:
-        return
+        return False
     try:
         if prebuild_client(value, env):
             log.info("made the client of %s ahead for the next requests", value)
+            return True
     except Exception as error:  # an optimisation: never the server's failure
         log.warning("cannot make a client of %s ahead: %s", value, error)
+    return False
 
 
-def preload_envs(request: dict[str, Any]) -> None:
+def preload_envs(request: dict[str, Any]) -> bool:
     """After answering: keep the manifest and indexes of the environment a request names in
     memory for the next children (core/node_copies.py `preload_env`: the mounts and replays
     of environments on the same groups then load none of them). The environment is any
     argument that is a manifest digest with a node copy in the request's `--cache` folder,
     or a reference the last mount of the request's `--store` resolved to one (`weenv mount
-    NAME:TAG`: node_copies.py `last_resolved`)."""
+    NAME:TAG`: node_copies.py `last_resolved`). Whether it kept any."""
     from weenvfs.core.node_copies import last_resolved, preload_env
 
     argv, _ = argv_env(request)
     cache = option_value(argv, "--cache")
     if cache is None or not os.path.isabs(cache):
-        return
+        return False
     store = option_value(argv, "--store")
     loaded = 0
     try:
@@ -60,6 +63,7 @@ def preload_envs(request: dict[str, Any]) -> None:
         gc.freeze()  # as at the start: the children's collections never copy them
         log.info("kept %d manifest(s) and index(es) of %s in memory for the next requests",
                  loaded, cache)
+    return bool(loaded)
 
 
 def option_value(argv: list[str], flag: str) -> str | None:

@@ -1,0 +1,101 @@
+"""The node service's spare (weenvfs/fuse/service_forks.py `fork_spare`): a child forked
+while the service is idle, which the next `weenv run` is handed to instead of a fork. It
+becomes that run, another is forked after it, it never holds a client's descriptors, one
+that died is replaced by a fork, none is made with WEENV_SPARE=off, and it ends with the
+service.
+
+Real sandboxes and a node service of each test's own (`mount_server`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rt_support import EnvRef, started_run
+from support.mount_server import mount_server
+from support.polling import wait_for
+
+from weenvfs.fuse import daemon
+from weenvfs.fuse.mountd import SPARE_AFTER
+from weenvfs.fuse.service_forks import SPARE_SWITCH
+
+WAIT = 60.0  # a safety bound, not a timing
+TITLE = b"weenv mountd: spare for the next weenv run"
+
+
+def _spares(server: int) -> list[int]:
+    """The children of `server` waiting as its spare."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                parent = int(f.read().rsplit(b")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                command = f.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == server and command.rstrip(b"\0") == TITLE:
+            found.append(int(name))
+    return found
+
+
+def _spare(server: int, other_than: int | None = None) -> int:
+    [pid] = wait_for(lambda: [p for p in _spares(server) if p != other_than] or None,
+                     "the service's spare", WAIT)
+    return int(pid)
+
+
+def _argv(env: EnvRef, *command: str) -> list[str]:
+    return [sys.executable, "-m", "weenvfs", "run", "--store", str(env.store), "--cache",
+            str(env.cache), env.ref, *command]
+
+
+def _run(env: EnvRef, *command: str) -> subprocess.CompletedProcess[bytes]:
+    # Pipes, read to their end: a spare holding a client's descriptor would hang this.
+    return subprocess.run(_argv(env, *command), capture_output=True, timeout=WAIT, check=True)
+
+
+def test_a_run_becomes_the_spare_and_another_is_forked(env_ref: EnvRef, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    with mount_server(tmp_path / "mountd" / "mountd.sock", monkeypatch) as server:
+        assert _run(env_ref, "echo", "first").stdout == b"first\n"  # the service's preloads
+        spare = _spare(server)
+        with started_run(_argv(env_ref, "sh", "-c", "echo started; sleep 1000")) as child:
+            with open(f"/proc/{spare}/cmdline", "rb") as f:
+                assert b"weenvfs run " in f.read()  # the spare is this run's process
+            after = _spare(server, other_than=spare)  # and the next one waits already
+            child.kill()
+            child.wait(WAIT)
+        wait_for(lambda: not daemon.process_alive(spare), "the run's end", WAIT)
+        assert _run(env_ref, "echo", "again").stdout == b"again\n"
+        wait_for(lambda: not daemon.process_alive(after), "the next run taking it", WAIT)
+        last = _spare(server, other_than=after)
+    wait_for(lambda: not daemon.process_alive(last), "the spare's end with the service", WAIT)
+
+
+def test_a_spare_that_died_is_replaced_by_a_fork(env_ref: EnvRef, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    with mount_server(tmp_path / "mountd" / "mountd.sock", monkeypatch) as server:
+        _run(env_ref, "true")
+        spare = _spare(server)
+        os.kill(spare, signal.SIGKILL)
+        wait_for(lambda: not daemon.process_alive(spare), "the spare's death", WAIT)
+        assert _run(env_ref, "echo", "forked").stdout == b"forked\n"
+        _spare(server, other_than=spare)
+
+
+def test_switched_off_the_service_forks_every_run(env_ref: EnvRef, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SPARE_SWITCH, "off")
+    with mount_server(tmp_path / "mountd" / "mountd.sock", monkeypatch) as server:
+        assert _run(env_ref, "echo", "ran").stdout == b"ran\n"
+        time.sleep(SPARE_AFTER * 5)  # past when one would have been forked
+        assert _spares(server) == []
