@@ -92,10 +92,18 @@ def test_a_spare_that_died_is_replaced_by_a_fork(env_ref: EnvRef, tmp_path: Path
         _spare(server, other_than=spare)
 
 
+@pytest.mark.parametrize("value", ["off", "maybe"])
 def test_switched_off_the_service_forks_every_run(env_ref: EnvRef, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SPARE_SWITCH, "off")
-    with mount_server(tmp_path / "mountd" / "mountd.sock", monkeypatch) as server:
-        assert _run(env_ref, "echo", "ran").stdout == b"ran\n"
-        time.sleep(SPARE_AFTER * 5)  # past when one would have been forked
-        assert _spares(server) == []
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  value: str) -> None:
+    """A value neither on nor off is one line in the service's log, once, and no spare."""
+    monkeypatch.setenv(SPARE_SWITCH, value)
+    log = tmp_path / "mountd.log"
+    with mount_server(tmp_path / "mountd" / "mountd.sock", monkeypatch,
+                      log_file=log) as server:
+        for word in ("one", "two"):
+            assert _run(env_ref, "echo", word).stdout == f"{word}\n".encode()
+            time.sleep(SPARE_AFTER * 5)  # past when one would have been forked
+            assert _spares(server) == []
+    said = log.read_text().count(f"${SPARE_SWITCH} is neither on nor off: no spare")
+    assert said == (1 if value == "maybe" else 0)

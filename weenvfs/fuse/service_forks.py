@@ -50,6 +50,7 @@ _after_answer: list[Callable[[], None]] | None = None
 _spare: tuple[int, socket.socket] | None = None
 SPARE_SWITCH = "WEENV_SPARE"  # off (the server's environment): every command forked anew
 SPARE_REQUEST = 1 << 20  # the largest request a spare takes (a larger one: a fork)
+_said: set[str] = set()  # what the server logged once (a bad $WEENV_SPARE)
 
 
 def fork_daemon(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
@@ -88,7 +89,9 @@ def fork_spare(held: tuple[Any, ...], run: Callable[[list[str]], int]) -> None:
         if switched_off(SPARE_SWITCH):
             return
     except Exception:  # noqa: BLE001 - a bad value is the server's log line, never its end
-        log.warning("$%s is neither on nor off: no spare", SPARE_SWITCH)
+        if SPARE_SWITCH not in _said:
+            _said.add(SPARE_SWITCH)
+            log.warning("$%s is neither on nor off: no spare", SPARE_SWITCH)
         return
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
