@@ -50,7 +50,7 @@ _after_answer: list[Callable[[], None]] | None = None
 _spare: tuple[int, socket.socket] | None = None
 SPARE_SWITCH = "WEENV_SPARE"  # off (the server's environment): every command forked anew
 SPARE_REQUEST = 1 << 20  # the largest request a spare takes (a larger one: a fork)
-_said: set[str] = set()  # what the server logged once (a bad $WEENV_SPARE)
+_bad_switch_said = False  # a bad $WEENV_SPARE is logged once
 
 
 def fork_daemon(request: dict[str, Any], fds: list[int], held: tuple[Any, ...],
@@ -80,7 +80,7 @@ def fork_spare(held: tuple[Any, ...], run: Callable[[list[str]], int]) -> None:
     last request (the spare has what a child forked then would have). It waits for a
     request on its socket pair and then is that request's command; it exits when the
     server's end closes (the server exited) without one."""
-    global _spare
+    global _spare, _bad_switch_said
     if _spare is not None:
         return
     from weenvfs.switches import switched_off
@@ -89,8 +89,8 @@ def fork_spare(held: tuple[Any, ...], run: Callable[[list[str]], int]) -> None:
         if switched_off(SPARE_SWITCH):
             return
     except Exception:  # noqa: BLE001 - a bad value is the server's log line, never its end
-        if SPARE_SWITCH not in _said:
-            _said.add(SPARE_SWITCH)
+        if not _bad_switch_said:
+            _bad_switch_said = True
             log.warning("$%s is neither on nor off: no spare", SPARE_SWITCH)
         return
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
+from weenvfs import switches
 from weenvfs.errors import UsageError, WeenvError
 from weenvfs.fuse import daemon
 from weenvfs.fuse.mount_copies import remove_mount_folder
@@ -489,7 +490,7 @@ class Sandbox:
         if not record or not isinstance(self.launcher, OciCliLauncher):
             return None
         program = standby.receiver()
-        if program is None or not standby.wanted():
+        if program is None or switches.switched_off(standby.SWITCH):
             return None
         expected = standby.digest(standby.config(self.launcher, launch, program))
         handed = standby.hand(record, expected, launch.process)
