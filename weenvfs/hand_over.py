@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from weenvfs.fuse import node_socket
 from weenvfs.switches import problem, switched_off
@@ -90,15 +90,19 @@ def delegate(argv: Sequence[str], at: int) -> int | None:
     open_standard_fds()
     status_read, status_write = os.pipe()
     alive_read, alive_write = os.pipe()
+    interrupted: list[int] = []
     try:
         try:
-            taken = _attach(argv, [0, 1, 2, status_write, alive_read])
+            taken = _interruptible(interrupted, lambda: _attach(
+                argv, [0, 1, 2, status_write, alive_read]))
         finally:
             os.close(status_write)
             os.close(alive_read)
         if not taken:
+            if interrupted:  # a Ctrl-C that something on the way swallowed
+                raise KeyboardInterrupt
             return None
-        return _wait(status_read)
+        return _wait(status_read, interrupted)
     finally:
         os.close(status_read)
         os.close(alive_write)  # the command's watch ends here: it has exited, or must
@@ -132,6 +136,23 @@ def _attach(argv: list[str], fds: list[int]) -> bool:
     return mountd.launch_attached(argv, fds)
 
 
+def _interruptible(interrupted: list[int], attach: Callable[[], bool]) -> bool:
+    """`attach()`, a Ctrl-C during it raising KeyboardInterrupt as usual and also noted in
+    `interrupted`: Python ignores an exception raised in a finalizer (a Popen's `__del__`
+    while the service starts), so the Ctrl-C would be lost and the command, once taken, run
+    on with nobody to stop it. The caller relays a noted one to the command."""
+
+    def note(signum: int, _frame: object) -> None:
+        interrupted.append(signum)
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGINT, note)
+    try:
+        return attach()
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def _kill(pid: int, signum: int) -> None:
     try:  # noqa: SIM105 - contextlib is not among the cheap imports (node_socket.py)
         os.kill(pid, signum)
@@ -139,12 +160,12 @@ def _kill(pid: int, signum: int) -> None:
         pass
 
 
-def _wait(status_read: int) -> int:
-    """Relay signals to the command until its status line arrives. None arrives when the
-    command died of a SIGTERM or SIGHUP relayed before it set up its clean-up (as this
-    process would have, running it): this process then dies of it too; else EXIT_LOST."""
+def _wait(status_read: int, received: list[int]) -> int:
+    """Relay signals to the command until its status line arrives (`received` those that
+    came before, relayed once its pid is known). None arrives when the command died of a
+    SIGTERM or SIGHUP relayed before it set up its clean-up (as this process would have,
+    running it): this process then dies of it too; else EXIT_LOST."""
     pid = 0
-    received: list[int] = []
 
     def relay(signum: int, _frame: object) -> None:
         received.append(signum)

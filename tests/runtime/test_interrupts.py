@@ -229,6 +229,46 @@ def test_interrupted_while_the_node_service_starts(served: Served, tmp_path: Pat
             daemon.wait_exit(pid, daemon.EXIT_TIMEOUT)
 
 
+# `weenv run` whose Ctrl-C comes while a finalizer runs, just before it asks the node service:
+# Python ignores an exception raised in a `__del__` (one of subprocess.Popen's did, while the
+# client started the service: the Ctrl-C was lost and the command ran on).
+SWALLOWED = """
+import os, signal, sys
+from weenvfs.entry import main
+from weenvfs.fuse import node_socket
+
+ask = node_socket.ask
+
+class Finalized:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+
+def interrupted_ask(request, fds):
+    node_socket.ask = ask
+    Finalized()  # finalized at once: the KeyboardInterrupt is raised in it, and ignored
+    return ask(request, fds)
+
+node_socket.ask = interrupted_ask
+sys.argv = ["weenv", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+
+def test_a_ctrl_c_that_a_finalizer_swallowed_still_stops_the_run(served: Served) -> None:
+    """The client notes Ctrl-C while it hands the run over, and relays it to the service's
+    process once that has the run (hand_over.py `_interruptible`): the run stops, 130."""
+    argv = [sys.executable, "-c", SWALLOWED, *COMMANDS["run"](served)[3:]]
+    with _running(argv) as proc:
+        try:
+            _, err = proc.communicate(timeout=HANG_GUARD)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running {HANG_GUARD:g} s after Ctrl-C") from None
+        message = err.decode(errors="replace")
+        assert "Exception ignored in" in message, message  # the finalizer did swallow it
+        _assert_interrupted(proc, message.split("KeyboardInterrupt", 1)[-1],
+                            LAST_LINE["run"])
+
+
 def _processes(needle: bytes) -> list[int]:
     """Live processes whose command line holds `needle`, this one excepted."""
     found = []

@@ -330,11 +330,11 @@ def _become_attached(argv: list[str], env: dict[str, str], umask: int, cwd: str,
     status, alive = fds[3], fds[4]
     for fd in (status, alive):
         os.set_inheritable(fd, False)
-    os.write(status, b"pid %d\n" % os.getpid())
     global _after_answer
     _after_answer = []
     code = 125
     try:
+        os.write(status, b"pid %d\n" % os.getpid())  # the client relays Ctrl-C from here
         take_over(argv, env, umask)
         os.chdir(cwd)
 
@@ -346,6 +346,9 @@ def _become_attached(argv: list[str], env: dict[str, str], umask: int, cwd: str,
 
         threading.Thread(target=watch, name="client-watch", daemon=True).start()
         code = run(argv)
+    except KeyboardInterrupt:  # relayed before `run` handles it: nothing started yet
+        print("weenv: interrupted", file=sys.stderr)
+        code = 128 + signal.SIGINT  # as the CLI reports Ctrl-C
     except Exception as error:  # the set-up failed (`run` reports its own errors)
         print(f"weenv: error: the node service could not start the command: {error}",
               file=sys.stderr)
