@@ -2,7 +2,7 @@
 while the service is idle, which the next `weenv run` is handed to instead of a fork. It
 becomes that run, another is forked after it, it never holds a client's descriptors, one
 that died is replaced by a fork, none is made with WEENV_SPARE=off, and it ends with the
-service.
+service. It writes ahead the pages the last learning run wrote (fuse/spare_pages.py).
 
 Real sandboxes and a node service of each test's own (`mount_server`).
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ from rt_support import EnvRef, started_run
 from support.mount_server import mount_server
 from support.polling import wait_for
 
-from weenvfs.fuse import daemon
+from weenvfs.fuse import daemon, spare_pages
 from weenvfs.fuse.mountd import SPARE_AFTER
 from weenvfs.fuse.service_forks import SPARE_SWITCH
 
@@ -107,3 +108,40 @@ def test_switched_off_the_service_forks_every_run(env_ref: EnvRef, tmp_path: Pat
             assert _spares(server) == []
     said = log.read_text().count(f"${SPARE_SWITCH} is neither on nor off: no spare")
     assert said == (1 if value == "maybe" else 0)
+
+
+def _private_dirty(pid: int) -> int:
+    """Bytes of `pid`'s memory that it alone has written (copied from the service's)."""
+    with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+        for line in f:
+            if line.startswith(b"Private_Dirty:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no Private_Dirty for {pid}")
+
+
+def test_the_spare_writes_ahead_the_pages_a_run_wrote(env_ref: EnvRef, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first run learns (no spare wrote pages ahead for it); the spare forked after it
+    copies those pages before any request; a run that such a spare became does not learn
+    again; once the file is due, the next spare leaves it to its run, which learns."""
+    sock = tmp_path / "mountd" / "mountd.sock"
+    pages = Path(f"{sock}.pages")
+    with mount_server(sock, monkeypatch) as server:
+        _run(env_ref, "true")
+        wait_for(pages.exists, "the first run's pages", WAIT)
+        ranges = pages.read_bytes()[len(spare_pages.SERVICE):]  # the service's token first
+        learned = sum(count for _, count in struct.iter_unpack("=QQ", ranges))
+        assert learned > 100, learned
+        spare = _spare(server)
+        wait_for(lambda: _private_dirty(spare) > learned * spare_pages.PAGE // 2,
+                 "the spare's pages written ahead", WAIT)
+        written = pages.stat().st_mtime_ns
+        old = pages.stat().st_mtime - spare_pages.LEARN_EVERY - 1
+        os.utime(pages, (old, old))  # due now, after that spare wrote ahead
+        _run(env_ref, "true")  # that spare's run: it does not learn
+        time.sleep(SPARE_AFTER * 5)
+        assert pages.stat().st_mtime_ns < written
+        plain = _spare(server, other_than=spare)  # forked when due: writes nothing ahead
+        assert _private_dirty(plain) < learned * spare_pages.PAGE // 2
+        _run(env_ref, "true")  # and its run learns
+        wait_for(lambda: pages.stat().st_mtime_ns > written, "the pages learned again", WAIT)

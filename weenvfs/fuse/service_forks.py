@@ -38,6 +38,8 @@ from typing import Any
 
 from weenvfs.errors import Terminated
 
+from . import spare_pages
+
 log = logging.getLogger(__name__)
 
 # Said (instead of "terminated by SIGTERM") by a command whose client went away (kill -9).
@@ -144,6 +146,8 @@ def _become_spare(theirs: socket.socket, run: Callable[[list[str]], int]) -> Non
         import setproctitle
 
         setproctitle.setproctitle("weenv mountd: spare for the next weenv run")
+    with contextlib.suppress(Exception):  # the faults the run would take (spare_pages.py)
+        spare_pages.prefault_if_learned()
     size = array.array("i").itemsize
     data, ancdata, _flags, _ = theirs.recvmsg(SPARE_REQUEST, socket.CMSG_SPACE(8 * size))
     fds: list[int] = []
@@ -356,13 +360,16 @@ def _become_attached(argv: list[str], env: dict[str, str], umask: int, cwd: str,
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
-        if _after_answer:  # the client relays no signal meant for the command past this
-            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                signal.signal(signum, signal.SIG_IGN)
+        # The client relays no signal meant for the command past this, and its exit (the
+        # client-watch's SIGTERM) must not cut short what this process does after the answer.
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
         with contextlib.suppress(OSError):
             _release_stdio()  # before the status: its reader finds the pipes ended too
         with contextlib.suppress(OSError):
             os.write(status, b"exit %d\n" % code)
+    with contextlib.suppress(Exception):  # what the next spare writes ahead (spare_pages.py)
+        spare_pages.learn_if_due()
     if _after_answer:
         for fd in (status, alive):
             os.close(fd)
