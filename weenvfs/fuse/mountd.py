@@ -81,6 +81,7 @@ from .node_socket import (
     ask,
     enabled,
     fingerprint,
+    received_fds,
     request_line,
 )
 from .node_socket import namespaces as node_namespaces
@@ -561,11 +562,7 @@ def _receive(conn: socket.socket) -> tuple[bytes, list[int]]:
     size = array.array("i").itemsize
     while b"\n" not in data and len(data) < MAX_REQUEST:
         part, ancdata, _flags, _ = conn.recvmsg(65536, socket.CMSG_SPACE(MAX_FDS * size))
-        for level, kind, payload in ancdata:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                received = array.array("i")
-                received.frombytes(payload[: len(payload) - len(payload) % size])
-                fds.extend(received)
+        fds.extend(received_fds(ancdata))
         if not part:
             break
         data += part

@@ -168,6 +168,18 @@ def ask(request: bytes, fds: list[int]) -> bytes | None:
         return b"ok" if sent else None
 
 
+def received_fds(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors the SCM_RIGHTS messages of `ancdata` (from `recvmsg`) carried."""
+    size = array.array("i").itemsize
+    fds: list[int] = []
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            received = array.array("i")
+            received.frombytes(payload[: len(payload) - len(payload) % size])
+            fds.extend(received)
+    return fds
+
+
 class addressable:  # noqa: N801 - used as `with addressable(path) as address:`
     """An address for the socket at `path` that fits a socket address (108 bytes): the path
     itself, or, when it is longer, the same file through /proc/self/fd of its folder opened

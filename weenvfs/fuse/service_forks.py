@@ -39,6 +39,7 @@ from typing import Any
 from weenvfs.errors import Terminated
 
 from . import spare_pages
+from .node_socket import received_fds
 
 log = logging.getLogger(__name__)
 
@@ -150,12 +151,7 @@ def _become_spare(theirs: socket.socket, run: Callable[[list[str]], int]) -> Non
         spare_pages.prefault_if_learned()
     size = array.array("i").itemsize
     data, ancdata, _flags, _ = theirs.recvmsg(SPARE_REQUEST, socket.CMSG_SPACE(8 * size))
-    fds: list[int] = []
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            received = array.array("i")
-            received.frombytes(payload[: len(payload) - len(payload) % size])
-            fds.extend(received)
+    fds = received_fds(ancdata)
     theirs.close()
     if not data:
         os._exit(0)  # the server exited: nothing to do
