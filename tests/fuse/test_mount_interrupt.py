@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from mounts import force_unmount, publish, stop_daemon
+from support.processes import node_processes
 
 from weenvfs.fuse import daemon
 
@@ -34,19 +35,10 @@ DELAYS = (0.0, 0.15, 0.3, 0.5, 0.8, 1.2, 2.0)
 
 def _daemons_of(mountpoint: Path) -> list[int]:
     """Pids of live processes serving `mountpoint` (a daemon's command line or title)."""
-    found = []
     needle = os.fsencode(f" {mountpoint} ")
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ") + b" "
-        except OSError:
-            continue
-        ours = b"weenvfs" in cmdline and b"--foreground" in cmdline and needle in cmdline
-        if ours and daemon.process_alive(int(entry)):
-            found.append(int(entry))
-    return found
+    return [proc.pid for proc in node_processes()
+            if b"weenvfs" in proc.command and b"--foreground" in proc.command
+            and needle in proc.command + b" " and daemon.process_alive(proc.pid)]
 
 
 def _clean_up(proc: subprocess.Popen[bytes], mp: Path) -> None:

@@ -21,6 +21,7 @@ import blake3
 import pytest
 from mounts import Mount, Mounter, run_weenv
 from support.polling import read_or_error, wait_for
+from support.processes import node_processes
 
 from weenvfs.format.hints import Hint
 from weenvfs.format.index import GroupIndex
@@ -36,16 +37,9 @@ WAIT = 30.0
 
 def _server_pid(mount: Mount) -> int:
     """The pid of the mount daemon's native server."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        name, rest = stat[stat.find("(") + 1:stat.rfind(")")], stat[stat.rfind(")") + 2:]
-        if name == HELPER and int(rest.split()[1]) == mount.pid:
-            return int(entry)
+    for proc in node_processes():
+        if proc.name == HELPER and proc.parent == mount.pid:
+            return proc.pid
     raise AssertionError(f"no {HELPER} under the daemon {mount.pid}")
 
 

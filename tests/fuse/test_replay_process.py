@@ -14,6 +14,7 @@ import pytest
 from hint_mounts import WAIT, publish_hint, publish_varied_env, wait_for_state
 from mounts import Mounter, run_weenv
 from support.polling import wait_for
+from support.processes import node_processes
 
 from weenvfs.fuse import mountd
 from weenvfs.store import open_store
@@ -37,18 +38,8 @@ def env(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
 def warm_processes(digest: str) -> list[int]:
     """Pids of `weenv cache warm DIGEST` processes (the replays of that environment; the
     node service's children show their arguments as one string)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                line = f.read().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if f"cache warm {digest} ".encode() in line:
-            pids.append(int(entry))
-    return pids
+    needle = f"cache warm {digest} ".encode()
+    return [proc.pid for proc in node_processes() if needle in proc.command]
 
 
 def env_digest(store: Path | str) -> str:

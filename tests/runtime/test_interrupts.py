@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pytest
 from rt_support import EnvRef
+from support.processes import node_processes
 
 from weenvfs.fuse import daemon, mountd
 from weenvfs.runtime import sandbox, sandbox_state
@@ -271,17 +272,8 @@ def test_a_ctrl_c_that_a_finalizer_swallowed_still_stops_the_run(served: Served)
 
 def _processes(needle: bytes) -> list[int]:
     """Live processes whose command line holds `needle`, this one excepted."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if needle in cmdline and daemon.process_alive(int(entry)):
-            found.append(int(entry))
-    return found
+    return [proc.pid for proc in node_processes()
+            if needle in proc.command and daemon.process_alive(proc.pid)]
 
 
 def _remove_created(served: Served) -> None:

@@ -21,6 +21,7 @@ import pytest
 from rt_support import EnvRef, started_run
 from support.mount_server import mount_server
 from support.polling import wait_for
+from support.processes import node_processes
 
 from weenvfs.fuse import daemon, spare_pages
 from weenvfs.fuse.mountd import SPARE_AFTER
@@ -32,20 +33,8 @@ TITLE = b"weenv mountd: spare for the next weenv run"
 
 def _spares(server: int) -> list[int]:
     """The children of `server` waiting as its spare."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                parent = int(f.read().rsplit(b")", 1)[1].split()[1])
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                command = f.read()
-        except (OSError, IndexError, ValueError):
-            continue
-        if parent == server and command.rstrip(b"\0") == TITLE:
-            found.append(int(name))
-    return found
+    return [proc.pid for proc in node_processes()
+            if proc.parent == server and proc.command == TITLE]
 
 
 def _spare(server: int, other_than: int | None = None) -> int:
