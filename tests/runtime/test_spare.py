@@ -112,7 +112,8 @@ def test_the_spare_writes_ahead_the_pages_a_run_wrote(env_ref: EnvRef, tmp_path:
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The first run learns (no spare wrote pages ahead for it); the spare forked after it
     copies those pages before any request; a run that such a spare became does not learn
-    again; once the file is due, the next spare leaves it to its run, which learns."""
+    again; once the file is due, the next spare leaves it to its run, which learns. The
+    file goes with the service."""
     sock = tmp_path / "mountd" / "mountd.sock"
     pages = Path(f"{sock}.pages")
     with mount_server(sock, monkeypatch) as server:
@@ -134,3 +135,4 @@ def test_the_spare_writes_ahead_the_pages_a_run_wrote(env_ref: EnvRef, tmp_path:
         assert _private_dirty(plain) < learned * spare_pages.PAGE // 2
         _run(env_ref, "true")  # and its run learns
         wait_for(lambda: pages.stat().st_mtime_ns > written, "the pages learned again", WAIT)
+    assert not pages.exists()  # gone with the service: no other service could use them

@@ -69,7 +69,7 @@ from typing import Any, Protocol
 
 from weenvfs.errors import WeenvError
 
-from . import daemon, node_socket
+from . import daemon, node_socket, spare_pages
 from .node_socket import (
     ATTACHED,
     CONNECT_TIMEOUT,
@@ -373,12 +373,14 @@ def _raise_stop(signum: int, frame: object) -> None:
 
 
 def _close(server: _Listening, exporter: Exporter | None) -> None:
-    """Undo `_listen`: the socket file (if still ours), the pid file, the exporter, the lock."""
+    """Undo `_listen`: the socket file (if still ours), the pid file, the exporter, the lock;
+    and the pages the service's spares wrote ahead (spare_pages.py)."""
     with contextlib.suppress(OSError):
         if os.stat(server.path).st_ino == server.bound:
             server.path.unlink()
     server.listener.close()
     server.pid_path.unlink(missing_ok=True)
+    spare_pages.forget()  # of no use to another service (its memory is laid out anew)
     if exporter is not None:
         exporter.stop()
     server.lock.close()

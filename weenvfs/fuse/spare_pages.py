@@ -135,6 +135,12 @@ def learn(path: str) -> bool:
     return True
 
 
+def forget() -> None:
+    """Remove PAGES_FILE (the service, as it ends)."""
+    with contextlib.suppress(OSError):
+        os.unlink(PAGES_FILE)
+
+
 def read_ranges(path: str) -> list[tuple[int, int]]:
     """The ranges `learn` wrote to `path` in a fork of this service (none if there is no
     such file, or another service wrote it)."""
