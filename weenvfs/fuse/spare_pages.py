@@ -40,6 +40,9 @@ import ctypes
 import os
 import re
 import time
+from pathlib import Path
+
+from weenvfs.core.node_files import write_atomically
 
 from .node_socket import socket_path
 
@@ -123,14 +126,9 @@ def learn(path: str) -> bool:
     """Write the ranges of pages this process alone maps to `path`; whether it did."""
     ranges = _own_pages(_private_writable())
     data = SERVICE + array.array("Q", [value for pair in ranges for value in pair]).tobytes()
-    temporary = f"{path}.{os.getpid()}"
     try:
-        with open(temporary, "wb") as out:
-            out.write(data)
-        os.replace(temporary, path)
+        write_atomically(Path(path), data)
     except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
         return False
     return True
 
