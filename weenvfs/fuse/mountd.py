@@ -69,7 +69,7 @@ from typing import Any, Protocol
 
 from weenvfs.errors import WeenvError
 
-from . import daemon, node_socket, spare_pages
+from . import daemon, node_socket
 from .node_socket import (
     ATTACHED,
     CONNECT_TIMEOUT,
@@ -289,6 +289,7 @@ def serve(idle: float, run: Callable[[list[str]], int],
     them (the CLI's parsers); all are loaded after the socket listens, a step at a time
     between requests (service_loading.py)."""
     _set_up_titles()
+    from . import spare_pages  # noqa: F401 - the service's own (its token), which forks inherit
     if leave_cgroups:
         leave_caller_cgroups()
     server = _listen(exporter)
@@ -380,6 +381,8 @@ def _close(server: _Listening, exporter: Exporter | None) -> None:
             server.path.unlink()
     server.listener.close()
     server.pid_path.unlink(missing_ok=True)
+    from . import spare_pages
+
     spare_pages.forget()  # of no use to another service (its memory is laid out anew)
     if exporter is not None:
         exporter.stop()

@@ -38,7 +38,6 @@ from typing import Any
 
 from weenvfs.errors import Terminated
 
-from . import spare_pages
 from .node_socket import received_fds
 
 log = logging.getLogger(__name__)
@@ -147,7 +146,9 @@ def _become_spare(theirs: socket.socket, run: Callable[[list[str]], int]) -> Non
         import setproctitle
 
         setproctitle.setproctitle("weenv mountd: spare for the next weenv run")
-    with contextlib.suppress(Exception):  # the faults the run would take (spare_pages.py)
+    with contextlib.suppress(Exception):  # the faults the run would take
+        from . import spare_pages  # loaded by the service (mountd.serve), as this process is
+
         spare_pages.prefault_if_learned()
     size = array.array("i").itemsize
     data, ancdata, _flags, _ = theirs.recvmsg(SPARE_REQUEST, socket.CMSG_SPACE(8 * size))
@@ -364,7 +365,9 @@ def _become_attached(argv: list[str], env: dict[str, str], umask: int, cwd: str,
             _release_stdio()  # before the status: its reader finds the pipes ended too
         with contextlib.suppress(OSError):
             os.write(status, b"exit %d\n" % code)
-    with contextlib.suppress(Exception):  # what the next spare writes ahead (spare_pages.py)
+    with contextlib.suppress(Exception):  # what the next spare writes ahead
+        from . import spare_pages
+
         spare_pages.learn_if_due()
     if _after_answer:
         for fd in (status, alive):
