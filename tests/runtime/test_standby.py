@@ -227,17 +227,22 @@ def test_a_standby_that_does_not_take_the_command_is_discarded_and_the_run_goes_
     wait_for(lambda: not daemon.process_alive(record["pid"]), "the discarded init's end", WAIT)
 
 
-def test_the_python_api_discards_a_standby_and_starts_its_own_init(parked_env: EnvRef) -> None:
+def test_the_python_api_leaves_a_standby_for_the_next_run(parked_env: EnvRef) -> None:
+    """An API sandbox would have to discard the standby (its init is `catatonit -P`): it
+    makes a root of its own and leaves the parked one, standby and all, to the next run."""
     from weenvfs.runtime.environment import Environment
 
     _run(parked_env, "true")
     root, record = _standby(parked_env)
     with Environment.open(parked_env.ref, store=parked_env.store,
                           cache=parked_env.cache) as env:
-        assert env.sandbox.id == root  # the parked root, taken over
-        assert not daemon.process_alive(record["pid"])
+        assert env.sandbox.id != root
+        assert daemon.process_alive(record["pid"])
+        assert _parked_id(parked_env) == root and _state(root).get("standby") == record
         done = env.exec(["sh", "-c", "cat /proc/1/cmdline"])
         assert done.ok and done.stdout.split(b"\0")[:2] == [INIT_PATH.encode(), b"-P"]
+    done = _run(parked_env, "sh", "-c", f"hostname; {INIT}")
+    assert done.stdout.decode().strip() == root and _init_of(done) == STANDBY
 
 
 def test_a_client_killed_during_its_command_leaves_no_process(parked_env: EnvRef) -> None:

@@ -308,7 +308,8 @@ class Sandbox:
                   "mounts": [m.key for m in planned]}
         sandbox = None
         if parkable and parked:  # saved as this sandbox's already, if one is taken
-            sandbox = cls._take_parked(record["mounts"], record, creator, launcher)
+            sandbox = cls._take_parked(record["mounts"], record, creator, launcher,
+                                       standby_usable=not start)
         if sandbox is None:
             sandbox = cls._new(options.name or f"weenv-{secrets.token_hex(5)}", record,
                                creator, launcher)
@@ -349,10 +350,14 @@ class Sandbox:
 
     @classmethod
     def _take_parked(cls, keys: list[str], record: dict[str, Any], creator: int,
-                     launcher: Launcher) -> Sandbox | None:
+                     launcher: Launcher, standby_usable: bool = True) -> Sandbox | None:
         """The parked sandbox over mounts `keys` (parking.py), made a new sandbox of
         `record` (its id, folder, overlay and upper kept; `_build` checks its mounts), or
-        None: none is parked, or the one named is gone or no longer pristine (removed)."""
+        None: none is parked, the one named is gone or no longer pristine (removed), or it
+        holds a standby a sandbox that is not `standby_usable` would have to discard: that
+        root is left parked for the next `weenv run` (the discard, a `crun delete`, cost
+        such a sandbox more than a fresh overlay: ~41 against ~28 ms for an API's `open` +
+        `exec(true)` when `weenv run`s of the same environment came between)."""
         sandbox_id = parking.claim(keys)
         if sandbox_id is None:
             return None
@@ -371,6 +376,8 @@ class Sandbox:
                 box._end(keep=False, park=False)
                 box._remove_folder()
                 return None
+            if old.get("standby") and not standby_usable and parking.offer(sandbox_id, keys):
+                return None  # parked again as it was (the state untouched)
             box.state = initial_state(sandbox_id, record, creator, launcher.name)
             box.state.update(parkable=True, upper_print=old["upper_print"],
                              parked=old.get("parked"))
