@@ -96,30 +96,22 @@ def _own_pages(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def prefault_if_learned() -> int:
-    """In the spare: `prefault(PAGES_FILE)` unless the file is due to be learned again (the
-    run this spare becomes then learns it); how many pages were faulted in."""
+    """In the spare: fault in the ranges of PAGES_FILE (`prefault`) unless the file is due
+    to be learned again (the run this spare becomes then learns it); how many pages."""
     global _prefaulted
-    if _due(PAGES_FILE):
+    ranges = _ranges(PAGES_FILE, young_only=True)
+    if ranges is None:
         return 0
     _prefaulted = True
-    return prefault(PAGES_FILE)
+    return _populate(ranges)
 
 
 def learn_if_due() -> bool:
-    """In a run's process after its answer: `learn(PAGES_FILE)` when due and this process
-    wrote no pages ahead; whether it did."""
-    return not _prefaulted and _due(PAGES_FILE) and learn(PAGES_FILE)
-
-
-def _due(path: str) -> bool:
-    """Whether `path` is missing, LEARN_EVERY seconds old, or another service's."""
-    try:
-        with open(path, "rb") as source:
-            if time.time() - os.fstat(source.fileno()).st_mtime >= LEARN_EVERY:
-                return True
-            return source.read(len(SERVICE)) != SERVICE
-    except OSError:
-        return True
+    """In a run's process after its answer: `learn(PAGES_FILE)` when due (missing,
+    LEARN_EVERY seconds old or another service's) and this process wrote no pages ahead;
+    whether it did."""
+    return (not _prefaulted and _ranges(PAGES_FILE, young_only=True) is None
+            and learn(PAGES_FILE))
 
 
 def learn(path: str) -> bool:
@@ -142,13 +134,21 @@ def forget() -> None:
 def read_ranges(path: str) -> list[tuple[int, int]]:
     """The ranges `learn` wrote to `path` in a fork of this service (none if there is no
     such file, or another service wrote it)."""
+    return _ranges(path) or []
+
+
+def _ranges(path: str, young_only: bool = False) -> list[tuple[int, int]] | None:
+    """`read_ranges`, or None where it has none; with `young_only` also None for a file
+    LEARN_EVERY seconds old (one open: the spare and every run's end ask)."""
     try:
         with open(path, "rb") as source:
+            if young_only and time.time() - os.fstat(source.fileno()).st_mtime >= LEARN_EVERY:
+                return None
             data = source.read(len(SERVICE) + 16 * MAX_PAGES)
     except OSError:
-        return []
+        return None
     if data[:len(SERVICE)] != SERVICE:
-        return []
+        return None
     data = data[len(SERVICE):]
     values = array.array("Q")
     values.frombytes(data[: len(data) - len(data) % 16])
@@ -158,10 +158,14 @@ def read_ranges(path: str) -> list[tuple[int, int]]:
 def prefault(path: str) -> int:
     """Fault in, as writes would, the pages of `path`'s ranges that lie in this process's
     private writable mappings; how many pages (at most MAX_PAGES)."""
+    return _populate(read_ranges(path))
+
+
+def _populate(ranges: list[tuple[int, int]]) -> int:
     spans = _private_writable()
     starts = [start for start, _ in spans]
     done = 0
-    for address, pages in read_ranges(path):
+    for address, pages in ranges:
         at = bisect.bisect_right(starts, address) - 1
         if at < 0 or address % PAGE or pages <= 0:
             continue
