@@ -11,10 +11,11 @@ socket bound in the sandbox's bundle. The next `weenv run` that takes the parked
 whose config is the same but for the command, its environment and folder (the standby's
 config digest says so) connects, hands over argv, env, cwd and its three standard streams,
 and waits for the status line; the init then does what catatonit does (forks the command,
-relays signals, reaps, exits with its status). Anything else (another user, limits,
-network, filter or runtime; `sandbox create`, the Python API; an init that died, does not
-answer or refuses) discards the standby first, and the run goes on as without one: it is
-only a cache, its cost paid while the node was idle.
+relays signals, reaps, exits with its status). Any other run (another user, limits,
+network, filter or runtime; an init that died, does not answer or refuses) discards the
+standby first, and the run goes on as without one: it is only a cache, its cost paid while
+the node was idle. `sandbox create` and the Python API, whose init is catatonit, leave such
+a root parked for the next run and make one of their own (sandbox.py `_take_parked`).
 
 A standby never ran anything: the run that takes it gets a sandbox exactly as new as the
 runtime's `run` would have made (fresh namespaces, /dev, /dev/shm, IPC), which is why a
