@@ -12,6 +12,8 @@ import os
 import urllib.parse
 from pathlib import Path
 
+from .processes import node_processes
+
 
 def mounted_below(path: Path) -> list[str]:
     """Lines of /proc/self/mounts for mounts below `path` or named after a mount point
@@ -25,12 +27,6 @@ def mounted_below(path: Path) -> list[str]:
 
 def processes_naming(path: Path) -> list[str]:
     """Command lines of the processes that name `path` in theirs."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if proc.name.isdigit() and os.fsencode(str(path)) in cmdline:
-            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
-    return found
+    needle = os.fsencode(str(path))
+    return [proc.command.decode(errors="replace") for proc in node_processes()
+            if needle in proc.command]
