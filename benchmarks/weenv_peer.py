@@ -46,7 +46,7 @@ from weenvfs.runtime.mounts import list_mounts
 from weenvfs.store import open_store
 from weenvfs.store.base import Store
 from weenvfs.store.repository import Repository
-from weenvfs.store.seaweed import SeaweedFS
+from weenvfs.store.seaweed import FILE_CHUNK_MB, SeaweedFS
 from weenvfs.tools.builder import BuildOptions, build_group, open_source
 from weenvfs.tools.publish import compose_env
 
@@ -89,6 +89,8 @@ def start_seaweed(folder: Path | None, like: SeaweedFS | None = None,
     """SeaweedFS keeping its data in `folder` (None: a temp folder, deleted at stop; on the
     link `netns` = (prefix, ip) if given), with the credentials of `like` if given; exports
     them to os.environ."""
+    if folder is not None:
+        _fresh_if_restored_otherwise(folder)
     if netns is None:
         server = SeaweedFS(folder)
     else:
@@ -100,6 +102,23 @@ def start_seaweed(folder: Path | None, like: SeaweedFS | None = None,
     os.environ.update(server.env())
     _wait_readable(server.url(PREFIX))
     return server
+
+
+def _fresh_if_restored_otherwise(folder: Path) -> None:
+    """Empty a kept SeaweedFS folder whose objects were stored in other pieces than the ones
+    SeaweedFS is started with now (weenvfs/store/seaweed.py FILE_CHUNK_MB: a store's reads
+    depend on it); the benchmark then copies its objects in again, once."""
+    stamp = folder / "weenv-pieces.json"
+    want = {"file_chunk_mb": FILE_CHUNK_MB}
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(stamp.read_text()) == want:
+            return
+    if folder.exists() and any(folder.iterdir()):
+        print(f"SeaweedFS data in {folder} was stored in other pieces: starting it afresh "
+              "(its objects are copied in again)", flush=True)
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps(want))
 
 
 def _wait_readable(url: str, timeout: float = 120.0) -> None:
