@@ -721,6 +721,28 @@ def test_a_server_stopped_while_preloading_stops(tmp_path: Path,
         assert "mount server stopping" in log.read_text()
 
 
+def test_a_stop_swallowed_since_the_loop_looked_ends_the_wait_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM whose `_Stop` an at-fork hook swallowed (logging's, after the server forked
+    its exporter again: CI saw it) leaves only the flag: the loop's wait for a client raises
+    it before it sleeps, instead of sleeping until its next chore while `mountd --stop`
+    gives up (and the server, killed then, leaves its socket and files behind)."""
+    monkeypatch.setattr(mountd, "_stopping", [True])
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        started = time.monotonic()
+        with pytest.raises(mountd._Stop):
+            mountd._wait_for_client(listener, 30.0)
+        assert time.monotonic() - started < 10  # not the wait's own timeout
+    monkeypatch.setattr(mountd, "_stopping", [])
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(Path(f"/tmp/weenv-test-wait-{os.getpid()}.sock")))
+        try:
+            listener.listen(1)
+            assert mountd._wait_for_client(listener, 0.05) is False  # no flag: it waits
+        finally:
+            os.unlink(f"/tmp/weenv-test-wait-{os.getpid()}.sock")
+
+
 def test_evictions_run_one_at_a_time_per_environment_and_once_more_after(
         tmp_path: Path) -> None:
     """EVICT requests (a sandbox released its mounts): the server forks the eviction with the

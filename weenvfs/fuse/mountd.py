@@ -449,7 +449,14 @@ def _loop(listener: socket.socket, lock: Any, idle: float,
 def _wait_for_client(listener: socket.socket, timeout: float) -> bool:
     """Wait until a client connects (True), a child exits (its pidfd: the loop reaps it) or
     `timeout` seconds pass. poll(2), not select(2): a node with hundreds of mounts has
-    hundreds of children, and select takes no descriptor past 1023."""
+    hundreds of children, and select takes no descriptor past 1023.
+
+    A SIGTERM whose `_Stop` was swallowed since the loop last looked stops the server here,
+    before it sleeps: one that lands in an at-fork hook (logging's, after the exporter or a
+    child is forked) is printed as "Exception ignored" and dropped, and the server then slept
+    in poll(2) until its next chore while `mountd --stop` gave up on it (CI saw that once)."""
+    if _stopping:
+        raise _Stop
     poller = select.poll()
     poller.register(listener, select.POLLIN)
     for fd in child_fds():
