@@ -90,7 +90,7 @@ def start_seaweed(folder: Path | None, like: SeaweedFS | None = None,
     link `netns` = (prefix, ip) if given), with the credentials of `like` if given; exports
     them to os.environ."""
     if folder is not None:
-        _fresh_if_restored_otherwise(folder)
+        _afresh_if_stored_otherwise(folder)
     if netns is None:
         server = SeaweedFS(folder)
     else:
@@ -104,7 +104,7 @@ def start_seaweed(folder: Path | None, like: SeaweedFS | None = None,
     return server
 
 
-def _fresh_if_restored_otherwise(folder: Path) -> None:
+def _afresh_if_stored_otherwise(folder: Path) -> None:
     """Empty a kept SeaweedFS folder whose objects were stored in other pieces than the ones
     SeaweedFS is started with now (weenvfs/store/seaweed.py FILE_CHUNK_MB: a store's reads
     depend on it); the benchmark then copies its objects in again, once."""

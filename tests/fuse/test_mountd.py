@@ -722,7 +722,7 @@ def test_a_server_stopped_while_preloading_stops(tmp_path: Path,
 
 
 def test_a_stop_swallowed_since_the_loop_looked_ends_the_wait_at_once(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A SIGTERM whose `_Stop` an at-fork hook swallowed (logging's, after the server forked
     its exporter again: CI saw it) leaves only the flag: the loop's wait for a client raises
     it before it sleeps, instead of sleeping until its next chore while `mountd --stop`
@@ -735,12 +735,9 @@ def test_a_stop_swallowed_since_the_loop_looked_ends_the_wait_at_once(
         assert time.monotonic() - started < 10  # not the wait's own timeout
     monkeypatch.setattr(mountd, "_stopping", [])
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
-        listener.bind(str(Path(f"/tmp/weenv-test-wait-{os.getpid()}.sock")))
-        try:
-            listener.listen(1)
-            assert mountd._wait_for_client(listener, 0.05) is False  # no flag: it waits
-        finally:
-            os.unlink(f"/tmp/weenv-test-wait-{os.getpid()}.sock")
+        listener.bind(str(tmp_path / "wait.sock"))
+        listener.listen(1)
+        assert mountd._wait_for_client(listener, 0.05) is False  # no flag: it waits
 
 
 def test_evictions_run_one_at_a_time_per_environment_and_once_more_after(
