@@ -8,8 +8,8 @@ their recipe (a key written next to them) is unchanged, so a run pays for a buil
 `Mounts` mounts with `weenv mount` exactly as a user does and unmounts everything it mounted
 in `close()` (`weenv umount`, then `fusermount3 -u -z` if that failed). `mount_server` runs
 `weenv mountd` for the duration of a block, as a node would (Docker's daemon is resident too):
-mounts this process starts, directly or through the CLI, fork from it. `environment` sets
-variables of this process for a block.
+mounts this process starts, directly or through the CLI, fork from it; `forget_environments`
+starts it afresh for a cold turn. `environment` sets variables of this process for a block.
 
 Must not: time anything or print tables (the scripts and _common.py do), or kill a process
 it did not start.
@@ -93,6 +93,23 @@ def mount_server(folder: Path, enabled: bool = True) -> Iterator[None]:
             finally:
                 if enabled:
                     weenv("mountd", "--stop")
+
+
+def forget_environments() -> None:
+    """Evict every shared mount of the block (`evict_shared_mounts`) and start its node
+    service afresh (`weenv mountd --stop`, then `--detach`), when one runs: a cold turn
+    leaves nothing of an environment on the node, as the peers' do (Docker removes its
+    images, containerd and the stargz snapshotter start again empty), and after each request
+    the service keeps the manifest and indexes the request named in memory for its next
+    children (fuse/service_preload.py), past the node cache the turn deletes: a cold run took
+    its environment's index from there. Waits until the machine is quiet again (the new
+    service imports its modules in the background)."""
+    evict_shared_mounts()
+    if os.environ.get("WEENV_MOUNTD") == "off" or "WEENV_MOUNTD_SOCKET" not in os.environ:
+        return  # no service, or not the block's own (`mount_server`): never another's
+    weenv("mountd", "--stop")
+    weenv("mountd", "--detach")
+    settle()
 
 
 def evict_shared_mounts() -> None:

@@ -45,6 +45,7 @@ from _mounting import (
     Published,
     drop_caches,
     evict_shared_mounts,
+    forget_environments,
     mount_server,
     weenv,
 )
@@ -138,7 +139,7 @@ class ReadmeRuns:
             point_hint_tag(Repository(store), self.env_digest, self.hint if enabled else None)
 
     def _cold(self) -> None:
-        evict_shared_mounts()
+        forget_environments()
         shutil.rmtree(self.cache, ignore_errors=True)
         drop_caches()
         subprocess.run([sys.executable, "-c", "import weenvfs.cli, weenvfs.runtime.commands, "

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from _mounting import evict_shared_mounts
+from _mounting import forget_environments
 from workloads import IMAGE_ENV, Family
 
 from weenvfs.errors import RefNotFound, StoreError, WeenvError
@@ -308,8 +308,9 @@ class WeenvPeer:
 
     def reset_cold(self) -> None:
         """Unmount the shared mounts the node service keeps warm after their last sandbox,
-        then empty the node cache."""
-        evict_shared_mounts()
+        start the service afresh (what it keeps in memory of the environments), then empty
+        the node cache."""
+        forget_environments()
         shutil.rmtree(self.cache, ignore_errors=True)
 
     def start(self, image: str) -> Environment:

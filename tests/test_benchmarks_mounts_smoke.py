@@ -46,6 +46,43 @@ def test_help_shows_examples(script: str) -> None:
     assert "examples:" in done.stdout and "--quick" in done.stdout
 
 
+FORGET = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from _mounting import forget_environments, mount_server
+folder = Path(sys.argv[2])
+with mount_server(folder):
+    pid_file = folder / "mountd.sock.pid"
+    before = pid_file.read_text().strip()
+    forget_environments()
+    print(before, pid_file.read_text().strip())
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a process that has not ended (a detached service that stopped may be
+    a zombie for a moment, until init reaps it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.requires_fuse
+def test_a_cold_turn_starts_the_blocks_node_service_afresh(tmp_path: Path) -> None:
+    """`forget_environments` (a cold turn of coldstart_ref.py and coldstart.py) leaves no
+    environment in the node service's memory: the block's service is stopped and another
+    started behind the same socket, which the block then stops in turn."""
+    done = subprocess.run([sys.executable, "-c", FORGET, str(BENCH), str(tmp_path / "mountd")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    before, after = (int(pid) for pid in done.stdout.split())
+    assert before != after
+    assert not _running(before) and not _running(after)
+
+
 @pytest.mark.requires_fuse
 def test_mount_quick_run_writes_table_and_json(tmp_path: Path) -> None:
     out, work = tmp_path / "out", tmp_path / "work"
