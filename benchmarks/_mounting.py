@@ -38,6 +38,7 @@ from weenvfs.tools.publish import compose_env
 
 BENCH_DIR = Path(os.environ.get("WEENV_BENCH_DIR") or "/var/tmp/weenv-bench")
 CLI_TIMEOUT = 600.0
+ABSENT = "weenv-bench-absent:none"  # a reference no benchmark store has (`forget_environments`)
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 
 
@@ -95,20 +96,28 @@ def mount_server(folder: Path, enabled: bool = True) -> Iterator[None]:
                     weenv("mountd", "--stop")
 
 
-def forget_environments() -> None:
+def forget_environments(store: str | None = None, cache: Path | None = None) -> None:
     """Evict every shared mount of the block (`evict_shared_mounts`) and start its node
     service afresh (`weenv mountd --stop`, then `--detach`), when one runs: a cold turn
     leaves nothing of an environment on the node, as the peers' do (Docker removes its
     images, containerd and the stargz snapshotter start again empty), and after each request
     the service keeps the manifest and indexes the request named in memory for its next
     children (fuse/service_preload.py), past the node cache the turn deletes: a cold run took
-    its environment's index from there. Waits until the machine is quiet again (the new
-    service imports its modules in the background)."""
+    its environment's index from there. With `store` (and the node cache `cache`), the new
+    service is then asked for a `weenv run` of a name that store does not have: it fails,
+    and the service makes that store's client ahead (as after any request naming it), as on
+    a node that has used its store before. Waits until the machine is quiet again."""
     evict_shared_mounts()
     if os.environ.get("WEENV_MOUNTD") == "off" or "WEENV_MOUNTD_SOCKET" not in os.environ:
         return  # no service, or not the block's own (`mount_server`): never another's
     weenv("mountd", "--stop")
     weenv("mountd", "--detach")
+    if store is not None:
+        from weenvfs.native_programs import weenv_command
+
+        extra = [] if cache is None else ["--cache", str(cache)]
+        subprocess.run([*weenv_command(), "run", "--store", store, *extra, ABSENT, "true"],
+                       capture_output=True, timeout=CLI_TIMEOUT, check=False)
     settle()
 
 

@@ -139,7 +139,7 @@ class ReadmeRuns:
             point_hint_tag(Repository(store), self.env_digest, self.hint if enabled else None)
 
     def _cold(self) -> None:
-        forget_environments()
+        forget_environments(self.url, self.cache)
         shutil.rmtree(self.cache, ignore_errors=True)
         drop_caches()
         subprocess.run([sys.executable, "-c", "import weenvfs.cli, weenvfs.runtime.commands, "

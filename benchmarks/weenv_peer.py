@@ -310,7 +310,7 @@ class WeenvPeer:
         """Unmount the shared mounts the node service keeps warm after their last sandbox,
         start the service afresh (what it keeps in memory of the environments), then empty
         the node cache."""
-        forget_environments()
+        forget_environments(self.url, self.cache)
         shutil.rmtree(self.cache, ignore_errors=True)
 
     def start(self, image: str) -> Environment:
