@@ -24,8 +24,10 @@ can be read, so the first run's bytes are taken once per benchmark, untimed, fro
 command with `--no-record-hint` (recording changes nothing that is fetched), whose mount the
 node service keeps; the hint run's from its own mount.
 
-Cold means: the benchmark's shared mounts evicted, the node cache emptied, the page cache
-dropped and the weenv software read back (a node keeps it warm, as Docker's daemon).
+Cold means: the benchmark's shared mounts evicted, its node service started afresh with
+the store's client made (`forget_environments`: the environment unknown to it), the node
+cache emptied, the page cache dropped and the weenv software read back (a node keeps it
+warm, as Docker's daemon).
 Must not: time anything but these contenders, or touch the node's own mounts and service.
 """
 
