@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from weenvfs.native_programs import weenv_command
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools.builder import build_group, open_source
@@ -112,9 +113,7 @@ def forget_environments(store: str | None = None, cache: Path | None = None) -> 
         return  # no service, or not the block's own (`mount_server`): never another's
     weenv("mountd", "--stop")
     weenv("mountd", "--detach")
-    if store is not None:
-        from weenvfs.native_programs import weenv_command
-
+    if store is not None:  # the user's `weenv`: its run goes to the service (hand_over.py)
         extra = [] if cache is None else ["--cache", str(cache)]
         subprocess.run([*weenv_command(), "run", "--store", store, *extra, ABSENT, "true"],
                        capture_output=True, timeout=CLI_TIMEOUT, check=False)

@@ -67,6 +67,7 @@ from _mounting import (
     Published,
     can_drop_caches,
     drop_caches,
+    forget_environments,
     mount_server,
     published,
     weenv,
@@ -193,7 +194,9 @@ class Runner:
 
     def run(self, store: str, ref: str, cache: Path, extra: tuple[str, ...],
             keep_cache: bool = False) -> tuple[float, dict[str, Any]]:
-        """Time `weenv mount` + the workload (cold); return (seconds, stats document)."""
+        """Time `weenv mount` + the workload (cold: the node service knows nothing of the
+        environment); return (seconds, stats document)."""
+        forget_environments(store, cache)
         if not keep_cache:
             shutil.rmtree(cache, ignore_errors=True)
         cache.mkdir(parents=True, exist_ok=True)
