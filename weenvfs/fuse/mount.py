@@ -55,7 +55,7 @@ from weenvfs.core.tree import FormatError
 from weenvfs.errors import WeenvError
 from weenvfs.store import open_store
 
-from . import native_devices, pack_launch, replay_process
+from . import native_devices, pack_launch, replay_process, writable_stores
 from .config import MountConfig
 from .ops import Operations
 
@@ -327,6 +327,7 @@ def _publish_recorded(env: LoadedEnv, config: MountConfig, recorder: HintRecorde
     except (WeenvError, FormatError, OSError) as e:
         log.warning("cannot publish the recorded hint: %s", e)
         outcome["error"] = str(e)
+        writable_stores.forget(env.store)  # if the run trusted a memo, the next one asks
     else:
         if published is not None:
             outcome["hint"], outcome["records"] = published[0], len(published[1].records)

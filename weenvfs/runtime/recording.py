@@ -57,6 +57,7 @@ def decide(store: Store, digest: str, manifest: Any, wish: bool | None,
     # without the store and the core (tests/test_cli_dispatch.py).
     from weenvfs.core.node_copies import known_hinted, remember_hinted
     from weenvfs.core.node_hints import has_hint
+    from weenvfs.fuse import writable_stores
     from weenvfs.store.repository import Repository
 
     if wish is None:
@@ -66,16 +67,18 @@ def decide(store: Store, digest: str, manifest: Any, wish: bool | None,
             if cache_dir is not None:
                 remember_hinted(cache_dir, digest)
             return False
-    try:
-        store.check(write=True)
-    except StoreError as error:
-        if wish:
-            raise UsageError(f"cannot record a hint: {error}") from None
-        if store.url not in _READ_ONLY_SAID:
-            _READ_ONLY_SAID.add(store.url)
-            log.info("store %s cannot be written (%s): runs are not recorded as hints",
-                     store.url, error)
-        return False
+    if not writable_stores.known_writable(store):
+        try:
+            store.check(write=True)
+        except StoreError as error:
+            if wish:
+                raise UsageError(f"cannot record a hint: {error}") from None
+            if store.url not in _READ_ONLY_SAID:
+                _READ_ONLY_SAID.add(store.url)
+                log.info("store %s cannot be written (%s): runs are not recorded as hints",
+                         store.url, error)
+            return False
+        writable_stores.remember(store)
     log.info("environment %s has no hint yet: this run records one", digest[:12])
     return True
 

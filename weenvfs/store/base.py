@@ -126,6 +126,13 @@ class Store(ABC):
         file may be gone by the time it is opened, which the reader handles as a miss."""
         return None
 
+    def writer_identity(self) -> str | None:
+        """A digest of what decides whether a write to this store succeeds: its URL and the
+        credentials and configuration it writes with (never the secrets themselves), for a
+        node's memo of the stores it wrote to lately (fuse/writable_stores.py). None where a
+        probe is cheap or the credentials are not the node's (given to this store alone)."""
+        return None
+
     @property
     @abstractmethod
     def url(self) -> str:

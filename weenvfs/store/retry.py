@@ -101,6 +101,10 @@ class RetryingStore(Store):
         """The inner store's file of `key` (a read of it has nothing to retry)."""
         return self.inner.local_file(key)
 
+    def writer_identity(self) -> str | None:
+        """The inner store's."""
+        return self.inner.writer_identity()
+
     def _run(self, what: str, call: Callable[[], T]) -> T:
         """Call `call` until it succeeds, fails permanently or the policy gives up."""
         start = self._clock()

@@ -28,6 +28,7 @@ output) before the old ones are revoked: no remount.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -131,6 +132,7 @@ class S3Store(Store):
         self._bucket_seen = False
         key = (url, environment_key(os.environ))
         self._reuse_key = key if prebuilt and not session_options else None
+        self._environ_key = None if session_options else key
         made = s3_clients.take(key, self._client_settings) if self._reuse_key else None
         if made is not None:
             self._client, self._credentials = made
@@ -149,6 +151,13 @@ class S3Store(Store):
         if self._reuse_key:
             s3_clients.remember(self._reuse_key, self._client, self._credentials,
                                 self._client_settings)
+
+    def writer_identity(self) -> str | None:
+        """See `Store.writer_identity`: the URL and the environment's AWS settings (None for
+        credentials given as `session_options`)."""
+        if self._environ_key is None:
+            return None
+        return hashlib.sha256(repr(self._environ_key).encode()).hexdigest()
 
     @property
     def _client_settings(self) -> tuple[Any, ...]:
