@@ -109,6 +109,10 @@
 #define SOURCE_TTL_NS (10ull * 1000000000ull)
 #define SOURCE_BYTES (192ull << 20)
 #define MAX_EXPIRING 4096u
+/* A chunk record's bounds, as format/constants.py and GroupIndex.chunk check them: a chunk of
+ * at most MAX_CHUNK_SIZE bytes, a frame of at most ulen + ulen/128 + FRAME_SLACK. */
+#define MAX_CHUNK_SIZE (64u << 20)
+#define FRAME_SLACK 1024u
 
 enum { C_READS, C_BYTES, C_HITS, C_ZERO, C_FORWARDED, C_OPEN, C_HELD, C_DECODED, C_DECODER,
        C_COUNTERS };
@@ -539,9 +543,12 @@ static int write_cached(const char *name, const uint8_t *plain, uint64_t length)
  * would (the file's header): the verified cache file's descriptor, or -1 (the daemon's). */
 static int fetch_from_source(struct device *dev, uint32_t chunk, const uint8_t *rec) {
     uint64_t offset = le64(rec + 40), clen = le32(rec + 48), ulen = le32(rec + 52);
-    const struct source *source = source_of(dev, le32(rec + 32), offset, clen);
-    if (source == NULL || cache_dir < 0 || boot_len <= 0 || cannot_mark || ulen == 0 || clen == 0)
+    /* A record out of bounds is the daemon's to refuse (EIO, logged), before any allocation:
+     * a hostile clen made this process read gigabytes for one chunk. */
+    if (ulen == 0 || clen == 0 || ulen > MAX_CHUNK_SIZE || clen > ulen + (ulen >> 7) + FRAME_SLACK)
         return -1;
+    const struct source *source = source_of(dev, le32(rec + 32), offset, clen);
+    if (source == NULL || cache_dir < 0 || boot_len <= 0 || cannot_mark) return -1;
     struct timespec began, ended;
     clock_gettime(CLOCK_MONOTONIC, &began);
     char name[3 + 64 + 1], lock[6 + 64 + 1];

@@ -9,6 +9,7 @@ fail with one line, none of it read.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
@@ -38,6 +39,17 @@ def _peak_resident(pid: int) -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmHWM for {pid}")
+
+
+def _children(pid: int, name: str) -> list[int]:
+    """The pids of process `pid`'s children named `name`."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{child}/comm").read_text().strip() == name:
+                    found.append(int(child))
+    return found
 
 
 def _huge_frame_env(store_dir: Path, ref: str, victim: bytes) -> str:
@@ -79,6 +91,11 @@ def test_a_4gib_frame_is_eio_and_the_daemon_stays_small(tmp_path: Path, mounter:
     assert mount.log_lines(f"clen: {C.MAX_U32} exceeds")
     peak = _peak_resident(mount.pid)
     assert peak < MEMORY_BOUND, f"the mount daemon reached {peak >> 20} MiB resident"
+    # The kernel path's native device server reads frames itself: it must refuse the record
+    # as the daemon does, before reading 4 GiB for it (it once did, for ~50 s of CPU).
+    for pid in _children(mount.pid, "weenv-devserve"):
+        peak = _peak_resident(pid)
+        assert peak < MEMORY_BOUND, f"the device server reached {peak >> 20} MiB resident"
 
 
 def test_a_5gb_manifest_is_not_mounted(tmp_path: Path) -> None:
