@@ -193,6 +193,33 @@ def test_every_group_mounts_its_published_image(tmp_path: Path, mounter: Mounter
     run_weenv("verify", "two:t", "--store", str(store_dir))
 
 
+def test_with_published_images_off_the_node_derives_every_image(
+        tmp_path: Path, mounter: Mounter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """$WEENV_PUBLISHED_IMAGES=off: the kernel only ever parses images this node derived
+    from the indexes (docs/security.md), byte for byte the ones the publisher stored."""
+    store_dir, digest = _publish_two(tmp_path)
+    repo = Repository(open_store(str(store_dir)))
+    groups = decode_manifest(repo.get_object("manifests", digest)).groups
+    monkeypatch.setenv(kernel_mount.PUBLISHED_SWITCH, "off")
+    mount = mounter.mount("two:t", store_dir, extra=["--path", "kernel", "--layer", "1"])
+    assert mount.log_lines("deriving every EROFS image from the indexes")
+    images = sorted((mount.cache / "erofs").glob("*.img"))
+    assert len(images) == 1 and images[0].name != f"{groups[1].erofs}.img"  # derived
+    published = decompress_object(repo.get_object("erofs", groups[1].erofs), "erofs",
+                                  MAX_IMAGE_SIZE)
+    assert images[0].read_bytes() == published
+    gone = os.lstat(mount.mountpoint / "etc" / "gone")
+    assert stat.S_ISCHR(gone.st_mode) and gone.st_rdev == 0
+
+
+def test_a_bad_published_images_switch_fails_the_mount_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store_dir, _ = _publish(tmp_path)
+    monkeypatch.setenv(kernel_mount.PUBLISHED_SWITCH, "of")
+    message = refused_mount("env:t", store_dir, tmp_path)
+    assert kernel_mount.PUBLISHED_SWITCH in message
+
+
 def test_verify_refuses_an_upper_image_of_another_stack(tmp_path: Path) -> None:
     store_dir, digest = _publish_two(tmp_path)
     repo = Repository(open_store(str(store_dir)))

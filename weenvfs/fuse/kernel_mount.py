@@ -51,6 +51,7 @@ from weenvfs.core.loaded_env import MAX_PARALLEL_LOADS, LoadedEnv
 from weenvfs.core.reader import Reader
 from weenvfs.core.tree import FormatError
 from weenvfs.errors import StoreError, WeenvError
+from weenvfs.switches import switched_off
 
 from . import daemon, syscalls
 from .config import MountConfig
@@ -64,6 +65,11 @@ log = logging.getLogger(__name__)
 MAX_OVERLAY_LAYERS = 64
 # File-backed EROFS mounts (an image file as the source, `device=` a file) came in 6.12.
 MIN_KERNEL = (6, 12)
+# "off": mount only images this node derived from the indexes, never the bytes a publisher
+# stored as a group's image (SPEC.md 15.9): the image is checked against its digest, not
+# against the index, so with it the kernel's EROFS parser reads metadata the publisher chose
+# (docs/security.md, "Published EROFS images"). Costs each cold group mount its derivation.
+PUBLISHED_SWITCH = "WEENV_PUBLISHED_IMAGES"
 
 
 @dataclass
@@ -110,9 +116,14 @@ def _filesystems() -> set[str]:
 
 
 def prepare_layers(env: LoadedEnv, config: MountConfig, reader: Reader) -> list[KernelLayer]:
-    """Every layer of this mount, lowest first, with its image fetched, built or verified."""
+    """Every layer of this mount, lowest first, with its image fetched, built or verified.
+    With $WEENV_PUBLISHED_IMAGES off, every image is derived from the indexes (see
+    PUBLISHED_SWITCH)."""
     groups = env.tree.groups
     positions: list[int] = [env.layer] if env.layer is not None else list(range(len(groups)))
+    published_ok = not switched_off(PUBLISHED_SWITCH)  # a bad value fails the mount here
+    if not published_ok:
+        log.info("deriving every EROFS image from the indexes: %s is off", PUBLISHED_SWITCH)
 
     # One pool: every group's published image (a store round trip that needs no layout) is
     # fetched while the layouts are computed (each ~20-30 ms of a cold mount of the
@@ -122,13 +133,14 @@ def prepare_layers(env: LoadedEnv, config: MountConfig, reader: Reader) -> list[
     workers = min(2 * len(positions), 2 * MAX_PARALLEL_LOADS)
     with ThreadPoolExecutor(workers, thread_name_prefix="weenv-image") as pool:
         published = {position: pool.submit(_published_image, env, config, position)
-                     for position in positions}
+                     for position in positions if published_ok}
 
         def prepare(position: int) -> KernelLayer:
             started = time.monotonic()
             layout = cached_layout(config.cache_dir, env.manifest.groups[position].index,
                                    groups[position])
-            image = (published[position].result()
+            fetch = published.get(position)
+            image = ((fetch.result() if fetch is not None else None)
                      or _derived_image(env, config, position, layout))
             log.info("group %d: EROFS image %s ready in %.0f ms (%d files on a %d MiB device)",
                      position, image.name[:12], (time.monotonic() - started) * 1000,
