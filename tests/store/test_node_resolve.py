@@ -84,6 +84,39 @@ def test_without_the_node_service_it_resolves_in_process(published: str, tmp_pat
     assert "boto3 loaded" in stderr
 
 
+OVERLAP = """
+import json, sys
+from weenvfs.runtime import Environment  # noqa: F401 - what the Python API's users import
+loaded = sorted(m for m in ("weenvfs.runtime.sandbox", "weenvfs.fuse.mountd", "boto3")
+                if m in sys.modules)
+from weenvfs.runtime.environment import start_resolving
+from weenvfs.runtime.node_resolve import source_to_json
+finish = start_resolving(sys.argv[1], sys.argv[2], sys.argv[3], None)
+asked = sorted(m for m in ("weenvfs.fuse.mountd", "boto3") if m in sys.modules)
+import weenvfs.runtime.sandbox  # what `Environment.open` loads meanwhile
+source = source_to_json(finish())
+print(json.dumps({"loaded": loaded, "asked": asked, "source": source,
+                  "boto3": "boto3" in sys.modules}))
+"""
+
+
+def test_the_api_loads_the_sandbox_while_the_service_resolves(
+        published: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Importing the API loads neither the sandbox's modules nor the service's server side
+    nor boto3; the resolution is asked for first and its answer read after the sandbox's
+    modules are loaded, through the running service's socket alone (no mountd.py)."""
+    cache = tmp_path / "cache"
+    expected = source_to_json(resolve_source("tiny:1", published, cache, None,
+                                             node_service=False))
+    with mount_server(tmp_path / "mountd" / "mountd.sock", monkeypatch):
+        done = subprocess.run([sys.executable, "-c", OVERLAP, "tiny:1", published, str(cache)],
+                              capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert document["loaded"] == [] and document["asked"] == []
+    assert document["source"] == expected and document["boto3"] is False
+
+
 def test_a_failed_resolution_gives_the_usual_error(published: str, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     with mount_server(tmp_path / "mountd" / "mountd.sock", monkeypatch):
@@ -130,8 +163,8 @@ def test_sandbox_resolve_prints_the_source(published: str, tmp_path: Path) -> No
 
 
 def test_the_answer_is_read_past_log_lines_and_refused_when_it_is_not_one() -> None:
+    from weenvfs.runtime.env_source import EnvSource
     from weenvfs.runtime.node_resolve import _source
-    from weenvfs.runtime.sandbox import EnvSource
 
     source = EnvSource("tiny:1", "d" * 64, "s3://b/p", Path("/c"), ("A=1",), "/", "",
                        ("sh", "-c", "ls"), ("e" * 64,), None, entrypoint=("sh", "-c"))

@@ -26,12 +26,10 @@ import atexit
 import contextlib
 import logging
 import os
-import selectors
-import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -40,14 +38,20 @@ from typing import TYPE_CHECKING, Any
 from weenvfs.errors import WeenvError
 from weenvfs.fuse.config import default_cache_dir
 
-from . import node_resolve, recording, rootfs, safe_paths
-from .cgroups import DEFAULT_PIDS, Limits
-from .launcher import check_args
+from . import node_resolve, recording
+from .env_source import EnvSource
 from .lower_modes import DEFAULT_LOWER
-from .sandbox import CommandCannotRun, EnvSource, Sandbox, SandboxOptions
 
+# The sandbox's modules (sandbox.py and what it imports, ~35 ms) are imported where they are
+# first needed: `Environment.open` imports them while the node service resolves the
+# reference for it, so a new interpreter's first `open` does not pay for them on top.
 if TYPE_CHECKING:
+    import selectors
+    import subprocess
+
     import trio
+
+    from .sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +85,34 @@ def resolve_source(ref: str, store: str | Path, cache: str | Path | None,
     a recording publishes hint tag `record_tag` (`weenv convert` records its seed so).
     A remote store is resolved by the node service when that is faster (node_resolve.py),
     unless `node_service` is False."""
+    return start_resolving(ref, store, cache, record_hint, record_tag=record_tag,
+                           node_service=node_service)()
+
+
+def start_resolving(ref: str, store: str | Path, cache: str | Path | None,
+                    record_hint: bool | None = None, *, record_tag: str = recording.HINT_TAG,
+                    node_service: bool = True) -> Callable[[], EnvSource]:
+    """`resolve_source` in two steps: the node service is asked now (when it is asked at
+    all), and the call returned gives the resolution (waiting for the service's answer, or
+    resolving in this process). What the caller does in between overlaps the service's work."""
     cache_dir = Path(cache).absolute() if cache is not None else default_cache_dir()
+    pending = None
     if node_service and node_resolve.worth_asking(str(store)):
-        source = node_resolve.resolve_by_node_service(ref, str(store), cache_dir, record_hint,
-                                                      record_tag)
+        pending = node_resolve.ask_node_service(ref, str(store), cache_dir, record_hint,
+                                                record_tag)
+
+    def finish() -> EnvSource:
+        source = None if pending is None else pending.result()
         if source is not None:
             return source
+        return _resolve_here(ref, store, cache_dir, record_hint, record_tag)
+
+    return finish
+
+
+def _resolve_here(ref: str, store: str | Path, cache_dir: Path, record_hint: bool | None,
+                  record_tag: str) -> EnvSource:
+    """`resolve_source` in this process."""
     # Imported here: a caller the node service resolves for (`weenv run`) never needs the
     # store or the format modules (about 25 ms of its start-up).
     from weenvfs.core.node_copies import resolve_env
@@ -122,6 +148,8 @@ def _close_all() -> None:
 
 def _argv(command: Sequence[str] | str) -> tuple[str, ...]:
     """A list is an argv; a string runs with /bin/sh -c."""
+    from .launcher import check_args
+
     if isinstance(command, str):
         return ("/bin/sh", "-c", command)
     return check_args(command)
@@ -163,7 +191,12 @@ class Environment:
         runs); False opts out, True records even when a hint exists, published before
         `close` returns (runtime/recording.py). `hint_outcome` then says what was
         published, or that it is being published (`pending`)."""
-        source = resolve_source(ref, store, cache, record_hint)
+        finish = start_resolving(ref, store, cache, record_hint)
+        # Loaded while the node service resolves (a no-op once loaded).
+        from .cgroups import DEFAULT_PIDS, Limits
+        from .sandbox import Sandbox, SandboxOptions
+
+        source = finish()
         limits = Limits(cpus, memory, DEFAULT_PIDS if pids is None else pids, elastic)
         options = SandboxOptions(limits=limits, tmpfs_upper=tmpfs_upper, network=network,
                                  keep_warm=keep_warm, env=dict(env or {}), user=user, cwd=cwd,
@@ -192,6 +225,10 @@ class Environment:
         cwd: str | None = None, user: str | None = None,
     ) -> ExecResult:
         """Run `command` in the sandbox and wait for it; see `ExecResult`."""
+        import subprocess
+
+        from .sandbox import CommandCannotRun
+
         self._check_open()
         try:
             spec = self.sandbox.command(_argv(command), env=env, cwd=cwd, user=user)
@@ -221,6 +258,8 @@ class Environment:
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         """Write `data` to `path` in the sandbox (parents made as needed); a new file belongs
         to the sandbox's user. Symlinks resolve inside the sandbox."""
+        from . import rootfs, safe_paths
+
         self._check_open()
         rootfs.check_inside(path)
         process = self.sandbox.process
@@ -233,6 +272,8 @@ class Environment:
 
     def read_file(self, path: str) -> bytes:
         """The content of `path` in the sandbox (FileNotFoundError if missing)."""
+        from . import rootfs
+
         self._check_open()
         return rootfs.read_in_root(self.root, rootfs.check_inside(path))
 
@@ -280,6 +321,8 @@ def _communicate(
     its children still hold), killing its session at `timeout`. Returns (stdout, stderr,
     timed_out). The exit is watched through a pidfd in the same selector as the pipes, so
     nothing here sleeps: a command's end is noticed at once."""
+    import selectors
+
     assert proc.stdout is not None and proc.stderr is not None
     chunks: dict[int, list[bytes]] = {proc.stdout.fileno(): [], proc.stderr.fileno(): []}
     deadline = None if timeout is None else time.monotonic() + timeout

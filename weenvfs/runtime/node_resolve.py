@@ -12,6 +12,11 @@ message and exit code: resolving again in-process would only repeat it, and on a
 stalls, wait as long again. A process that has boto3 already (a harness that opened
 environments before) resolves in-process: that is cheaper than a fork.
 
+The request goes out first and the answer is read later (`ask_node_service`, then
+`PendingResolution.result`), so the caller can load what it needs next meanwhile
+(environment.py: the sandbox's modules). A running service is asked through node_socket.py
+alone; mountd.py (~12 ms to import) only when none answers and one must be started.
+
 Must not: interpret what a resolution means (environment.py `resolve_source`).
 """
 
@@ -28,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from weenvfs.errors import WeenvError
-from weenvfs.fuse import mountd
+from weenvfs.fuse import node_socket
 
+from .env_source import EnvSource
 from .recording import HINT_TAG
-from .sandbox import EnvSource
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +49,44 @@ MAX_ANSWER = 1 << 20
 
 def worth_asking(store: str) -> bool:
     """Whether `store` is remote and this process has not paid for its client yet."""
-    return store.startswith(REMOTE_SCHEMES) and "boto3" not in sys.modules and mountd.enabled()
+    return (store.startswith(REMOTE_SCHEMES) and "boto3" not in sys.modules
+            and node_socket.enabled())
 
 
 def resolve_by_node_service(ref: str, store: str, cache_dir: Path,
                             record_hint: bool | None,
                             record_tag: str = HINT_TAG) -> EnvSource | None:
     """The resolution of `ref` by a fork of the node service, or None (see the module)."""
+    pending = ask_node_service(ref, store, cache_dir, record_hint, record_tag)
+    return None if pending is None else pending.result()
+
+
+class PendingResolution:
+    """A resolution a fork of the node service is making; `result` waits for it (once)."""
+
+    def __init__(self, ref: str, out_read: int, ready_read: int) -> None:
+        self.ref = ref
+        self._fds = [out_read, ready_read]
+
+    def result(self) -> EnvSource | None:
+        """The resolution, or None (see the module); raises the resolution's own error."""
+        if not self._fds:
+            raise RuntimeError("the resolution was taken already")
+        try:
+            return _source(_read_all(self._fds[0]))
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            log.debug("the node service did not resolve %s: %s", self.ref, error)
+            return None
+        finally:
+            for fd in self._fds:
+                os.close(fd)
+            self._fds = []
+
+
+def ask_node_service(ref: str, store: str, cache_dir: Path, record_hint: bool | None,
+                     record_tag: str = HINT_TAG) -> PendingResolution | None:
+    """Ask the node service to fork `weenv sandbox resolve REF --json`: its answer to
+    come, or None when it took no request (see the module)."""
     argv = ["sandbox", "resolve", ref, "--store", store, "--cache", str(cache_dir), "--json"]
     if record_hint is not None:
         argv.append("--record-hint" if record_hint else "--no-record-hint")
@@ -58,20 +94,33 @@ def resolve_by_node_service(ref: str, store: str, cache_dir: Path,
     out_read, out_write = os.pipe()
     ready_read, ready_write = os.pipe()
     try:
-        try:
-            launched = mountd.launch(argv, ready_write, out_write)
-        finally:
-            os.close(out_write)
-            os.close(ready_write)
-        if not launched:
-            return None
-        return _source(_read_all(out_read))
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        log.debug("the node service did not resolve %s: %s", ref, error)
-        return None
+        launched = _launch(argv, ready_write, out_write)
+    except OSError as error:
+        log.debug("the node service did not take the resolution of %s: %s", ref, error)
+        launched = False
     finally:
+        os.close(out_write)
+        os.close(ready_write)
+    if not launched:
         os.close(out_read)
         os.close(ready_read)
+        return None
+    return PendingResolution(ref, out_read, ready_read)
+
+
+def _launch(argv: list[str], ready_fd: int, out_fd: int) -> bool:
+    """The request through node_socket.py when a service answers, else mountd.py's `launch`,
+    which starts one where this process may."""
+    answer = node_socket.ask(node_socket.request_line(argv, node_socket.DAEMON),
+                             [ready_fd, out_fd])
+    if answer is None:
+        from weenvfs.fuse import mountd
+
+        return mountd.launch(argv, ready_fd, out_fd)
+    if answer != b"ok":
+        log.debug("the node service declined the resolution: %s",
+                  answer.decode(errors="replace"))
+    return answer == b"ok"
 
 
 def _read_all(fd: int) -> bytes:

@@ -26,7 +26,6 @@ Must not: mount (mounts.py), record or publish (core/node_hints.py, fuse/mount.p
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -87,6 +86,8 @@ def recording_key(digest: str, store_url: str, cache_dir: Path, tag: str = HINT_
     """The key (mounts.py) of the mount that records environment `digest`'s hint `tag` (a
     run recording `latest` and `weenv convert` recording the seed do not share one)."""
     extra = b"" if tag == HINT_TAG else b"\n" + tag.encode()
+    import hashlib  # here: OpenSSL's loading is ~3 ms of an API client's import
+
     return hashlib.sha256(b"weenv hint recording\n%s\n%s\n%s%s" % (
         digest.encode(), store_url.encode(), bytes(cache_dir.absolute()), extra)).hexdigest()
 

@@ -39,7 +39,6 @@ import secrets
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
@@ -51,6 +50,7 @@ from weenvfs.fuse.mount_copies import remove_mount_folder
 
 from . import cgroups, disk, mounts, parking, rootfs, safe_paths, seccomp, standby
 from .cgroups import Limits, cgroup_pids, remove_cgroup
+from .env_source import EnvSource
 from .etc_layer import etc_layer
 from .launcher import DEFAULT_CAPS, Launcher, LaunchSpec, OciCliLauncher, ProcessSpec
 from .lower_modes import DEFAULT_LOWER, LOWER_MODES
@@ -118,37 +118,6 @@ class SandboxOptions:
     lower: str = DEFAULT_LOWER  # lowers.py: a mount per group ("layers") or one ("merged")
     seccomp: str | dict[str, Any] | None = None  # seccomp.resolve: None is Docker's default
     disk: int | None = None  # bytes the upper may hold (disk.py; the tmpfs size with tmpfs)
-
-
-@dataclass(frozen=True)
-class EnvSource:
-    """A resolved environment: where to mount it from and how to run it."""
-
-    ref: str
-    digest: str
-    store_url: str
-    cache_dir: Path
-    env: tuple[str, ...] = ()  # the manifest's runtime config, as in format/manifest.py
-    cwd: str = "/"
-    user: str = ""
-    command: tuple[str, ...] = ()  # entrypoint + cmd
-    groups: tuple[str, ...] = ()  # the groups' index digests, lowest first
-    # The hint tag it records into through a recording mount (recording.py); None: none.
-    record_tag: str | None = None
-    # A recording by default, which the node service may publish after the run ends (no
-    # caller reads the hint next; an explicit recording is published before `destroy` returns).
-    publish_later: bool = False
-    entrypoint: tuple[str, ...] = ()  # the leading part of `command`
-
-    def run_argv(self, args: Sequence[str], entrypoint: str | None = None) -> list[str]:
-        """What `weenv run` runs, as `docker run`: the entrypoint followed by `args`, or by
-        the environment's cmd when there are none; `entrypoint` given (`--entrypoint`)
-        replaces the environment's ("": none) and its cmd."""
-        if entrypoint is not None:
-            return [entrypoint, *args] if entrypoint else list(args)
-        if args:
-            return [*self.entrypoint, *args]
-        return list(self.command)
 
 
 def require_root() -> None:
