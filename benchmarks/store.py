@@ -51,6 +51,7 @@ from _common import (
     timed,
     write_json,
 )
+from _mounting import mount_server
 from tcp_relay import relay
 
 from weenvfs.store import open_store
@@ -337,6 +338,9 @@ def main() -> int:
     notes: dict[str, Any] = {"rate": args.rate, "rtt_ms_configured": args.rtt_ms}
     try:
         with ExitStack() as stack:
+            # A node service of the benchmark's own, never the node's (every run has a cache
+            # folder of its own, so nothing it keeps in memory carries over).
+            stack.enter_context(mount_server(work / "mountd"))
             contenders = setup_contenders(stack, args, tree, work, notes)
             measure_all(contenders, repeats, work)
     finally:

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from weenvfs.fuse import node_socket
+
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "benchmarks"
 
@@ -104,9 +106,13 @@ def _read_quick(part: str, tmp_path: Path, require_or_skip: Callable[[object, st
     require_or_skip(os.access("/proc/sys/vm/drop_caches", os.W_OK),
                     "needs root to drop the page cache")
     out, work = tmp_path / "out", tmp_path / "work"
+    node_service = Path(node_socket.socket_path())  # the one this process would use
+    there = node_service.exists()
     done = _run("read.py", "--quick", "--only", part, "--size-mb", "8", "--out", str(out),
                 work=work)
     assert done.returncode == 0, done.stderr
+    # Its mounts went to a node service of its own, stopped at its end: not this node's.
+    assert node_service.exists() == there
     return json.loads((out / "read.json").read_text())["results"], work
 
 
