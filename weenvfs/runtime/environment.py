@@ -42,7 +42,7 @@ from . import node_resolve, recording
 from .env_source import EnvSource
 from .lower_modes import DEFAULT_LOWER
 
-# The sandbox's modules (sandbox.py and what it imports, ~35 ms) are imported where they are
+# The sandbox's modules (sandbox.py and what it imports, ~20 ms) are imported where they are
 # first needed: `Environment.open` imports them while the node service resolves the
 # reference for it, so a new interpreter's first `open` does not pay for them on top.
 if TYPE_CHECKING:
