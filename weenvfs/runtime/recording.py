@@ -85,9 +85,9 @@ def decide(store: Store, digest: str, manifest: Any, wish: bool | None,
 def recording_key(digest: str, store_url: str, cache_dir: Path, tag: str = HINT_TAG) -> str:
     """The key (mounts.py) of the mount that records environment `digest`'s hint `tag` (a
     run recording `latest` and `weenv convert` recording the seed do not share one)."""
-    extra = b"" if tag == HINT_TAG else b"\n" + tag.encode()
     import hashlib  # here: OpenSSL's loading is ~3 ms of an API client's import
 
+    extra = b"" if tag == HINT_TAG else b"\n" + tag.encode()
     return hashlib.sha256(b"weenv hint recording\n%s\n%s\n%s%s" % (
         digest.encode(), store_url.encode(), bytes(cache_dir.absolute()), extra)).hexdigest()
 

@@ -130,10 +130,10 @@ class S3Store(Store):
         self._session_options = dict(session_options or {})
         self._lock = threading.Lock()
         self._bucket_seen = False
-        key = (url, environment_key(os.environ))
-        self._reuse_key = key if prebuilt and not session_options else None
-        self._environ_key = None if session_options else key
-        made = s3_clients.take(key, self._client_settings) if self._reuse_key else None
+        self._settings_key = (url, environment_key(os.environ))  # its client and writes
+        self._reuse_key = self._settings_key if prebuilt and not session_options else None
+        made = (s3_clients.take(self._settings_key, self._client_settings) if self._reuse_key
+                else None)
         if made is not None:
             self._client, self._credentials = made
         else:
@@ -155,9 +155,9 @@ class S3Store(Store):
     def writer_identity(self) -> str | None:
         """See `Store.writer_identity`: the URL and the environment's AWS settings (None for
         credentials given as `session_options`)."""
-        if self._environ_key is None:
+        if self._session_options:
             return None
-        return hashlib.sha256(repr(self._environ_key).encode()).hexdigest()
+        return hashlib.sha256(repr(self._settings_key).encode()).hexdigest()
 
     @property
     def _client_settings(self) -> tuple[Any, ...]:
