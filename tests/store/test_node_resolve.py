@@ -137,7 +137,9 @@ def test_a_failed_resolution_is_not_repeated_in_process(
 
     with (mount_server(tmp_path / "mountd" / "mountd.sock", monkeypatch),
           pytest.raises(WeenvError, match="no environment tiny:2") as raised):
-        node_resolve.resolve_by_node_service("tiny:2", published, tmp_path / "cache", None)
+        pending = node_resolve.ask_node_service("tiny:2", published, tmp_path / "cache", None)
+        assert pending is not None  # the service took the request
+        pending.result()
     assert "did you mean tiny:1" in str(raised.value)
     done = subprocess.run([sys.executable, "-m", "weenvfs", "sandbox", "resolve", "tiny:2",
                            "--store", published, "--json"],

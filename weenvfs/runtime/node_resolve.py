@@ -53,14 +53,6 @@ def worth_asking(store: str) -> bool:
             and node_socket.enabled())
 
 
-def resolve_by_node_service(ref: str, store: str, cache_dir: Path,
-                            record_hint: bool | None,
-                            record_tag: str = HINT_TAG) -> EnvSource | None:
-    """The resolution of `ref` by a fork of the node service, or None (see the module)."""
-    pending = ask_node_service(ref, store, cache_dir, record_hint, record_tag)
-    return None if pending is None else pending.result()
-
-
 class PendingResolution:
     """A resolution a fork of the node service is making; `result` waits for it (once)."""
 
