@@ -195,7 +195,7 @@ def _command_of(argv: Sequence[str]) -> str | None:
 # warm` (fuse/replay_process.py). The service imports these before it forks, so that neither
 # pays for their imports (about 40 ms).
 SERVICE_MODULES = ("weenvfs.runtime.commands", "weenvfs.runtime.environment",
-                   "weenvfs.core.commands", "weenvfs.core.warm")
+                   "weenvfs.runtime.tag_guess", "weenvfs.core.commands", "weenvfs.core.warm")
 # And `weenv pull` (hand_over.py), on a node that has containerd's `ctr` (which the pull
 # runs): grpc, the snapshots API and the registry client, about 90 ms of each pull's start
 # and 17 MB of the service's memory, which a node without containerd does not pay; and

@@ -1,6 +1,6 @@
 """The node's on/off environment variables (WEENV_MOUNTD, WEENV_NODE_RUN, WEENV_RECORD_HINTS,
-WEENV_HINT_PACK, WEENV_SEED_HINT, WEENV_STANDBY, WEENV_SPARE, WEENV_PUBLISHED_IMAGES), read
-one way everywhere.
+WEENV_HINT_PACK, WEENV_SEED_HINT, WEENV_STANDBY, WEENV_TAG_GUESS, WEENV_SPARE,
+WEENV_PUBLISHED_IMAGES), read one way everywhere.
 
 Unset, empty, `on`, `1`, `yes` and `true` mean on; `off`, `0`, `no` and `false` mean off (any
 case, spaces around ignored). Any other value is a mistake that must not pass as "on" (a

@@ -36,14 +36,17 @@ preloaded first out); a process that never preloads keeps nothing.
 `weenv mount NAME:TAG` names no digest, so the node service had nothing to preload for it
 and every such mount loaded its indexes from their node copies (hash, decompress, decode:
 about 25 ms at 100k files). `note_resolved` keeps, per store argument and reference, the
-digest its last mount on this node resolved it to (`<cache>/refs/`), and `last_resolved`
-tells the service what to preload. It is a guess, never a resolution: a moved tag only means
-a preload nobody uses (every start resolves its tag in the store).
+digest its last mount or resolution on this node resolved it to (`<cache>/refs/`), and
+`last_resolved` tells the service what to preload and a warm `weenv run` what to start from
+while the store confirms the tag (runtime/tag_guess.py, with `node_manifest` and
+`resolve_digest`). It is a guess, never a resolution: a moved tag only means a preload nobody
+uses, or a run that starts over before its command (every start resolves its tag in the
+store).
 
 Must not: fetch anything but tags, indexes and manifests, or keep what it did not verify
 (never a tag as a resolution: tags move; HINTED is not a tag's target, only that one existed;
-a noted resolution only steers preloading). `preload_env` never reaches the store: it takes
-node copies only.
+a noted resolution only steers preloading and guesses the store confirms). `preload_env`
+never reaches the store: it takes node copies only.
 """
 
 from __future__ import annotations
@@ -136,6 +139,26 @@ def load_manifest(repo: Repository, digest: str, cache_dir: Path | None = None) 
     except OSError as error:  # a full or read-only cache costs a round trip, nothing else
         log.info("cannot keep manifest %s in %s: %s", digest[:12], path.parent, error)
     return manifest
+
+
+def resolve_digest(repo: Repository, ref: str) -> str:
+    """The manifest digest `ref` names in the store (its tag's one round trip), with
+    `resolve_env`'s errors: RefNotFound only once the store itself was found sound."""
+    try:
+        return repo.env_digest(ref)
+    except RefNotFound:
+        repo.store.check()
+        raise
+
+
+def node_manifest(cache_dir: Path, digest: str) -> Manifest | None:
+    """Manifest `digest` from this process's memory (`preload_env`) or its intact node copy;
+    None if neither has it (never the store)."""
+    kept = _preloaded.get(("manifest", str(cache_dir), digest))
+    if kept is not None:
+        assert isinstance(kept[0], Manifest)
+        return kept[0]
+    return _manifest_copy(cache_dir / MANIFEST_DIR / digest, digest)
 
 
 def preload_env(cache_dir: Path, digest: str) -> int:

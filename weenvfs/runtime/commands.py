@@ -41,6 +41,7 @@ from .lower_modes import DEFAULT_LOWER, LOWER_MODES
 
 if TYPE_CHECKING:
     from .elastic import NodeView
+    from .env_source import EnvSource
     from .sandbox import Sandbox
 
 Sub = argparse._SubParsersAction  # type: ignore[type-arg]
@@ -384,8 +385,6 @@ def _signals_ignored() -> Iterator[None]:
 def _cmd_run(args: argparse.Namespace) -> int:
     from . import standby
     from .cgroups import prime_migrations
-    from .environment import resolve_source
-    from .sandbox import Sandbox
 
     # As early as can be, so the run's own work hides the wait; the only priming of a run
     # (`Sandbox.run_once` has no other caller; a second one there gained nothing, 24 rounds).
@@ -394,15 +393,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     given = split_command(args, "ref", store=True)
     if args.owner_pid:
         log.info("run by the node service for process %d", args.owner_pid)
-    source = resolve_source(args.ref, args.store, args.cache, args.record_hint,
-                            record_tag=args.record_tag)
-    command = source.run_argv(given, args.entrypoint)
-    if not command:
-        raise UsageError("no command given and the environment has no entrypoint or cmd")
     with _signals_interrupt():
-        with _provisioner_notice(args.elastic):
-            box = Sandbox.create(source, _options(args, keep_upper=args.keep),
-                                 owner_pid=args.owner_pid or os.getpid(), start=False)
+        box, command = _run_sandbox(args, given)
         try:
             return _run_once(box, command)
         finally:
@@ -414,6 +406,45 @@ def _cmd_run(args: argparse.Namespace) -> int:
             if args.keep:
                 print(f"weenv: upper layer kept in {box.upper_root / 'upper'}",
                       file=sys.stderr)
+
+
+def _run_sandbox(args: argparse.Namespace, given: list[str]) -> tuple[Sandbox, list[str]]:
+    """The sandbox `weenv run` starts its command in, not started yet, and the command: made
+    from the node's guess of what the tag names while the store confirms it, the guess's
+    sandbox discarded if the store names another (tag_guess.py), else from the store's
+    answer. A usage error comes before anything is made."""
+    from . import tag_guess
+    from .environment import cache_path, resolve_source
+
+    guess = tag_guess.start(args.ref, args.store, cache_path(args.cache), args.record_hint)
+    if guess is not None and guess.source.run_argv(given, args.entrypoint):
+        box = _run_box(args, guess.source)
+        try:
+            confirmed = guess.confirm()
+        except BaseException:
+            with _signals_ignored():
+                box.destroy(park=True)
+            raise
+        if confirmed:
+            return box, guess.source.run_argv(given, args.entrypoint)
+        log.info("%s no longer names %s: resolved again", args.ref, guess.source.digest[:12])
+        with _signals_ignored():
+            box.destroy(park=True)
+    source = resolve_source(args.ref, args.store, args.cache, args.record_hint,
+                            record_tag=args.record_tag)
+    command = source.run_argv(given, args.entrypoint)
+    if not command:
+        raise UsageError("no command given and the environment has no entrypoint or cmd")
+    return _run_box(args, source), command
+
+
+def _run_box(args: argparse.Namespace, source: EnvSource) -> Sandbox:
+    """`weenv run`'s sandbox of `source`, made and not started."""
+    from .sandbox import Sandbox
+
+    with _provisioner_notice(args.elastic):
+        return Sandbox.create(source, _options(args, keep_upper=args.keep),
+                              owner_pid=args.owner_pid or os.getpid(), start=False)
 
 
 def _standby_after_answer(box: Sandbox) -> None:

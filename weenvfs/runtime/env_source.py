@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,18 @@ class EnvSource:
     # caller reads the hint next; an explicit recording is published before `destroy` returns).
     publish_later: bool = False
     entrypoint: tuple[str, ...] = ()  # the leading part of `command`
+
+    @classmethod
+    def from_manifest(cls, ref: str, digest: str, store_url: str, cache_dir: Path,
+                      manifest: Any, record_tag: str | None = None,
+                      publish_later: bool = False) -> EnvSource:
+        """Environment `digest` (its verified format.manifest.Manifest: the runtime does not
+        import the format) as `ref` in the store at `store_url`."""
+        config = manifest.config
+        return cls(ref, digest, store_url, cache_dir, tuple(config.env), config.cwd,
+                   config.user, (*config.entrypoint, *config.cmd),
+                   tuple(g.index for g in manifest.groups), record_tag, publish_later,
+                   tuple(config.entrypoint))
 
     def run_argv(self, args: Sequence[str], entrypoint: str | None = None) -> list[str]:
         """What `weenv run` runs, as `docker run`: the entrypoint followed by `args`, or by

@@ -89,13 +89,18 @@ def resolve_source(ref: str, store: str | Path, cache: str | Path | None,
                            node_service=node_service)()
 
 
+def cache_path(cache: str | Path | None) -> Path:
+    """The node's chunk cache folder a command or call names (None: the node's default)."""
+    return Path(cache).absolute() if cache is not None else default_cache_dir()
+
+
 def start_resolving(ref: str, store: str | Path, cache: str | Path | None,
                     record_hint: bool | None = None, *, record_tag: str = recording.HINT_TAG,
                     node_service: bool = True) -> Callable[[], EnvSource]:
     """`resolve_source` in two steps: the node service is asked now (when it is asked at
     all), and the call returned gives the resolution (waiting for the service's answer, or
     resolving in this process). What the caller does in between overlaps the service's work."""
-    cache_dir = Path(cache).absolute() if cache is not None else default_cache_dir()
+    cache_dir = cache_path(cache)
     pending = None
     if node_service and node_resolve.worth_asking(str(store)):
         pending = node_resolve.ask_node_service(ref, str(store), cache_dir, record_hint,
@@ -115,7 +120,7 @@ def _resolve_here(ref: str, store: str | Path, cache_dir: Path, record_hint: boo
     """`resolve_source` in this process."""
     # Imported here: a caller the node service resolves for (`weenv run`) never needs the
     # store or the format modules (about 25 ms of its start-up).
-    from weenvfs.core.node_copies import resolve_env
+    from weenvfs.core.node_copies import note_resolved, resolve_env
     from weenvfs.store import open_store
     from weenvfs.store.repository import Repository
 
@@ -127,11 +132,9 @@ def _resolve_here(ref: str, store: str | Path, cache_dir: Path, record_hint: boo
         from weenvfs.core.node_hints import check_hint_spec
 
         check_hint_spec(record_tag, "--record-tag", allow_none=False)
-    config = manifest.config
-    return EnvSource(ref, digest, url, cache_dir, tuple(config.env), config.cwd, config.user,
-                     (*config.entrypoint, *config.cmd), tuple(g.index for g in manifest.groups),
-                     record_tag if record else None, record and record_hint is None,
-                     tuple(config.entrypoint))
+    note_resolved(cache_dir, str(store), ref, digest)  # the next run's guess (tag_guess.py)
+    return EnvSource.from_manifest(ref, digest, url, cache_dir, manifest,
+                                   record_tag if record else None, record and record_hint is None)
 
 
 # Environments still open when the interpreter exits normally are closed then; after a crash

@@ -158,11 +158,16 @@ class Repository:
         name, tag = parse_name_tag(ref, "environment" if kind == "envs" else "group")
         return self.get_tag(kind, name, tag)
 
+    def env_digest(self, ref: str) -> str:
+        """The manifest digest of an environment given as `NAME[:TAG]` (its tag's one round
+        trip) or as a manifest digest (none)."""
+        return self._resolve("envs", ref)
+
     def resolve_env(self, ref: str, load: Callable[[str], Manifest] | None = None
                     ) -> tuple[str, Manifest]:
         """(digest, manifest) of an environment given as `NAME[:TAG]` or a manifest digest;
         the manifest read by `load(digest)` when given (a node's copy), else from the store."""
-        digest = self._resolve("envs", ref)
+        digest = self.env_digest(ref)
         try:
             return digest, (load or self.get_manifest)(digest)
         except ObjectMissing:
