@@ -191,11 +191,14 @@ def _command_of(argv: Sequence[str]) -> str | None:
 
 
 # What the node service (`weenv mountd`) runs in processes it forks, besides mount daemons:
-# `weenv sandbox resolve` (runtime/node_resolve.py) and a mount's hint replay, `weenv cache
-# warm` (fuse/replay_process.py). The service imports these before it forks, so that neither
-# pays for their imports (about 40 ms).
+# a handed-over `weenv run` (the sandbox's modules: `_cmd_run` imports them where it needs
+# them, and nothing else would load them here; ~37 ms of each warm run's fork while they were
+# not listed), `weenv sandbox resolve` (runtime/node_resolve.py) and a mount's hint replay,
+# `weenv cache warm` (fuse/replay_process.py). The service imports these before it forks, so
+# that none pays for their imports; tests/runtime/test_node_run.py holds a run to that.
 SERVICE_MODULES = ("weenvfs.runtime.commands", "weenvfs.runtime.environment",
-                   "weenvfs.runtime.tag_guess", "weenvfs.core.commands", "weenvfs.core.warm")
+                   "weenvfs.runtime.sandbox", "weenvfs.runtime.tag_guess",
+                   "weenvfs.core.commands", "weenvfs.core.warm")
 # And `weenv pull` (hand_over.py), on a node that has containerd's `ctr` (which the pull
 # runs): grpc, the snapshots API and the registry client, about 90 ms of each pull's start
 # and 17 MB of the service's memory, which a node without containerd does not pay; and

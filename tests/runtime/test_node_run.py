@@ -208,3 +208,32 @@ def test_names_that_are_not_utf8_reach_the_service_unchanged(env_ref: EnvRef, tm
         cwd=folder, env=env, capture_output=True, timeout=WAIT, check=False)
     assert (done.returncode, done.stdout) == (0, b"ok\n"), done.stderr
     assert _by_service(done.stderr) == (switch == "on")
+
+
+PRELOADED_RUN = """
+import sys
+from weenvfs import cli
+from weenvfs.fuse.service_loading import preload_steps
+for _what, action, _by in preload_steps(cli.SERVICE_MODULES, cli.prebuild_parsers,
+                                        cli.pull_modules()):
+    action()
+before = set(sys.modules)
+code = cli.main(sys.argv[1:])
+print(" ".join(sorted(m for m in set(sys.modules) - before if m.startswith("weenvfs"))))
+sys.exit(code)
+"""
+
+
+def test_a_run_in_the_services_fork_imports_nothing_the_service_did_not_load(
+        env_ref: EnvRef) -> None:
+    """What the node service loads before it forks (fuse/mountd.py `serve`'s preload, as
+    commands.py gives it) is all a `weenv run` in its fork imports: a first run of the
+    reference on the node and the next one (which starts from the tag's last answer,
+    runtime/tag_guess.py). The sandbox's modules once went unlisted, and every warm run's
+    fork imported 19 of them (~37 ms)."""
+    argv = [sys.executable, "-c", PRELOADED_RUN, "run", "--store", str(env_ref.store),
+            "--cache", str(env_ref.cache), env_ref.ref, "true"]
+    for _ in range(2):
+        done = subprocess.run(argv, capture_output=True, timeout=WAIT, check=False)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.decode().split() == []
