@@ -7,9 +7,11 @@ client itself (WEENV_NODE_RUN=off). Real sandboxes, mounts and the session's nod
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from rt_support import EnvRef
 from weenvfs.format.manifest import RuntimeConfig
 from weenvfs.runtime import tag_guess
 from weenvfs.runtime.environment import resolve_source
+from weenvfs.runtime.sandbox import KEPT_MARKER, UPPERS_ROOT
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
@@ -33,9 +36,9 @@ def run(request: pytest.FixtureRequest) -> Callable[..., subprocess.CompletedPro
     if request.param == "client":
         env["WEENV_NODE_RUN"] = "off"
 
-    def weenv_run(ref: EnvRef, name: str) -> subprocess.CompletedProcess[bytes]:
+    def weenv_run(ref: EnvRef, name: str, *options: str) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
-            [sys.executable, "-m", "weenvfs", "-v", "run", "--store", str(ref.store),
+            [sys.executable, "-m", "weenvfs", "-v", "run", *options, "--store", str(ref.store),
              "--cache", str(ref.cache), name, "/bin/sh", "-c", "echo $MARK"],
             capture_output=True, env=env, timeout=WAIT, check=False)
 
@@ -73,6 +76,28 @@ def test_a_tag_moved_since_the_last_run_runs_what_it_names_now(
     done = run(first, first.ref)  # the note follows the store's answer
     assert (done.returncode, done.stdout) == (0, b"second\n"), done.stderr
     assert GUESSED in done.stderr and MOVED not in done.stderr
+
+
+def _kept_uppers() -> set[Path]:
+    if not UPPERS_ROOT.is_dir():
+        return set()
+    return {folder for folder in UPPERS_ROOT.iterdir() if (folder / KEPT_MARKER).exists()}
+
+
+def test_a_kept_run_keeps_the_upper_of_its_own_sandbox_not_the_discarded_guess(
+    make_env: Callable[..., EnvRef], run: Callable[..., subprocess.CompletedProcess[bytes]],
+) -> None:
+    first, second = _marked(make_env, "first"), _marked(make_env, "second")
+    assert run(first, first.ref).returncode == 0
+    _point(first, first.ref, second.digest)
+    before = _kept_uppers()
+    done = run(first, first.ref, "--keep")
+    kept = _kept_uppers() - before
+    for folder in kept:
+        shutil.rmtree(folder)
+    assert (done.returncode, done.stdout) == (0, b"second\n"), done.stderr
+    assert MOVED in done.stderr
+    assert len(kept) == 1 and f"kept in {next(iter(kept))}/upper".encode() in done.stderr
 
 
 def test_a_tag_deleted_since_the_last_run_fails_as_without_a_guess(

@@ -423,13 +423,13 @@ def _run_sandbox(args: argparse.Namespace, given: list[str]) -> tuple[Sandbox, l
             confirmed = guess.confirm()
         except BaseException:
             with _signals_ignored():
-                box.destroy(park=True)
+                box.destroy(keep_upper=False, park=True)  # it ran nothing: --keep keeps none
             raise
         if confirmed:
             return box, guess.source.run_argv(given, args.entrypoint)
         log.info("%s no longer names %s: resolved again", args.ref, guess.source.digest[:12])
         with _signals_ignored():
-            box.destroy(park=True)
+            box.destroy(keep_upper=False, park=True)
     source = resolve_source(args.ref, args.store, args.cache, args.record_hint,
                             record_tag=args.record_tag)
     command = source.run_argv(given, args.entrypoint)
