@@ -32,11 +32,10 @@ MOVED = b"no longer names"
 @pytest.fixture(params=["service", "client"])
 def run(request: pytest.FixtureRequest) -> Callable[..., subprocess.CompletedProcess[bytes]]:
     """`weenv -v run --store STORE --cache CACHE REF sh -c 'echo $MARK'` as a user runs it."""
-    env = dict(os.environ)
-    if request.param == "client":
-        env["WEENV_NODE_RUN"] = "off"
-
     def weenv_run(ref: EnvRef, name: str, *options: str) -> subprocess.CompletedProcess[bytes]:
+        env = dict(os.environ)  # as the test left it
+        if request.param == "client":
+            env["WEENV_NODE_RUN"] = "off"
         return subprocess.run(
             [sys.executable, "-m", "weenvfs", "-v", "run", *options, "--store", str(ref.store),
              "--cache", str(ref.cache), name, "/bin/sh", "-c", "echo $MARK"],
@@ -149,3 +148,15 @@ def test_a_guess_without_its_manifests_node_copy_is_none(
         copy.write_bytes(b"damaged")
     with assert_logs("copy of manifest .* is damaged", count=1):
         assert tag_guess.start(env_ref.ref, env_ref.store, env_ref.cache, False) is None
+
+
+def test_a_switch_that_is_neither_on_nor_off_is_a_one_line_usage_error(
+    env_ref: EnvRef, monkeypatch: pytest.MonkeyPatch,
+    run: Callable[..., subprocess.CompletedProcess[bytes]],
+) -> None:
+    monkeypatch.setenv(tag_guess.SWITCH, "maybe")
+    done = run(env_ref, env_ref.ref)
+    assert done.returncode == 2 and done.stdout == b""
+    assert done.stderr.strip().splitlines()[-1] == (
+        b"weenv: error: $WEENV_TAG_GUESS is 'maybe': set it to on or off (or unset it)")
+    assert b"Traceback" not in done.stderr

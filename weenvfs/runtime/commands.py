@@ -149,7 +149,9 @@ def _register_run(subparsers: Sub) -> None:
             "stdio, folder and environment; this process passes on signals and the exit\n"
             "status (WEENV_NODE_RUN=off: everything in this process). After a parked run\n"
             "the service starts the next sandbox of that root ahead, for the next run with\n"
-            "the same user, limits and options (WEENV_STANDBY=off: none)."
+            "the same user, limits and options (WEENV_STANDBY=off: none). A NAME:TAG run\n"
+            "starts from what the tag named at the node's last run while the store confirms\n"
+            "it, and starts over if it moved (WEENV_TAG_GUESS=off: the tag first)."
         ),
         examples=[
             "weenv run --store /srv/weenv debian:12 cat /etc/os-release",
