@@ -38,12 +38,14 @@ WAIT = 60.0  # a safety bound, not a timing
 INIT = "echo init:$(tr '\\0' ' ' </proc/1/cmdline | cut -d' ' -f2) >&2"
 STANDBY, CATATONIT = "init:", "init:--"
 # What a command sees of its sandbox, but for its init: identity, capabilities, the filter,
-# limits, its process group, cgroup, devices, namespaces' contents.
+# limits, its process group, cgroup, devices, namespaces' contents. Its processes are counted
+# by the shell itself: `ls /proc | grep -c` counted its own pipeline's, one more or fewer as
+# they were scheduled (a CI failure).
 PROBE = ("hostname; id; pwd; ulimit -n; ulimit -u; "
          "grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp(_filters)?):' "
          "/proc/self/status; cut -d' ' -f1,5 /proc/self/stat; cut -d: -f2- /proc/self/cgroup "
          "| sort; ls -A /dev /dev/shm; ip -o link 2>/dev/null | cut -d: -f2; "
-         "ls /proc | grep -c '^[0-9]'; env | sort")
+         "set -- /proc/[0-9]*; echo $#; env | sort")
 
 
 @pytest.fixture(autouse=True)
