@@ -56,6 +56,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from weenvfs.errors import RefNotFound
 from weenvfs.format.digest import check_digest, digest_hex, fork_server
@@ -68,6 +69,7 @@ from weenvfs.store.repository import Repository
 from .node_files import has_verdict, set_verdict, touch, write_atomically
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 INDEX_DIR = "indexes"
 MANIFEST_DIR = "manifests"
@@ -109,11 +111,8 @@ def resolve_env(repo: Repository, ref: str, cache_dir: Path | None) -> tuple[str
     """(digest, manifest) of environment `ref` (`NAME[:TAG]` or a manifest digest), the
     manifest through the node's copy in `cache_dir`. RefNotFound only once `store.check()`
     found the store itself sound (else its error, in one line)."""
-    try:
-        return repo.resolve_env(ref, lambda digest: load_manifest(repo, digest, cache_dir))
-    except RefNotFound:
-        repo.store.check()
-        raise
+    return _store_checked(repo, lambda: repo.resolve_env(
+        ref, lambda digest: load_manifest(repo, digest, cache_dir)))
 
 
 def load_manifest(repo: Repository, digest: str, cache_dir: Path | None = None) -> Manifest:
@@ -144,8 +143,14 @@ def load_manifest(repo: Repository, digest: str, cache_dir: Path | None = None) 
 def resolve_digest(repo: Repository, ref: str) -> str:
     """The manifest digest `ref` names in the store (its tag's one round trip), with
     `resolve_env`'s errors: RefNotFound only once the store itself was found sound."""
+    return _store_checked(repo, lambda: repo.env_digest(ref))
+
+
+def _store_checked(repo: Repository, resolve: Callable[[], T]) -> T:
+    """`resolve()`; a RefNotFound is raised only once `repo`'s store answered its check (an
+    unreachable or unreadable store raises its own error instead)."""
     try:
-        return repo.env_digest(ref)
+        return resolve()
     except RefNotFound:
         repo.store.check()
         raise
