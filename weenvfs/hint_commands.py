@@ -49,7 +49,7 @@ from weenvfs.errors import RefNotFound, UsageError, WeenvError
 from weenvfs.format.digest import short
 from weenvfs.format.refs import DEFAULT_TAG
 from weenvfs.fuse import daemon
-from weenvfs.fuse.config import is_url, mount_args
+from weenvfs.fuse.config import cache_dir_of, is_url, mount_args
 from weenvfs.fuse.spawn import spawn
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
@@ -172,9 +172,7 @@ def _cmd_record(args: argparse.Namespace) -> int:
     check_hint_spec(args.tag, "--tag", allow_none=False)
     if os.geteuid() != 0:
         raise UsageError("weenv hints record runs the command with chroot: run it as root")
-    from weenvfs.core.cache import default_cache_dir
-
-    cache = (args.cache or default_cache_dir()).absolute()
+    cache = cache_dir_of(args.cache)
     store = args.store if is_url(args.store) else os.path.abspath(args.store)
     with open_store(store) as s:
         s.check(write=True)  # the daemon publishes on unmount: fail now, not then
@@ -315,9 +313,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
         if match is None:
             raise UsageError(f"--if-hint: {args.if_hint!r:.80} is not a hint digest")
         expect = match.group(1)
-    from weenvfs.core.cache import default_cache_dir
-
-    cache = (args.cache or default_cache_dir()).absolute()
+    cache = cache_dir_of(args.cache)
     outcome = _pack_outcome(args.store, args.ref, args.tag, cache, expect,
                             quiet=args.json or args.ready_fd is not None)
     if args.json:

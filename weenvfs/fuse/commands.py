@@ -31,7 +31,7 @@ from weenvfs.errors import UsageError, WeenvError
 from weenvfs.units import parse_size, size_arg
 
 from . import daemon
-from .config import DEFAULT_METRICS, PATHS, default_cache_dir, mount_args
+from .config import DEFAULT_METRICS, PATHS, cache_dir_of, mount_args
 from .stats_channel import read_stats
 
 if TYPE_CHECKING:
@@ -244,7 +244,7 @@ def _config(args: argparse.Namespace) -> MountConfig:
         raise UsageError("--record-hints records a whole environment: mount it without --layer")
     return MountConfig(
         mountpoint=mountpoint,
-        cache_dir=(args.cache or default_cache_dir()).absolute(),
+        cache_dir=cache_dir_of(args.cache),
         cache_size=args.cache_size,
         deadline=args.deadline,
         allow_other=allow_other,

@@ -53,6 +53,12 @@ def default_cache_dir() -> Path:
     return cache_default()
 
 
+def cache_dir_of(cache: str | Path | None) -> Path:
+    """The node cache a command or call names (`--cache`, `cache=`), absolute; None: the
+    node's default (`default_cache_dir`)."""
+    return (Path(cache) if cache is not None else default_cache_dir()).absolute()
+
+
 def is_url(store: str) -> bool:
     """Whether `--store` names a URL (`scheme://...`, or `file:/path` as RFC 8089 allows)
     rather than a directory path, which callers make absolute for a daemon that runs in /."""

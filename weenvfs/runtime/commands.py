@@ -415,23 +415,23 @@ def _run_sandbox(args: argparse.Namespace, given: list[str]) -> tuple[Sandbox, l
     from the node's guess of what the tag names while the store confirms it, the guess's
     sandbox discarded if the store names another (tag_guess.py), else from the store's
     answer. A usage error comes before anything is made."""
-    from . import tag_guess
-    from .environment import cache_path, resolve_source
+    from weenvfs.fuse.config import cache_dir_of
 
-    guess = tag_guess.start(args.ref, args.store, cache_path(args.cache), args.record_hint)
+    from . import tag_guess
+    from .environment import resolve_source
+
+    guess = tag_guess.start(args.ref, args.store, cache_dir_of(args.cache), args.record_hint)
     if guess is not None and guess.source.run_argv(given, args.entrypoint):
-        box = _run_box(args, guess.source)
+        box, confirmed = _run_box(args, guess.source), False
         try:
             confirmed = guess.confirm()
-        except BaseException:
-            with _signals_ignored():
-                box.destroy(keep_upper=False, park=True)  # it ran nothing: --keep keeps none
-            raise
+        finally:
+            if not confirmed:  # moved, or the store failed: the box ran nothing, --keep or not
+                with _signals_ignored():
+                    box.destroy(keep_upper=False, park=True)
         if confirmed:
             return box, guess.source.run_argv(given, args.entrypoint)
         log.info("%s no longer names %s: resolved again", args.ref, guess.source.digest[:12])
-        with _signals_ignored():
-            box.destroy(keep_upper=False, park=True)
     source = resolve_source(args.ref, args.store, args.cache, args.record_hint,
                             record_tag=args.record_tag)
     command = source.run_argv(given, args.entrypoint)

@@ -36,7 +36,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from weenvfs.errors import WeenvError
-from weenvfs.fuse.config import default_cache_dir
+from weenvfs.fuse.config import cache_dir_of
 
 from . import node_resolve, recording
 from .env_source import EnvSource
@@ -89,18 +89,13 @@ def resolve_source(ref: str, store: str | Path, cache: str | Path | None,
                            node_service=node_service)()
 
 
-def cache_path(cache: str | Path | None) -> Path:
-    """The node's chunk cache folder a command or call names (None: the node's default)."""
-    return Path(cache).absolute() if cache is not None else default_cache_dir()
-
-
 def start_resolving(ref: str, store: str | Path, cache: str | Path | None,
                     record_hint: bool | None = None, *, record_tag: str = recording.HINT_TAG,
                     node_service: bool = True) -> Callable[[], EnvSource]:
     """`resolve_source` in two steps: the node service is asked now (when it is asked at
     all), and the call returned gives the resolution (waiting for the service's answer, or
     resolving in this process). What the caller does in between overlaps the service's work."""
-    cache_dir = cache_path(cache)
+    cache_dir = cache_dir_of(cache)
     pending = None
     if node_service and node_resolve.worth_asking(str(store)):
         pending = node_resolve.ask_node_service(ref, str(store), cache_dir, record_hint,

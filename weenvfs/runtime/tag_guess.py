@@ -32,6 +32,7 @@ import threading
 from pathlib import Path
 
 from weenvfs.core import node_copies
+from weenvfs.fuse.config import is_url
 from weenvfs.store import open_store
 from weenvfs.store.base import Store
 from weenvfs.store.repository import Repository
@@ -83,7 +84,7 @@ def start(ref: str, store: str | Path, cache_dir: Path,
     (see the module)."""
     store_arg = str(store)
     if (switched_off(SWITCH) or record_hint or node_resolve.worth_asking(store_arg)
-            or not (os.path.isabs(store_arg) or "://" in store_arg)):
+            or not (is_url(store_arg) or os.path.isabs(store_arg))):
         return None
     digest = node_copies.last_resolved(cache_dir, store_arg, ref)
     if digest is None:

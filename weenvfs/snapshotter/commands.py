@@ -128,12 +128,12 @@ def _cmd_snapshotter(args: argparse.Namespace) -> int:
     if args.print_config:
         print(containerd_config(args.socket.absolute()), end="")
         return 0
-    from weenvfs.fuse.config import default_cache_dir
+    from weenvfs.fuse.config import cache_dir_of
 
     from .server import ServerOptions, serve
 
     options = ServerOptions(args.socket.absolute(), args.root.absolute(), tuple(args.stores),
-                            (args.cache or default_cache_dir()).absolute(), args.keep_warm,
+                            cache_dir_of(args.cache), args.keep_warm,
                             args.metrics, args.node_metrics)
     return serve(options)
 
