@@ -75,6 +75,31 @@ def test_the_fingerprint_sees_the_subpackages_an_editable_install_maps_elsewhere
     assert node_socket.fingerprint() != before
 
 
+def test_the_fingerprint_names_the_interpreter_however_its_path_is_spelled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client started as `../.venv/bin/python` (or through a symlinked checkout) runs the
+    service's code: before, its fingerprint differed, and it and a client spelling the path
+    plainly ended each other's service in turn, failing the mounts in flight."""
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (tmp_path / "base-python").write_text("")
+    (venv / "python").symlink_to(tmp_path / "base-python")
+    (tmp_path / "checkout").symlink_to(tmp_path / "venv")
+    (tmp_path / "other" / "bin").mkdir(parents=True)
+    (tmp_path / "other" / "bin" / "python").symlink_to(tmp_path / "base-python")
+    monkeypatch.setattr(node_socket, "_newest", lambda folder: 1)
+
+    def print_of(executable: str) -> str:
+        monkeypatch.setattr(node_socket.sys, "executable", executable)
+        return node_socket.fingerprint()
+
+    plain = print_of(str(venv / "python"))
+    assert print_of(f"{tmp_path}/venv/bin/../bin/python") == plain
+    assert print_of(f"{tmp_path}/checkout/bin/python") == plain
+    # Another venv over the same base interpreter has packages of its own.
+    assert print_of(str(tmp_path / "other" / "bin" / "python")) != plain
+
+
 def test_a_socket_path_longer_than_an_address_still_answers(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = tmp_path / ("d" * 60) / ("e" * 60)

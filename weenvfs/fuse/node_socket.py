@@ -71,7 +71,16 @@ def fingerprint() -> str:
     file of the package, wherever its subpackages live (`MAPPED`): a service started before
     an edit of format/ or tools/ (a `git pull`) must not serve the new client."""
     newest = max(_newest(folder) for folder in _code_folders())
-    return f"{sys.executable}|{PACKAGE}|{newest}"
+    return f"{interpreter()}|{PACKAGE}|{newest}"
+
+
+def interpreter() -> str:
+    """This interpreter, however the client spelled its path (`../.venv/bin/python`, a
+    symlinked checkout): two spellings of one venv must not take turns ending the service.
+    Its folder is resolved, not the file: a venv's python links to the base interpreter,
+    which another venv (other packages) shares."""
+    folder, name = os.path.split(os.path.abspath(sys.executable))
+    return os.path.join(os.path.realpath(folder), name)
 
 
 def _code_folders() -> list[str]:
