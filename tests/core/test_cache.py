@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from weenvfs.cli import main
+from weenvfs.core import cache_bound
 from weenvfs.core.cache import (
     CHEAP,
     HASHES,
@@ -282,6 +283,67 @@ def test_eviction_keeps_the_bound_and_spares_pinned_chunks(tmp_path: Path, patte
         assert pin.read() == pinned_plain
     finally:
         pin.close()
+
+
+def _counting_scans(cache: ChunkCache) -> list[int]:
+    """Count the scans of the chunk folders `cache` makes from now on."""
+    scans: list[int] = []
+    scan = cache._scan_chunks
+
+    def counted():  # type: ignore[no-untyped-def]
+        scans.append(1)
+        return scan()
+
+    cache._scan_chunks = counted  # type: ignore[method-assign]
+    return scans
+
+
+def test_a_new_process_takes_a_fresh_usage_ledger_instead_of_scanning(tmp_path: Path,
+                                                                       pattern) -> None:
+    """Every mount daemon starts with no size estimate; a scan costs ~9 us per cached chunk,
+    so 32 daemons starting at once each scanned the whole cache. The last scan's total, left
+    in the ledger, serves a process that starts within LEDGER_SECONDS."""
+    root = tmp_path / "cache"
+    first = ChunkCache(root, max_bytes=100 * CHUNK)
+    for i in range(5):
+        _insert(first, pattern(400 + i, CHUNK))
+    first.maintain()  # its first maintenance: a scan, left in the ledger
+    ledger = root / cache_bound.LEDGER
+    assert ledger.read_text() == f"{5 * CHUNK}\n"
+    _insert(first, pattern(409, CHUNK))  # one more, since: the next process counts it anew
+
+    second = ChunkCache(root, max_bytes=100 * CHUNK)
+    scans = _counting_scans(second)
+    assert second.needs_maintenance()  # no estimate yet
+    assert second.maintain() is None
+    assert scans == [] and not second.needs_maintenance()
+    assert second._estimate == 5 * CHUNK  # the ledger's, not a scan's 6 chunks
+
+    # An old ledger, one from the future, or one that is no byte count: a scan instead, whose
+    # total is the new ledger.
+    for text, age in (("5\n", cache_bound.LEDGER_SECONDS + 5), ("5\n", -60), ("five\n", 0),
+                      ("-5\n", 0), ("", 0)):
+        ledger.write_text(text)
+        os.utime(ledger, (time.time() - age,) * 2)
+        third = ChunkCache(root, max_bytes=100 * CHUNK)
+        scans = _counting_scans(third)
+        third.maintain()
+        assert scans == [1] and third._estimate == 6 * CHUNK, (text, age)
+        assert ledger.read_text() == f"{6 * CHUNK}\n"
+
+
+def test_a_ledger_over_the_bound_evicts_and_records_what_is_left(tmp_path: Path,
+                                                                 pattern) -> None:
+    root = tmp_path / "cache"
+    first = ChunkCache(root, max_bytes=100 * CHUNK, touch_interval=1e9)
+    for i in range(8):
+        _age(first, _insert(first, pattern(420 + i, CHUNK)), 100 - i)
+    first.maintain()
+    small = ChunkCache(root, max_bytes=4 * CHUNK)  # a process with a smaller bound
+    result = small.maintain()
+    assert result is not None and result.bytes_left <= 4 * CHUNK
+    assert (root / cache_bound.LEDGER).read_text() == f"{result.bytes_left}\n"
+    assert small.usage().total_bytes == result.bytes_left
 
 
 def test_open_refreshes_the_lru_time(tmp_path: Path, pattern) -> None:

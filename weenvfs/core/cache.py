@@ -14,6 +14,8 @@ Layout under `root` (default `DEFAULT_CACHE_DIR`, or $WEENV_CACHE):
     <root>/tmp/<hex>.<pid>.<random>   a chunk being written (never read)
     <root>/locks/<hex>        the per-chunk lock file of a chunk being fetched
     <root>/evict.lock         taken by the process that evicts
+    <root>/usage              the bytes the last scan counted, for the next processes
+                              (cache_bound.py: not every new mount scans the cache again)
     <root>/indexes/, erofs/   node files: group indexes, EROFS images, device layouts
     <root>/manifests/, refs/  node files: manifests, what tags resolved to (node_copies.py)
     <root>/logs/              mount daemons' logs

@@ -21,6 +21,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from pathlib import Path
 log = logging.getLogger("weenvfs.core.cache")
 
 LOW_WATER = 0.9  # eviction frees down to this fraction of max_bytes
+LEDGER = "usage"  # <root>/usage: the bytes the last scan or eviction left, as decimal text
+LEDGER_SECONDS = 10.0  # a process with no estimate takes a ledger at most this old
 _RESCAN_DIVISOR = 8  # rescan after inserting bound / this
 _MIN_RESCAN_BYTES = 1 << 20  # but not more often than every MiB (a tiny or full disk)
 FREE_MARGIN_FRACTION = 0.05  # of the file system's size, kept free ...
@@ -122,10 +125,12 @@ class CacheBound:
         Skips the eviction (returns None) if another process is evicting right now.
         """
         with self._mutex:
-            stale = self._estimate is None or self._added >= self._rescan_bytes()
+            first = self._estimate is None
+            stale = first or self._added >= self._rescan_bytes()
         if stale:
             since = self._added_now()
-            self._rebase(self.usage().total_bytes, since)
+            ledger = self._read_ledger() if first else None
+            self._rebase(self._scan_total() if ledger is None else ledger, since)
         with self._mutex:
             over = self._estimate is not None and self._estimate > self._bound
             target = int(self._bound * LOW_WATER)
@@ -137,7 +142,7 @@ class CacheBound:
         """After a write failed for lack of space: re-read the free space and evict down to
         LOW_WATER * the new bound (waiting for another evicting process)."""
         since = self._added_now()
-        self._rebase(self.usage().total_bytes, since)
+        self._rebase(self._scan_total(), since)
         with self._mutex:
             target = int(self._bound * LOW_WATER)
         return self.evict(target, wait=True)
@@ -175,10 +180,43 @@ class CacheBound:
                     count -= 1
                 total -= size
         self._rebase(total, since)
+        self._write_ledger(total)
         if removed or node_removed:
             log.info("chunk cache: evicted %d chunk(s) and %d node file(s), %d bytes; %d bytes "
                      "left", removed, node_removed, freed, total)
         return EvictResult(removed, freed, count, total, node_removed)
+
+    def _scan_total(self) -> int:
+        """A scan's total (chunks and node files), left in the ledger for other processes."""
+        total = self.usage().total_bytes
+        self._write_ledger(total)
+        return total
+
+    def _read_ledger(self) -> int | None:
+        """The ledger's bytes if it was written within LEDGER_SECONDS, else None (missing,
+        old, from the future, or not a byte count: then the caller scans)."""
+        try:
+            with open(os.path.join(self._root, LEDGER), "rb") as f:
+                age = time.time() - os.fstat(f.fileno()).st_mtime
+                text = f.read(32)
+        except OSError:
+            return None
+        if not 0 <= age <= LEDGER_SECONDS or not text.strip().isdigit():
+            return None
+        return int(text)
+
+    def _write_ledger(self, total: int) -> None:
+        """Leave `total` in the ledger (written aside and renamed: a reader sees all of it or
+        the old one). Advisory: a failure only means the next process scans."""
+        tmp = os.path.join(self._tmp, f"{LEDGER}.{os.getpid()}.{threading.get_ident()}")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(b"%d\n" % total)
+            os.replace(tmp, os.path.join(self._root, LEDGER))
+        except OSError as e:  # a full disk, or clean() took the unlocked temp file meanwhile
+            log.debug("chunk cache %s: cannot write the usage ledger: %s", self.root, e)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
     def _added_now(self) -> int:
         with self._mutex:
