@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -330,6 +331,32 @@ def test_a_new_process_takes_a_fresh_usage_ledger_instead_of_scanning(tmp_path: 
         third.maintain()
         assert scans == [1] and third._estimate == 6 * CHUNK, (text, age)
         assert ledger.read_text() == f"{6 * CHUNK}\n"
+
+
+def test_a_process_that_waited_for_another_scan_takes_its_ledger(tmp_path: Path,
+                                                                 pattern) -> None:
+    """32 daemons starting together found no fresh ledger and all scanned at once; scans take
+    turns, and one that waited takes what the scan before it left."""
+    root = tmp_path / "cache"
+    first = ChunkCache(root, max_bytes=100 * CHUNK)
+    for i in range(3):
+        _insert(first, pattern(440 + i, CHUNK))
+    assert not (root / cache_bound.LEDGER).exists()
+    scanning = os.open(root / "scan.lock", os.O_RDWR | os.O_CREAT)  # another process scans
+    fcntl.flock(scanning, fcntl.LOCK_EX)
+    second = ChunkCache(root, max_bytes=100 * CHUNK)
+    scans = _counting_scans(second)
+    waiter = threading.Thread(target=second.maintain)
+    waiter.start()
+    try:
+        waiter.join(0.3)
+        assert waiter.is_alive()  # waiting for the scan in progress
+        (root / cache_bound.LEDGER).write_text(f"{7 * CHUNK}\n")  # what that scan counted
+    finally:
+        os.close(scanning)
+        waiter.join(30)
+    assert not waiter.is_alive()
+    assert scans == [] and second._estimate == 7 * CHUNK
 
 
 def test_a_ledger_over_the_bound_evicts_and_records_what_is_left(tmp_path: Path,
