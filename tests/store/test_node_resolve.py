@@ -180,3 +180,41 @@ def test_the_answer_is_read_past_log_lines_and_refused_when_it_is_not_one() -> N
     with pytest.raises(WeenvError, match="no environment tiny:2") as raised:
         _source(b"WARNING botocore: something\n" + failed)
     assert raised.value.exit_code == 2
+
+
+OPEN_FAILS = """
+import os, sys
+from weenvfs.runtime import node_resolve
+from weenvfs.runtime.environment import Environment
+asked = []
+ask = node_resolve.ask_node_service
+def recorded(*args, **kwargs):
+    pending = ask(*args, **kwargs)
+    asked.append(pending is not None)
+    return pending
+node_resolve.ask_node_service = recorded
+def fds():
+    return sorted(os.listdir("/proc/self/fd"))
+before = fds()
+sys.modules["weenvfs.runtime.sandbox"] = None  # loading the sandbox's modules fails
+try:
+    Environment.open(sys.argv[1], store=sys.argv[2], cache=sys.argv[3])
+except ImportError:
+    pass
+else:
+    sys.exit("opened")
+print("asked" if asked == [True] else f"not asked: {asked}")
+print("leaked" if fds() != before else "no fd left")
+"""
+
+
+def test_an_open_that_fails_before_taking_its_resolution_leaves_no_pipe_open(
+        published: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Environment.open` asks the node service to resolve, then loads the sandbox's modules:
+    when that raises, the answer is never taken, and its two pipe ends were left open."""
+    with mount_server(tmp_path / "mountd" / "mountd.sock", monkeypatch):
+        done = subprocess.run([sys.executable, "-c", OPEN_FAILS, "tiny:1", published,
+                               str(tmp_path / "cache")],
+                              capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["asked", "no fd left"], done.stdout + done.stderr

@@ -70,9 +70,19 @@ class PendingResolution:
             log.debug("the node service did not resolve %s: %s", self.ref, error)
             return None
         finally:
-            for fd in self._fds:
-                os.close(fd)
-            self._fds = []
+            self.close()
+
+    def close(self) -> None:
+        """Let the answer go unread (idempotent): the service's child then writes to a
+        closed pipe and ends."""
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        # A caller that never takes the result (`Environment.open` whose import of the
+        # sandbox's modules raised) must not leave the two pipe ends open in its process.
+        self.close()
 
 
 def ask_node_service(ref: str, store: str, cache_dir: Path, record_hint: bool | None,
