@@ -10,9 +10,10 @@ tars for both peers. Every server runs on this machine, started by this script:
   every image removed and the page cache dropped.
 - WeEnv: SeaweedFS (S3) on 127.0.0.1 holding the groups and environments; sandboxes from
   `weenvfs.runtime.Environment` (runc over the lazy FUSE mount); cold = node cache emptied
-  and page cache dropped; with and without the recorded prefetch hint (weenv_peer.py). The
-  node runs `weenv mountd` (resident like dockerd: mount daemons fork from it) unless
-  --no-mountd.
+  and page cache dropped (with --other-chunks, the cache then holds that many chunks of
+  environments outside the benchmark, as a node that ran others does); with and without the
+  recorded prefetch hint (weenv_peer.py). The node runs `weenv mountd` (resident like
+  dockerd: mount daemons fork from it) unless --no-mountd.
 - Then the same over a shaped link: both servers in a network namespace behind a veth pair
   shaped by tbf plus a delaying relay (default 1 Gbit/s, 2 ms RTT; netshape.py).
 Figures, each a ratio of the two systems in the same run, repeated, median and spread:
@@ -74,6 +75,8 @@ examples:
   .venv/bin/python benchmarks/coldstart.py
   # a few minutes: N = 1, 8; update of 5 tasks; RL iteration of 4; 1 round
   .venv/bin/python benchmarks/coldstart.py --quick
+  # the RL iteration of 32 on a node whose cache holds 25,000 chunks of other environments
+  .venv/bin/python benchmarks/coldstart.py --only rl --rl-k 32 --other-chunks 25000
   # WeEnv only, on a tiny tree (what tests/test_coldstart_smoke.py runs)
   .venv/bin/python benchmarks/coldstart.py --quick --smoke --peers weenv --no-plots
 """
@@ -108,6 +111,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--lower", choices=("layers", "merged"), default="layers",
         help="WeEnv sandboxes over a shared mount per group (layers, default) or one mount "
         "per environment (merged)")
+    add("--other-chunks", type=int, default=0, metavar="N",
+        help="chunks of other environments in WeEnv's node cache at each turn's start "
+        "(default 0: a node that ran nothing else; sparse files, never read)")
     add("--reference", action=argparse.BooleanOptionalAction, default=None,
         help="also the cold start of DESIGN.md's reference tree (default: on, off with --quick)")
     add("--only", default="ready,update,rl", help="figures to run: ready,update,rl")
@@ -137,7 +143,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "reference": (not quick) if args.reference is None else args.reference and not smoke,
         "only": set(args.only.split(",")),
         "rate_mbit": args.rate_mbit, "rtt_ms": args.rtt_ms, "mountd": not args.no_mountd,
-        "lower": args.lower,
+        "lower": args.lower, "other_chunks": args.other_chunks,
     }
 
 
@@ -203,7 +209,8 @@ class Run:
         if "weenv" in self.s["peers"]:
             cache = self.work / "node-cache"
             for hints in (False, True):
-                peer = WeenvPeer(url, cache, self.hinted, hints, self.s["lower"])
+                peer = WeenvPeer(url, cache, self.hinted, hints, self.s["lower"],
+                                 self.s["other_chunks"])
                 out[peer.name] = Contender(peer, FetchMeter(peer))
         return out
 

@@ -14,7 +14,8 @@ Owns:
   tag `latest`, the one a mount replays, at that recording;
 - `mirror`: copy what one store holds and another lacks (the shaped link's store);
 - `WeenvPeer`: `Environment.open` / `exec` / `close` (the Python API an RL harness uses; it
-  spawns one mount daemon per environment on the node), a cold node (node cache emptied),
+  spawns one mount daemon per environment on the node), a cold node (node cache emptied, then
+  holding only `other_chunks` chunks of environments outside the benchmark: `fill_cache`),
   and the bytes fetched to get ready (`weenv stats` of each mount, plus the manifest, indexes
   and hint object every mount loads).
 
@@ -24,6 +25,7 @@ Must not: build layer tars (workloads.py) or time anything (coldstart.py).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import json
 import os
@@ -289,13 +291,34 @@ class FetchMeter:
         return self.peer.fetched(envs, self.before)
 
 
+OTHER_CHUNK_BYTES = 100_000  # what each of `fill_cache`'s chunk files says it holds
+
+
+def fill_cache(cache: Path, chunks: int) -> None:
+    """Put `chunks` chunk files of no environment of the benchmark into node cache `cache`,
+    least recently used (an hour old): what a node that ran other environments holds. Sparse
+    files (OTHER_CHUNK_BYTES each as the cache counts them, nothing on disk) under names no
+    index names, so no mount ever reads one; they count against the cache's bound and in
+    every scan of it, as real ones do."""
+    then = time.time() - 3600
+    for n in range(chunks):
+        name = hashlib.sha256(b"other environment chunk %d" % n).hexdigest()
+        folder = cache / name[:2]
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / name, "wb") as f:
+            f.truncate(OTHER_CHUNK_BYTES)
+            os.utime(f.fileno(), (then, then))
+
+
 class WeenvPeer:
-    """WeEnv through its Python API (`Environment`), node cache `cache`, with or without
+    """WeEnv through its Python API (`Environment`), node cache `cache` (holding
+    `other_chunks` chunks of other environments at each turn's start), with or without
     replaying hints, sandboxes over a mount per group or one merged mount (`lower`)."""
 
     def __init__(self, url: str, cache: Path, images: Sequence[str], hints: bool,
-                 lower: str = "layers") -> None:
+                 lower: str = "layers", other_chunks: int = 0) -> None:
         self.url, self.cache, self.hints, self.lower = url, cache, hints, lower
+        self.other_chunks = other_chunks
         self.name = "weenv + hints" if hints else "weenv"
         with open_store(url) as store:
             repo = Repository(store)
@@ -309,9 +332,10 @@ class WeenvPeer:
     def reset_cold(self) -> None:
         """Unmount the shared mounts the node service keeps warm after their last sandbox,
         start the service afresh (what it keeps in memory of the environments), then empty
-        the node cache."""
+        the node cache (but for `other_chunks` chunks of no environment here)."""
         forget_environments(self.url, self.cache)
         shutil.rmtree(self.cache, ignore_errors=True)
+        fill_cache(self.cache, self.other_chunks)
 
     def start(self, image: str) -> Environment:
         # No first-run recording: the hints of this peer are the ones `prepare` sets (none,
