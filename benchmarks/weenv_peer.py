@@ -40,6 +40,7 @@ from typing import Any
 from _mounting import forget_environments
 from workloads import IMAGE_ENV, Family
 
+from weenvfs.core.cache import ChunkCache
 from weenvfs.errors import RefNotFound, StoreError, WeenvError
 from weenvfs.format.manifest import RuntimeConfig
 from weenvfs.fuse.commands import read_stats
@@ -300,12 +301,14 @@ def fill_cache(cache: Path, chunks: int) -> None:
     files (OTHER_CHUNK_BYTES each as the cache counts them, nothing on disk) under names no
     index names, so no mount ever reads one; they count against the cache's bound and in
     every scan of it, as real ones do."""
+    if not chunks:
+        return
+    node_cache = ChunkCache(cache)  # its layout: where a chunk's file goes
     then = time.time() - 3600
     for n in range(chunks):
-        name = hashlib.sha256(b"other environment chunk %d" % n).hexdigest()
-        folder = cache / name[:2]
-        folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / name, "wb") as f:
+        path = node_cache.path(hashlib.sha256(b"other environment chunk %d" % n).digest())
+        path.parent.mkdir(exist_ok=True)
+        with open(path, "wb") as f:
             f.truncate(OTHER_CHUNK_BYTES)
             os.utime(f.fileno(), (then, then))
 
