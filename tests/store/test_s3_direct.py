@@ -1,10 +1,11 @@
-"""Ranged GETs of an S3 store without botocore (weenvfs/store/s3_direct.py), against a real
-SeaweedFS: the same bytes and the same errors as botocore's requests, signatures botocore
+"""GETs and LISTs of an S3 store without botocore (weenvfs/store/s3_direct.py), against a
+real SeaweedFS: the same bytes, keys and errors as botocore's requests, signatures botocore
 would make, and botocore kept wherever the getter does not apply."""
 
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import random
 import signal
@@ -21,7 +22,7 @@ from fault_proxy import FaultProxy
 
 from weenvfs.errors import ObjectMissing, StoreError, StoreUnavailable
 from weenvfs.store import RetryingStore, RetryPolicy
-from weenvfs.store.s3_direct import EMPTY_SHA256, DirectGetter
+from weenvfs.store.s3_direct import EMPTY_SHA256, DirectGetter, HandBack, _list_page
 
 DATA = random.Random(7).randbytes(200_000)
 
@@ -214,3 +215,99 @@ def test_the_signature_is_the_one_botocore_makes(
     botocore.auth.S3SigV4Auth(credentials, "s3", "eu-west-3").add_auth(request)
     assert ours["authorization"] == request.headers["Authorization"]
     assert ours["x-amz-date"] == request.headers["X-Amz-Date"]
+
+
+# -- listings ------------------------------------------------------------------------------
+
+# Objects a store never writes but a bucket may hold under its prefix (written by other
+# tools): listed and decoded as botocore lists them, then skipped by the store.
+FOREIGN = ["tags/x y", "tags/a+b", "tags/caf\u00e9", "tags/100%", "tags/q?x=1&y", "tags/"]
+
+
+def _pages(list_page: Any, store: Any, prefix: str) -> list[list[str]]:
+    """Every page of a listing of `prefix`, two keys a page, by `list_page(**params)`."""
+    pages, token = [], None
+    for _ in range(50):  # a listing that never ends fails here instead of hanging
+        params = {"Bucket": store.bucket, "Prefix": store._prefix + prefix, "MaxKeys": 2}
+        if token:
+            params["ContinuationToken"] = token
+        page = list_page(**params)
+        pages.append([item["Key"] for item in page.get("Contents", ())])
+        token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+        if not token:
+            return pages
+    raise AssertionError(f"no end after {len(pages)} pages")
+
+
+def test_a_listing_comes_from_the_getter_as_botocore_gives_it(open_s3: Any) -> None:
+    store = open_s3("direct-list")
+    keys = ["refs/~a.b-c_d", "refs/A..B~~", "tags/envs/e/t1", "tags/envs/e/t2", "tags/z"]
+    for key in keys:
+        store.put(key, b"x")
+    for key in FOREIGN:
+        store._client.put_object(Bucket=store.bucket, Key=store._prefix + key, Body=b"x")
+    direct = store._direct
+    assert list(store.list("")) == sorted(keys)
+    assert list(store.list("tags/envs/e/")) == keys[2:4]
+    assert list(store.list("nothing/")) == []
+    assert direct.requests == 3 and direct.usable
+    ours = _pages(functools.partial(direct.list_objects_v2, store._client), store, "")
+    theirs = _pages(store._client.list_objects_v2, store, "")
+    assert ours == theirs and len(ours) >= 5
+    assert sorted(k for page in ours for k in page) == sorted(
+        store._prefix + k for k in keys + FOREIGN)
+
+
+def test_a_listings_errors_are_the_ones_botocore_requests_give(
+        open_s3: Any, seaweed: Any, proxy: FaultProxy) -> None:
+    """The getter's own error, from its one request (botocore does not ask again)."""
+    store = open_s3(f"s3://no-such-bucket/p?endpoint={proxy.url}")
+    with pytest.raises(StoreUnavailable, match="does not exist"):
+        list(store.list("tags/"))
+    assert store._direct.requests == 1 and proxy.requests("GET") == 1
+    wrong = open_s3(f"s3://weenv/direct-list-errors?endpoint={proxy.url}")
+    wrong._client._request_signer._credentials = botocore.credentials.Credentials(
+        seaweed.env()["AWS_ACCESS_KEY_ID"], "not-the-secret")
+    with pytest.raises(StoreUnavailable, match="secret key does not match") as raised:
+        list(wrong.list("tags/"))
+    assert not raised.value.temporary and wrong._direct.requests == 1
+    assert proxy.requests("GET") == 2
+
+
+@pytest.mark.parametrize("code", "5c")
+def test_a_listing_fault_is_temporary_and_the_next_listing_works(
+        open_s3: Any, proxy: FaultProxy, code: str) -> None:
+    open_s3("direct-list-faults").put("tags/a", b"x")
+    inner = open_s3(f"s3://weenv/direct-list-faults?endpoint={proxy.url}")
+    store = RetryingStore(inner, RetryPolicy(max_attempts=1))
+    proxy.set_script(code)
+    with pytest.raises(StoreUnavailable) as raised:
+        list(store.list("tags/"))
+    assert raised.value.temporary
+    assert list(store.list("tags/")) == ["tags/a"]
+    assert inner._direct.requests == 2 and inner._direct.usable
+
+
+@pytest.mark.parametrize("body", [b"", b"<html>not a listing", b"<Error><Code>X</Code></Error>"])
+def test_an_answer_that_is_no_listing_goes_back_to_botocore(body: bytes) -> None:
+    with pytest.raises(HandBack):
+        _list_page(body)
+
+
+@pytest.mark.parametrize("token", [None, "a-session-token"])
+def test_a_listings_signature_is_the_one_botocore_makes(
+        monkeypatch: pytest.MonkeyPatch, token: str | None) -> None:
+    when = datetime.datetime(2026, 12, 4, 1, 2, 3)
+    getter = DirectGetter("http://127.0.0.1:8333", "my-bucket", "eu-west-3", (1.0, 1.0))
+    query = "continuation-token=a%2Fb%2Bc%3D&encoding-type=url&list-type=2&prefix=p%2Fx~y"
+    ours = getter.signed_headers("/my-bucket", ("AKID", "SECRET/+=", token),
+                                 when.replace(tzinfo=datetime.UTC), query=query)
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: when)
+    request = botocore.awsrequest.AWSRequest(
+        method="GET", url="http://127.0.0.1:8333/my-bucket",
+        params={"list-type": "2", "prefix": "p/x~y", "encoding-type": "url",
+                "continuation-token": "a/b+c="},
+        headers={"X-Amz-Content-SHA256": EMPTY_SHA256})
+    credentials = botocore.credentials.Credentials("AKID", "SECRET/+=", token)
+    botocore.auth.S3SigV4Auth(credentials, "s3", "eu-west-3").add_auth(request)
+    assert ours["authorization"] == request.headers["Authorization"]

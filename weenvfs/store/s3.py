@@ -8,7 +8,7 @@ Owns: one boto3 client per store, built in the constructor from an explicit
 `boto3.session.Session()` (clients are thread-safe, sessions are not), or taken over from the
 node service that forked this process (`prebuild`) or from an earlier store of this process
 (s3_clients.py keeps both kinds); translating botocore's
-errors into the store errors (s3_common.py); credential renewal. GETs go through
+errors into the store errors (s3_common.py); credential renewal. GETs and LISTs go through
 s3_direct.py where the client allows it (a plain-http endpoint: SeaweedFS, MinIO), which
 answers as botocore would, so everything here treats both alike. Must not: retry (botocore's
 own retries are off, `total_max_attempts=1`, so that RetryingStore alone decides and its
@@ -376,7 +376,8 @@ class S3Store(Store):
             params = {"Bucket": self.bucket, "Prefix": full_prefix}
             if token:
                 params["ContinuationToken"] = token
-            page = self._call("list", full_prefix, lambda c, p=params: c.list_objects_v2(**p))
+            page = self._call("list", full_prefix,
+                              lambda c, p=params: self._list_objects(c, p))
             for item in page.get("Contents", ()):
                 key = item["Key"][len(self._prefix) :]
                 if _is_key(key):
@@ -386,6 +387,14 @@ class S3Store(Store):
                 break
         keys.sort()
         yield from keys
+
+    def _list_objects(self, client: Any, params: dict[str, Any]) -> Any:
+        if self._direct is not None:
+            try:
+                return self._direct.list_objects_v2(client, **params)
+            except HandBack:
+                pass
+        return client.list_objects_v2(**params)
 
     # -- writing -------------------------------------------------------------------------
 

@@ -1,12 +1,15 @@
-"""GETs of an S3 store without botocore's request pipeline: signed here (SigV4), sent on
-kept-alive connections the store's threads share.
+"""GETs and LISTs of an S3 store without botocore's request pipeline: signed here (SigV4),
+sent on kept-alive connections the store's threads share.
 
 Why: a cold start with no hint makes ~90 ranged GETs, four at a time, in the mount daemon
 whose one Python core also answers the kernel's reads. botocore spends ~2 ms of CPU per
 request (events, serializers, endpoint rules, parsers) holding the GIL; measured on the
 README's first run from SeaweedFS, 10 alternating pairs: 1.59 s against 1.67 s (mean), faster
 in 9 pairs of 10 (docs/benchmarks.md, "GETs without botocore"). And every warm `weenv run`
-GETs a tag: 9-10 ms through botocore in the node service's fork, ~5 ms here.
+GETs a tag: 9-10 ms through botocore in the node service's fork, ~5 ms here. A LIST
+(ListObjectsV2) costs a process's first 7-10 ms of CPU in botocore (its operation model is
+loaded then), 2.5-3.5 ms after: every mount daemon of an environment whose hint the node
+does not know lists its hint tags once before it mounts (node_hints.py `may_have_hint`).
 
 Owns: deciding whether a store's client can be bypassed for GETs (`DirectGetter.for_`:
 an explicit plain-http endpoint with path-style addressing, SigV4, credentials, no proxy:
@@ -16,7 +19,9 @@ not redone here), building the request (URL, SigV4 headers with the client's cre
 the moment), and answering like botocore's `get_object`: a dict with ContentLength,
 ContentRange and Body, or a botocore ClientError built from the S3 error answer, so s3.py
 translates and renews credentials exactly as for a request botocore sent; and checking a
-whole object's stored checksum as botocore does (`_checksum_of`, `_Body`).
+whole object's stored checksum as botocore does (`_checksum_of`, `_Body`); a page of a
+listing as botocore's `list_objects_v2` gives the keys (URL-encoded on the way, as botocore
+asks for them), an answer it cannot read going back to botocore.
 Must not: retry (RetryingStore does), interpret ranges (s3.py checks them), use a
 connection for two requests at once, or use one a forked parent opened.
 """
@@ -44,6 +49,9 @@ from botocore.exceptions import ClientError, FlexibleChecksumError
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _SAFE = "-_.~/"  # S3 keys are URI-encoded once, "/" kept (also the canonical URI)
 _ERROR_BODY_LIMIT = 64 << 10
+# A page of a listing holds at most 1,000 keys of at most 1,024 bytes each (S3's limits);
+# an answer declaring more is not one this getter reads (botocore then asks again).
+_LIST_BODY_LIMIT = 8 << 20
 # Idle connections kept for the next requests (botocore's pool keeps up to 32 in all).
 MAX_IDLE = 16
 # Answers after which botocore does something of its own (region redirects, a malformed
@@ -59,7 +67,7 @@ _CHECKED: dict[str, Callable[[], Any]] = {
 
 
 class HandBack(Exception):
-    """This request (and every later one) is botocore's to send."""
+    """This request is botocore's to send (and every later one once `usable` is False)."""
 
 
 class DirectGetter:
@@ -122,14 +130,7 @@ class DirectGetter:
         headers = self.signed_headers(path, credentials, _now(), extra)
         if Range is not None:
             headers["range"] = Range
-        connection = self._take()
-        try:
-            connection.request("GET", path, headers=headers)
-            response = connection.getresponse()
-        except BaseException:
-            connection.close()
-            raise
-        self.requests += 1
+        connection, response = self._send(path, headers)
         if response.status in (200, 206):
             check = None
             if Range is None:
@@ -143,21 +144,77 @@ class DirectGetter:
             return {"ContentLength": _int(response.getheader("content-length")),
                     "ContentRange": response.getheader("content-range"),
                     "Body": _Body(response, self, connection, check)}
-        try:  # an error answer's body, then a new connection (none of it may be left)
+        raise self._failed(connection, response, "GetObject")
+
+    def list_objects_v2(self, client: Any, *, Bucket: str, Prefix: str,
+                        ContinuationToken: str | None = None,
+                        MaxKeys: int | None = None) -> dict[str, Any]:
+        """What botocore's `client.list_objects_v2(Bucket=, Prefix=[, ContinuationToken=,
+        MaxKeys=])` returns, for the parts s3.py reads: Contents (each item's Key),
+        IsTruncated and NextContinuationToken. Raises as `get_object`; HandBack also for an
+        answer this getter cannot read (botocore then asks again, and says what is wrong)."""
+        credentials = _credentials(client)
+        if credentials is None or not self.usable:
+            raise HandBack
+        params = {"list-type": "2", "prefix": Prefix, "encoding-type": "url"}
+        if ContinuationToken is not None:
+            params["continuation-token"] = ContinuationToken
+        if MaxKeys is not None:
+            params["max-keys"] = str(MaxKeys)
+        query = "&".join(f"{_quoted(name)}={_quoted(value)}"
+                         for name, value in sorted(params.items()))
+        path = self._base.rstrip("/")  # the bucket itself, as botocore addresses it
+        headers = self.signed_headers(path, credentials, _now(), query=query)
+        connection, response = self._send(f"{path}?{query}", headers)
+        if response.status != 200:
+            raise self._failed(connection, response, "ListObjectsV2")
+        declared = _int(response.getheader("content-length"))
+        if declared is not None and declared > _LIST_BODY_LIMIT:  # longer than any page
+            response.close()
+            connection.close()
+            raise HandBack
+        try:
+            body = response.read()  # IncompleteRead (a temporary error) when cut short
+        except BaseException:
+            connection.close()
+            raise
+        self._give_back(connection)
+        return _list_page(body)
+
+    def _send(self, target: str, headers: dict[str, str],
+              ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """GET `target` (path and query) on a connection of its own; its answer's head."""
+        connection = self._take()
+        try:
+            connection.request("GET", target, headers=headers)
+            response = connection.getresponse()
+        except BaseException:
+            connection.close()
+            raise
+        self.requests += 1
+        return connection, response
+
+    def _failed(self, connection: http.client.HTTPConnection,
+                response: http.client.HTTPResponse, operation: str) -> Exception:
+        """What an error answer raises: HandBack where botocore does something of its own,
+        else the ClientError botocore would raise. Its connection is not used again (none
+        of the answer may be left on it)."""
+        try:
             body = response.read(_ERROR_BODY_LIMIT)
         finally:
             response.close()
             connection.close()
         if response.status in _HAND_BACK:
             self.usable = False
-            raise HandBack
-        raise _client_error(response.status, body)
+            return HandBack()
+        return _client_error(response.status, body, operation)
 
     def signed_headers(self, path: str, credentials: tuple[str, str, str | None],
-                       when: datetime.datetime,
-                       extra: dict[str, str] | None = None) -> dict[str, str]:
-        """The headers of a SigV4-signed GET of `path` (its query empty) at `when` (UTC),
-        with the `extra` headers (lower-case names) signed too."""
+                       when: datetime.datetime, extra: dict[str, str] | None = None,
+                       query: str = "") -> dict[str, str]:
+        """The headers of a SigV4-signed GET of `path` with the canonical `query` (its
+        parameters sorted and URI-encoded, as sent) at `when` (UTC), with the `extra`
+        headers (lower-case names) signed too."""
         access, secret, token = credentials
         stamp = when.strftime("%Y%m%dT%H%M%SZ")
         day = stamp[:8]
@@ -167,7 +224,7 @@ class DirectGetter:
             headers["x-amz-security-token"] = token
         names = sorted(headers)
         signed = ";".join(names)
-        canonical = "\n".join(["GET", path, "", *(f"{n}:{headers[n]}" for n in names), "",
+        canonical = "\n".join(["GET", path, query, *(f"{n}:{headers[n]}" for n in names), "",
                                signed, EMPTY_SHA256])
         scope = f"{day}/{self._region}/s3/aws4_request"
         to_sign = "\n".join(["AWS4-HMAC-SHA256", stamp, scope,
@@ -335,7 +392,34 @@ def _dropped(connection: http.client.HTTPConnection) -> bool:
     return bool(poller.poll(0))
 
 
-def _client_error(status: int, body: bytes) -> ClientError:
+def _quoted(text: str) -> str:
+    """`text` URI-encoded as SigV4 wants a query's names and values (only A-Z, a-z, 0-9,
+    "-", "_", ".", "~" kept)."""
+    return urllib.parse.quote(text, safe="-_.~")
+
+
+def _list_page(body: bytes) -> dict[str, Any]:
+    """The ListObjectsV2 answer `body` as botocore gives it (keys decoded when the answer
+    says they were URL-encoded); HandBack when it is not one."""
+    try:
+        root = ElementTree.fromstring(body)
+    except ElementTree.ParseError:
+        raise HandBack from None
+    ns = root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+    if root.tag != ns + "ListBucketResult":
+        raise HandBack
+    url_encoded = root.findtext(ns + "EncodingType") == "url"
+    contents = []
+    for item in root.iterfind(ns + "Contents"):
+        key = item.findtext(ns + "Key")
+        if key is not None:
+            contents.append({"Key": urllib.parse.unquote_plus(key) if url_encoded else key})
+    truncated = (root.findtext(ns + "IsTruncated") or "").strip().lower() == "true"
+    return {"Contents": contents, "IsTruncated": truncated,
+            "NextContinuationToken": root.findtext(ns + "NextContinuationToken")}
+
+
+def _client_error(status: int, body: bytes, operation: str) -> ClientError:
     """The ClientError botocore would raise for an S3 error answer."""
     error: dict[str, str] = {"Code": str(status), "Message": http.client.responses.get(status, "")}
     try:
@@ -348,7 +432,7 @@ def _client_error(status: int, body: bytes) -> ClientError:
             if text:
                 error[field] = text
     return ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": status}},
-                       "GetObject")
+                       operation)
 
 
 def _int(value: str | None) -> int | None:
