@@ -8,7 +8,8 @@ Owns, in order:
    kernel path where it can run (kernel_mount.py: EROFS images over lazily served data
    devices, only data reads reach this process), else the tree over FUSE (`Operations`,
    mounted read-only with pyfuse3); either way pyfuse3's main loop runs under trio together
-   with read-ahead, hint replay (core/prefetch.py: the hint `config.hint` names, then
+   with read-ahead, the files a sandbox's build reads first (core/identity_files.py), hint
+   replay (core/prefetch.py: the hint `config.hint` names, then
    everything with `fetch_all`) and signal handling, and `ready()` is called once the mount
    answers (the daemon reports readiness through a pipe then);
 3. teardown: SIGTERM/SIGINT end the main loop (`pyfuse3.terminate`), then
@@ -38,7 +39,9 @@ import pyfuse3
 import trio
 
 from weenvfs.core.cache import ChunkCache
+from weenvfs.core.chunk_plan import ChunkLoc
 from weenvfs.core.fetcher import Fetcher
+from weenvfs.core.identity_files import identity_locs
 from weenvfs.core.loaded_env import LoadedEnv, open_environment
 from weenvfs.core.neighbours import Neighbours
 from weenvfs.core.node_copies import note_resolved
@@ -146,11 +149,17 @@ async def serve(env: LoadedEnv, config: MountConfig,
     replay: Prefetcher | replay_process.ReplayProcess
     if replay_fd is not None:
         replay = replay_process.ReplayProcess(replay_fd, fetcher)
-        prefetch = replay.run
+        replay_run = replay.run
     else:
         replay = Prefetcher(env.tree.groups, fetcher, fetch_all=config.fetch_all)
         lookup = env_hint_lookup(env, config.hint) if hinted else _no_hint(env)
-        prefetch = functools.partial(replay.run, lookup)
+        replay_run = functools.partial(replay.run, lookup)
+    first = _identity_chunks(env)
+
+    async def prefetch() -> None:
+        if first:  # what the sandbox's build reads first, asked for as serving starts
+            fetcher.schedule_prefetch(first)
+        await replay_run()
     started = time.monotonic()
     helper, why_python = (None, None) if reason else native_devices.choose_server()
     path = {"path": "fuse" if reason else "kernel", "fallback_reason": reason,
@@ -214,6 +223,19 @@ async def _serve_tree(env: LoadedEnv, config: MountConfig, reader: Reader,
         await run(announce, stop)
     finally:
         _teardown(config.mountpoint)
+
+
+def _identity_chunks(env: LoadedEnv) -> list[ChunkLoc]:
+    """The chunks of the files a sandbox's build reads before its command (core/
+    identity_files.py), for the mount that replays the environment's hint; advisory: a
+    malformed index costs the head start, logged, and fails where it is read."""
+    if not env.serves_top:
+        return []
+    try:
+        return identity_locs(env.tree.groups)
+    except FormatError as error:
+        log.info("not fetching the identity files ahead: %s", error)
+        return []
 
 
 def _no_hint(env: LoadedEnv) -> Callable[[], None]:
