@@ -12,7 +12,6 @@ from support.trees import dir, file, symlink  # noqa: A004
 
 from weenvfs.core.chunk_plan import chunk_loc
 from weenvfs.core.identity_files import identity_locs
-from weenvfs.format.index import ROOT_INODE
 
 PASSWD = b"root:x:0:0:root:/root:/bin/sh\n" * 3
 GROUP = b"root:x:0:\n" * 3
@@ -21,10 +20,7 @@ GROUP = b"root:x:0:\n" * 3
 def _chunks_of(built: Any, path: bytes) -> list[Any]:
     """The chunk locations of regular file `path` of group `built`."""
     index = built.index
-    ino = ROOT_INODE
-    for name in path.split(b"/"):
-        ino = index.lookup(ino, name)
-    return [chunk_loc(index, n) for n in index.file_chunks(ino)]
+    return [chunk_loc(index, n) for n in index.file_chunks(index.resolve(path))]
 
 
 def test_one_group_gives_both_files_chunks(repo, build_group) -> None:

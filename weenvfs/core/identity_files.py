@@ -34,14 +34,10 @@ def identity_locs(groups: Sequence[GroupIndex]) -> list[ChunkLoc]:
     composed = ComposedTree(groups)
     locs: list[ChunkLoc] = []
     for path in IDENTITY_FILES:
-        entry = composed.root
-        for name in path.split(b"/"):
-            found = composed.lookup(entry, name) if entry.is_dir else None
-            if found is None:
-                break
-            entry = found
-        else:
-            index = groups[entry.group]
-            if not entry.is_dir and index.inode(entry.inode).is_reg:
-                locs += [chunk_loc(index, n) for n in index.file_chunks(entry.inode)]
+        entry = composed.resolve(path)
+        if entry is None or entry.is_dir:
+            continue
+        index = groups[entry.group]
+        if index.inode(entry.inode).is_reg:
+            locs += [chunk_loc(index, n) for n in index.file_chunks(entry.inode)]
     return locs
