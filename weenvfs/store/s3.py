@@ -309,12 +309,7 @@ class S3Store(Store):
         from botocore.exceptions import ClientError
 
         try:
-            if self._direct is not None:
-                try:
-                    return self._direct.get_object(client, **params)
-                except HandBack:
-                    pass
-            return client.get_object(**params)
+            return self._direct_first(client, "get_object", params)
         except ClientError as e:
             if error_code(e) == "InvalidRange" or http_status(e) == 416:
                 raise self._short(key, *_range_of(params["Range"]), None) from None
@@ -377,7 +372,7 @@ class S3Store(Store):
             if token:
                 params["ContinuationToken"] = token
             page = self._call("list", full_prefix,
-                              lambda c, p=params: self._list_objects(c, p))
+                              lambda c, p=params: self._direct_first(c, "list_objects_v2", p))
             for item in page.get("Contents", ()):
                 key = item["Key"][len(self._prefix) :]
                 if _is_key(key):
@@ -388,13 +383,15 @@ class S3Store(Store):
         keys.sort()
         yield from keys
 
-    def _list_objects(self, client: Any, params: dict[str, Any]) -> Any:
+    def _direct_first(self, client: Any, operation: str, params: dict[str, Any]) -> Any:
+        """botocore's `client.OPERATION(**params)`, sent by the direct getter where it can
+        (its methods answer as botocore's of the same name), else by botocore."""
         if self._direct is not None:
             try:
-                return self._direct.list_objects_v2(client, **params)
+                return getattr(self._direct, operation)(client, **params)
             except HandBack:
                 pass
-        return client.list_objects_v2(**params)
+        return getattr(client, operation)(**params)
 
     # -- writing -------------------------------------------------------------------------
 
