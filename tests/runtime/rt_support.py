@@ -8,6 +8,7 @@ from support.runtime import (  # noqa: F401  (re-exported for the runtime tests)
     compose_and_record,
     controller,
     force_cleanup,
+    gc_over_an_orphan,
     leaks,
     loop_devices,
     owned_by,

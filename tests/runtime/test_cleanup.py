@@ -16,7 +16,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rt_support import EnvRef, controller, owned_by, pid_visible, run_weenv
+from rt_support import (
+    EnvRef,
+    controller,
+    gc_over_an_orphan,
+    owned_by,
+    pid_visible,
+    run_weenv,
+)
 
 from weenvfs.fuse import daemon
 from weenvfs.runtime import cgroups, sandbox_state
@@ -116,18 +123,23 @@ def test_weenv_run_exits_with_the_commands_status_even_when_killed(env_ref: EnvR
 
 
 def test_gc_clears_orphans_after_kill_9_of_the_controller(env_ref: EnvRef) -> None:
-    with controller(env_ref, command="sleep 1000 > /dev/null 2>&1 &") as (child, sandbox_id):
-        box = Sandbox.load(sandbox_id)
-        pids = box.processes()
-        assert len(pids) == 2
-        child.kill()  # SIGKILL: no clean-up code runs
-        child.wait(WAIT)
-    assert sandbox_state.exists(sandbox_id) and all(daemon.process_alive(p) for p in pids)
-    listed = json.loads(run_weenv("sandbox", "ls", "--json").stdout)
-    assert {"id": sandbox_id, "status": "orphaned"}.items() <= next(
-        b for b in listed["sandboxes"] if b["id"] == sandbox_id
-    ).items()
-    report = json.loads(run_weenv("sandbox", "gc", "--json").stdout)
+    pids: list[int] = []
+
+    def killed_controller() -> str:
+        with controller(env_ref, command="sleep 1000 > /dev/null 2>&1 &") as (child, made):
+            pids[:] = Sandbox.load(made).processes()
+            assert len(pids) == 2
+            child.kill()  # SIGKILL: no clean-up code runs
+            child.wait(WAIT)
+        listed = json.loads(run_weenv("sandbox", "ls", "--json").stdout)["sandboxes"]
+        if sandbox_state.exists(made):  # (else the node's housekeeping took it meanwhile)
+            assert all(daemon.process_alive(p) for p in pids)
+            assert {"id": made, "status": "orphaned"}.items() <= next(
+                b for b in listed if b["id"] == made
+            ).items()
+        return made
+
+    sandbox_id, report = gc_over_an_orphan(killed_controller)
     assert sandbox_id in report["sandboxes"]
     assert not sandbox_state.exists(sandbox_id)
     assert not any(pid_visible(p) and daemon.process_alive(p) for p in pids)
@@ -196,20 +208,23 @@ def test_gc_removes_an_upper_dir_without_sandbox_but_keeps_a_kept_one(
 def test_gc_clears_a_sandbox_whose_creator_died_halfway(env_ref: EnvRef) -> None:
     # What a creator killed right after writing the state leaves: a folder and a state that
     # names it (a process that has exited) as the owner, nothing built yet.
-    dead = subprocess.Popen(["true"])
-    start = sandbox_state.process_start(dead.pid)
-    dead.wait()
-    sandbox_id = "weenv-halfmadetest"
-    folder = sandbox_state.SANDBOXES_ROOT / sandbox_id
-    folder.mkdir(parents=True)
-    state = {
-        "id": sandbox_id,
-        "owner": {"pid": dead.pid, "start": start or 1},
-        "status": "creating",
-        "tmpfs_upper": False,
-        "env": {"ref": env_ref.ref, "digest": env_ref.digest},
-    }
-    (folder / "state.json").write_text(json.dumps(state))
-    report = json.loads(run_weenv("sandbox", "gc", "--json").stdout)
+    folder = sandbox_state.SANDBOXES_ROOT / "weenv-halfmadetest"
+
+    def half_made() -> str:
+        dead = subprocess.Popen(["true"])
+        start = sandbox_state.process_start(dead.pid)
+        dead.wait()
+        folder.mkdir(parents=True)
+        state = {
+            "id": folder.name,
+            "owner": {"pid": dead.pid, "start": start or 1},
+            "status": "creating",
+            "tmpfs_upper": False,
+            "env": {"ref": env_ref.ref, "digest": env_ref.digest},
+        }
+        (folder / "state.json").write_text(json.dumps(state))
+        return folder.name
+
+    sandbox_id, report = gc_over_an_orphan(half_made)
     assert sandbox_id in report["sandboxes"] and report["errors"] == []
     assert not folder.exists()

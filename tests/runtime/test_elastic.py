@@ -28,14 +28,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rt_support import EnvRef, controller, run_weenv, runtime_unavailable, sample_store
+from rt_support import (
+    EnvRef,
+    controller,
+    gc_over_an_orphan,
+    run_weenv,
+    runtime_unavailable,
+    sample_store,
+)
 from support.polling import wait_for
 
 from weenvfs.provision import registry
 from weenvfs.provision.cgroup_driver import MIB, CgroupLimits, read_mounts
 from weenvfs.provision.history import HISTORY_ENV, History
 from weenvfs.provision.registry import node_config
-from weenvfs.runtime import cgroups, sandbox
+from weenvfs.runtime import cgroups, sandbox, sandbox_state
 from weenvfs.runtime.environment import Environment
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
@@ -307,17 +314,24 @@ def test_gc_unregisters_an_elastic_sandbox_whose_controller_was_killed(
     py_env: EnvRef, provisioner: Provisioner
 ) -> None:
     provisioner.start()
-    with controller(py_env, elastic=True) as (child, sandbox_id):
-        provisioner.ids.append(sandbox_id)
-        provisioner.sampled(sandbox_id)
-        child.kill()  # SIGKILL: no clean-up code runs
-        child.wait(WAIT)
-    assert sandbox_id in registry.registrations()
-    report = json.loads(run_weenv("sandbox", "gc", "--json").stdout)
+    runs_before = [0]
+
+    def killed_controller() -> str:
+        runs_before[0] = provisioner.runs(py_env.digest)
+        with controller(py_env, elastic=True) as (child, made):
+            provisioner.ids.append(made)
+            provisioner.sampled(made)
+            child.kill()  # SIGKILL: no clean-up code runs
+            child.wait(WAIT)
+        if sandbox_state.exists(made):  # (else the node's housekeeping took it meanwhile)
+            assert made in registry.registrations()
+        return made
+
+    sandbox_id, report = gc_over_an_orphan(killed_controller)
     assert sandbox_id in report["sandboxes"]
     assert sandbox_id not in registry.registrations()
     assert sandbox_id not in provisioner.status()["sandboxes"]
-    assert provisioner.runs(py_env.digest) == 1
+    assert provisioner.runs(py_env.digest) == runs_before[0] + 1
     assert not cgroups.cgroup_dirs(f"/weenv/{sandbox_id}")
 
 

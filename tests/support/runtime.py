@@ -5,8 +5,8 @@ Owns: `NodeSnapshot` (sandbox folders, runc and crun containers, cgroups under /
 --disk uppers), `leaks(before,
 after)` and `force_cleanup(ids)`, which removes sandboxes a failed test left (through the
 real `Sandbox.destroy` and `weenv sandbox gc`), plus `run_weenv` for CLI tests,
-`sample_store` (a sample tree built as a group) and `controller` (a process holding a
-sandbox, for kill -9 tests).
+`sample_store` (a sample tree built as a group), `controller` (a process holding a
+sandbox, for kill -9 tests) and `gc_over_an_orphan` (gc's report on an orphan a test made).
 
 Must not: touch anything that was there before the test began.
 """
@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -346,3 +346,22 @@ def controller(env: EnvRef, *, elastic: bool = False,
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+ORPHAN_TRIES = 3
+
+
+def gc_over_an_orphan(make_orphan: Callable[[], str]) -> tuple[str, dict[str, list[str]]]:
+    """`weenv sandbox gc --json` run once `make_orphan()` has left an orphaned sandbox (its
+    id); that id and gc's report. The node service's housekeeping removes orphans too (after
+    any sandbox's release, and every minute), so it may take this one before gc does; the
+    orphan is then made again, up to ORPHAN_TRIES times. A gc that removes it without saying
+    so is taken for that race every time, and fails here."""
+    for _ in range(ORPHAN_TRIES):
+        sandbox_id = make_orphan()
+        report = json.loads(run_weenv("sandbox", "gc", "--json").stdout)
+        if sandbox_id in report["sandboxes"] or sandbox_state.exists(sandbox_id):
+            return sandbox_id, report
+    raise AssertionError(
+        f"gc never reported an orphan in {ORPHAN_TRIES} tries (gone before it ran each time)"
+    )
