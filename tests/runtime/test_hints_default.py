@@ -276,7 +276,7 @@ def test_a_sandbox_that_starts_before_the_publish_joins_the_recording(
 
     def take(holder: str) -> Path:
         return mounts.acquire(key, holder, store_url=url, cache_dir=env_ref.cache,
-                              is_live=lambda _: True, env=env_ref.digest, record="latest")
+                              env=env_ref.digest, record="latest")
 
     mp = take("first")
     assert (mp / "etc/os-release").read_bytes()

@@ -134,7 +134,7 @@ def test_lowers_already_up_are_taken_and_given_back_when_another_cannot_be_mount
     assert [m.key for m in planned] == list(third.keys)
     with pytest.raises(WeenvError):
         acquire_lowers(planned, "weenv-test-lowers", env=digest, store_url=url,
-                       cache_dir=third.cache, is_live=lambda holder: True)
+                       cache_dir=third.cache)
     assert {m.key: m.holders for m in mounts.list_mounts()}[third.keys[1]] == ()
     with pytest.raises(WeenvError):  # and a sandbox of it fails the same way
         Environment.open(third.ref, store=third.store, cache=third.cache)
@@ -150,13 +150,13 @@ def test_a_mount_table_read_before_an_eviction_takes_nothing(
     key = env_ref.keys[-1]
     table = daemon.mount_points()
     assert table is not None and daemon.is_mounted(mounts.mountpoint(key), table)
-    taken = mounts.acquire_mounted(key, "weenv-test-table", is_live=lambda h: True,
+    taken = mounts.acquire_mounted(key, "weenv-test-table",
                                    mounted=table)
     assert taken == mounts.mountpoint(key)
     mounts.release(key, "weenv-test-table")
     assert mounts.evict(key, force=True)
     with caplog.at_level("WARNING"):
-        assert mounts.acquire_mounted(key, "weenv-test-table", is_live=lambda h: True,
+        assert mounts.acquire_mounted(key, "weenv-test-table",
                                       mounted=table) is None
     assert "dead" not in caplog.text
     assert key not in {m.key: m.holders for m in mounts.list_mounts() if m.holders}

@@ -46,6 +46,29 @@ def test_a_released_mount_stays_warm_and_serves_the_next_sandbox(
     assert again.pid == pid and again.idle
 
 
+def test_a_release_drops_stale_holders_it_meets_and_stops_at_a_live_one(
+        warm_root: Path, make_env: Callable[..., EnvRef]) -> None:
+    """A holder file whose sandbox is gone (a crash between steps) does not keep the mount
+    held: the release that would leave only it lets the mount go idle. A release that meets
+    a live holder stops there (the mount stays held), whatever else the folder has."""
+    env = make_env()
+    opened = lambda: Environment.open(env.ref, store=env.store, cache=env.cache,  # noqa: E731
+                                      lower="merged")
+    holders = mounts.env_dir(env.digest) / "holders"
+    with opened() as first:
+        early, late = holders / "weenv-0-gone", holders / "weenv-z-gone"  # around every id
+        early.touch()
+        late.touch()
+        with opened() as second:
+            assert second.exec(["true"]).ok
+        [held] = mounts.list_mounts()
+        assert not held.idle
+        assert not early.exists() and late.exists()  # it stopped at `first`, a live holder
+        assert first.exec(["true"]).ok
+    [idle] = mounts.list_mounts()
+    assert idle.idle and idle.holders == () and not late.exists()
+
+
 def test_idle_mounts_over_the_bound_are_evicted_least_recently_used_first(
         warm_root: Path, make_env: Callable[..., EnvRef],
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -94,7 +94,6 @@ def layer_keys(groups: Sequence[str], store_url: str, cache_dir: Path) -> list[s
 
 def acquire_lowers(
     planned: Sequence[LowerMount], holder: str, *, env: str, store_url: str, cache_dir: Path,
-    is_live: Callable[[str], bool],
 ) -> list[Path]:
     """Take every mount of `planned` for `holder` (those up first, one after another;
     then mounting those missing, in parallel: each one starts a daemon); their mount points
@@ -106,13 +105,13 @@ def acquire_lowers(
     try:
         table = daemon.mount_points()  # read once for them all (mounts.acquire_mounted)
         for mount in planned:
-            taken = mounts.acquire_mounted(mount.key, holder, is_live=is_live, mounted=table)
+            taken = mounts.acquire_mounted(mount.key, holder, mounted=table)
             if taken is not None:
                 up[mount.key] = taken
         missing = [m for m in planned if m.key not in up]
         if missing:  # (`_mount_missing` releases what it took itself when it fails)
             paths = _mount_missing(missing, planned, holder, env=env, store_url=store_url,
-                                   cache_dir=cache_dir, is_live=is_live)
+                                   cache_dir=cache_dir)
             up.update(zip((m.key for m in missing), paths, strict=True))
     except BaseException:
         release_lowers(list(up), holder)
@@ -122,7 +121,7 @@ def acquire_lowers(
 
 def _mount_missing(
     missing: Sequence[LowerMount], planned: Sequence[LowerMount], holder: str, *, env: str,
-    store_url: str, cache_dir: Path, is_live: Callable[[str], bool],
+    store_url: str, cache_dir: Path,
 ) -> list[Path]:
     """`acquire_lowers`' mounts that were not up, taken in parallel (all or nothing: those
     taken here are released on an error, which is raised)."""
@@ -137,7 +136,7 @@ def _mount_missing(
                  if mount.layer is not None and mount.layer == top else None)
         with daemon.cancelled_by(cancel):
             return mounts.acquire(mount.key, holder, store_url=store_url, cache_dir=cache_dir,
-                                  is_live=is_live, env=env, layer=mount.layer,
+                                  env=env, layer=mount.layer,
                                   record=mount.record, page_roots=roots)
 
     interrupted: BaseException | None = None
@@ -171,16 +170,18 @@ def _settle(futures: Sequence[Future[Path]]) -> None:
 def release_lowers(
     keys: Sequence[str], holder: str, keep_warm: float | None = None, *,
     publish_later: bool = False, root: Path | None = None,
+    is_live: Callable[[str], bool] | None = None,
 ) -> list[dict[str, Any]]:
     """Drop `holder` from every mount of `keys` in folder of shared mounts `root` (default:
     this process's; see `mounts.release`: `keep_warm` None is the node's policy;
-    `publish_later` leaves a recording mount to the node service), then
+    `publish_later` leaves a recording mount to the node service; `is_live` tells the other
+    holders' stale files apart), then
     evict what is over the node's bounds once for all of them (`mounts.evict_over_bounds`:
     by the node service when it runs); what the recording mounts this ended published (their
     result documents, or `pending` ones)."""
     outcomes = []
     for key in keys:
-        outcome = mounts.release(key, holder, keep_warm, evict=False,
+        outcome = mounts.release(key, holder, keep_warm, evict=False, is_live=is_live,
                                  publish_later=publish_later, root=root)
         if outcome is not None:
             outcomes.append(outcome)

@@ -15,8 +15,13 @@ Owns the folder `/run/weenv/envs/<key>/`:
     hint.json       a recording mount's outcome (what its daemon published on unmount)
 
 The count is the set of holder files, not a number, so a crashed process can never leave it
-wrong: a holder whose sandbox folder is gone is stale, and `prune_holders` (run by every
-acquire and by `weenv sandbox gc`) drops it. A holder that is no sandbox (a snapshot of
+wrong: a holder whose sandbox folder is gone is stale. A release looks at the other holders
+only until it meets a live one, dropping the stale ones before it (so a crashed sandbox's
+file does not keep a mount held for ever, at one check per release while holders are live);
+`prune_holders` drops every stale one (`weenv sandbox gc`, the node service's housekeeping,
+the keep-warm timer). An acquire does not look: it adds a file, and reading every other
+holder under the mount's lock made K environments started at once over a shared group
+O(K^2) (docs/design-notes.md). A holder that is no sandbox (a snapshot of
 `weenv snapshotter`) names its anchor folder in its file: it is live while that folder exists,
 whatever liveness test the pruning process knows.
 
@@ -279,19 +284,18 @@ def _still_a_mount(mp: Path) -> bool:
 
 def acquire(
     key: str, holder: str, *, store_url: str, cache_dir: Path,
-    is_live: Callable[[str], bool], env: str | None = None, layer: int | None = None,
+    env: str | None = None, layer: int | None = None,
     record: str | None = None, anchor: Path | None = None,
     page_roots: Mapping[int, Path] | None = None,
 ) -> Path:
     """Register `holder` as a user of mount `key`, mounting it if needed; return the mount
-    point. `is_live(holder_id)` tells stale holders (crashed sandboxes) apart; a holder with
-    an `anchor` folder is live while that folder exists. The mount is of environment `env`
+    point. A holder with an `anchor` folder is live while that folder exists (else while a
+    `release`'s or `prune_holders`' `is_live` says so). The mount is of environment `env`
     (default: `key`, a manifest digest), or of its group `layer`; with `record` (a hint tag)
     it records what is read and publishes it as that hint when unmounted. `page_roots` (group -> the
     mount point of that group's layer) lets a top layer's hint replay read the other
     layers' hinted files into the page cache."""
     with locked(key) as folder:
-        prune_holders(folder, is_live)
         mp = folder / "root"
         info, mounted = _read_info(folder), False
         if not _alive_mount(mp):
@@ -308,7 +312,7 @@ def acquire(
         return mp
 
 
-def acquire_mounted(key: str, holder: str, *, is_live: Callable[[str], bool],
+def acquire_mounted(key: str, holder: str, *,
                     mounted: frozenset[bytes] | None = None) -> Path | None:
     """`acquire` of a mount that is up: register `holder` and return the mount point; None,
     having taken nothing, when mount `key` is not up (`acquire` then mounts it). A warm
@@ -318,7 +322,6 @@ def acquire_mounted(key: str, holder: str, *, is_live: Callable[[str], bool],
     mount points, read once for all of a sandbox's lowers (`_alive_mount`; it was read
     twice per lower, ~0.3 ms a read with nine lowers mounted)."""
     with locked(key) as folder:
-        prune_holders(folder, is_live)
         mp = folder / "root"
         if not _alive_mount(mp, mounted):
             return None
@@ -372,13 +375,14 @@ def _mount(
 
 
 def release(key: str, holder: str, keep_warm: float | None = None, *,
-            evict: bool = True, publish_later: bool = False,
-            root: Path | None = None) -> dict[str, Any] | None:
+            is_live: Callable[[str], bool] | None = None, evict: bool = True,
+            publish_later: bool = False, root: Path | None = None) -> dict[str, Any] | None:
     """Drop `holder` from mount `key` (in folder of shared mounts `root`, default this
     process's: a sandbox's own, whoever ends it); when no holder is left, keep the mount
     warm for `keep_warm` seconds (None: the node's `WarmPolicy`; 0: unmount now), then
     evict what is over the node's bounds (`evict_over_bounds`; with `evict` False the
-    caller does, once for several releases).
+    caller does, once for several releases). `is_live(holder_id)` tells the other holders'
+    stale files (crashed sandboxes) apart (`_live_holder`); without it every file holds.
     A release by a process that does not hold the mount changes nothing (a sandbox whose
     build stopped before taking it must not unmount what others keep warm). Returns what a
     recording mount published when this release unmounted it (its hint.json; a recording
@@ -394,7 +398,7 @@ def release(key: str, holder: str, keep_warm: float | None = None, *,
             (folder / "holders" / holder).unlink()
         except FileNotFoundError:
             return None
-        if _holders(folder):
+        if _live_holder(folder, is_live):
             return None
         info = _read_info(folder)
         recording = bool(info.get("record"))
@@ -579,9 +583,24 @@ def prune_holders(folder: Path, is_live: Callable[[str], bool]) -> list[str]:
     anchor is gone); return their ids."""
     stale = [h for h in _holders(folder) if not _anchored(folder / "holders" / h, is_live)]
     for holder in stale:
-        (folder / "holders" / holder).unlink(missing_ok=True)
-        log.info("dropped stale holder %s of environment %s", holder, folder.name[:12])
+        _drop_stale(folder, holder)
     return stale
+
+
+def _live_holder(folder: Path, is_live: Callable[[str], bool] | None) -> bool:
+    """Whether the mount of `folder` (whose lock the caller holds) has a live holder: any
+    holder file without `is_live`; with it, the first live one, the stale ones met before
+    it dropped."""
+    for holder in _holders(folder):
+        if is_live is None or _anchored(folder / "holders" / holder, is_live):
+            return True
+        _drop_stale(folder, holder)
+    return False
+
+
+def _drop_stale(folder: Path, holder: str) -> None:
+    (folder / "holders" / holder).unlink(missing_ok=True)
+    log.info("dropped stale holder %s of environment %s", holder, folder.name[:12])
 
 
 def _anchored(path: Path, is_live: Callable[[str], bool]) -> bool:

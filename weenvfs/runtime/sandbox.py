@@ -375,7 +375,7 @@ class Sandbox:
             self.save()
         parked = self.state.pop("parked", None)  # taken over from a parked sandbox
         lowers = acquire_lowers(planned, self.id, env=source.digest, store_url=source.store_url,
-                                cache_dir=source.cache_dir, is_live=exists)
+                                cache_dir=source.cache_dir)
         if parked is not None:
             if parking.daemon_ids([m.key for m in planned]) != parked.get("daemons"):
                 raise _StaleParkedRoot(self.id)
@@ -669,7 +669,7 @@ class Sandbox:
         outcomes = release_lowers(self._mount_keys(), self.id,
                                   None if warm is None else float(warm),
                                   publish_later=bool(self.state.get("publish_later")),
-                                  root=self._envs_root())
+                                  root=self._envs_root(), is_live=exists)
         self.hint_outcome = outcomes[0] if outcomes else None
         (self.dir / "state.json").unlink(missing_ok=True)
         return False

@@ -108,7 +108,7 @@ class Groups:
         try:
             return mounts.acquire(layer.key, self.holder(snapshot_id),
                                   store_url=layer.store,
-                                  cache_dir=Path(layer.cache), is_live=sandbox.exists,
+                                  cache_dir=Path(layer.cache),
                                   env=layer.manifest, layer=layer.position, anchor=anchor)
         except WeenvError as error:
             raise LayerRefused(f"WeEnv layer {layer.position} of {layer.manifest[:12]}: "
@@ -117,7 +117,8 @@ class Groups:
     def release(self, layer: WeenvLayer, snapshot_id: int) -> None:
         """Drop snapshot `snapshot_id`'s hold on the group's mount (the node's keep-warm
         policy, or `keep_warm`, decides when it is unmounted)."""
-        mounts.release(layer.key, self.holder(snapshot_id), self.keep_warm)
+        mounts.release(layer.key, self.holder(snapshot_id), self.keep_warm,
+                       is_live=sandbox.exists)
 
     @staticmethod
     def mountpoint(layer: WeenvLayer) -> Path:
