@@ -150,13 +150,11 @@ def test_a_mount_table_read_before_an_eviction_takes_nothing(
     key = env_ref.keys[-1]
     table = daemon.mount_points()
     assert table is not None and daemon.is_mounted(mounts.mountpoint(key), table)
-    taken = mounts.acquire_mounted(key, "weenv-test-table",
-                                   mounted=table)
+    taken = mounts.acquire_mounted(key, "weenv-test-table", mounted=table)
     assert taken == mounts.mountpoint(key)
     mounts.release(key, "weenv-test-table")
     assert mounts.evict(key, force=True)
     with caplog.at_level("WARNING"):
-        assert mounts.acquire_mounted(key, "weenv-test-table",
-                                      mounted=table) is None
+        assert mounts.acquire_mounted(key, "weenv-test-table", mounted=table) is None
     assert "dead" not in caplog.text
     assert key not in {m.key: m.holders for m in mounts.list_mounts() if m.holders}

@@ -136,8 +136,8 @@ def _mount_missing(
                  if mount.layer is not None and mount.layer == top else None)
         with daemon.cancelled_by(cancel):
             return mounts.acquire(mount.key, holder, store_url=store_url, cache_dir=cache_dir,
-                                  env=env, layer=mount.layer,
-                                  record=mount.record, page_roots=roots)
+                                  env=env, layer=mount.layer, record=mount.record,
+                                  page_roots=roots)
 
     interrupted: BaseException | None = None
     with ThreadPoolExecutor(max_workers=len(missing), thread_name_prefix="lower") as pool:
