@@ -228,3 +228,20 @@ def test_gc_clears_a_sandbox_whose_creator_died_halfway(env_ref: EnvRef) -> None
     sandbox_id, report = gc_over_an_orphan(half_made)
     assert sandbox_id in report["sandboxes"] and report["errors"] == []
     assert not folder.exists()
+
+
+def test_gc_removes_a_sandbox_folder_without_state_once_it_is_a_minute_old() -> None:
+    # What a creator killed between its folder and its first state leaves (or a teardown of
+    # a version whose lockers could make the lock file again): nothing but the folder.
+    folder = sandbox_state.SANDBOXES_ROOT / "weenv-stubtest"
+    sandbox_state.make_folder(folder)
+    try:
+        young = json.loads(run_weenv("sandbox", "gc", "--json").stdout)
+        assert folder.name not in young["sandboxes"] and folder.exists()
+        old = folder.stat().st_mtime - sandbox_state.STUB_AGE - 5
+        os.utime(folder, (old, old))
+        report = json.loads(run_weenv("sandbox", "gc", "--json").stdout)
+        assert folder.name in report["sandboxes"] and report["errors"] == []
+        assert not folder.exists()
+    finally:
+        subprocess.run(["rm", "-rf", str(folder)], check=False)

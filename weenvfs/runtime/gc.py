@@ -5,7 +5,8 @@ Owns the rules for what is an orphan, and their removal:
   detached one (`weenv sandbox create`) whose init is gone (the node rebooted, or someone
   killed it): `Sandbox.destroy` kills its
   processes, unmounts its overlay and tmpfs, removes its cgroup and upper dir and drops its
-  hold on the environment's shared mounts;
+  hold on the environment's shared mounts; a sandbox folder with no state file for a minute
+  (`sandbox_state.remove_stub`);
 - registrations with the node's provisioner of sandboxes that are gone (elastic.py), then
   containers of any installed OCI runtime (crun, runc) and cgroups under `/weenv/` with no
   sandbox folder (a crash between steps of create or destroy);
@@ -109,8 +110,10 @@ def _sandboxes(report: GcReport, launcher: Launcher | None,
     for sandbox_id in sandbox_state.list_ids() if ids is None else ids:
         try:
             box = Sandbox.load(sandbox_id, launcher)
-        except UsageError:
-            continue  # removed meanwhile, or a folder that never got a state file
+        except UsageError:  # removed meanwhile, or a folder without a state file
+            if sandbox_state.remove_stub(sandbox_id):
+                report.sandboxes.append(sandbox_id)
+            continue
         except WeenvError as error:  # a state it cannot load (an error, not a reason to skip)
             report.errors.append(f"sandbox {sandbox_id}: {error}")
             continue

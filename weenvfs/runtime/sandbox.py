@@ -62,9 +62,11 @@ from .sandbox_state import (
     initial_state,
     list_ids,
     locked,
+    make_folder,
     owner_alive,
     owner_record,
     read_state,
+    remove_folder,
     sandbox_dir,
     write_state,
 )
@@ -312,7 +314,7 @@ class Sandbox:
         folder = sandbox_dir(sandbox_id)
         SANDBOXES_ROOT.mkdir(parents=True, exist_ok=True)
         try:
-            folder.mkdir()
+            make_folder(folder)
         except FileExistsError:
             raise UsageError(f"sandbox {sandbox_id} exists already") from None
         return cls(initial_state(sandbox_id, record, creator, launcher.name), launcher)
@@ -608,7 +610,7 @@ class Sandbox:
                 return
             if self._end(keep, park):
                 return
-        self._remove_folder()
+            self._remove_folder()
         log.info("sandbox %s removed%s", self.id,
                  f" (upper kept in {self.upper_root})" if keep else "")
 
@@ -623,15 +625,16 @@ class Sandbox:
             if self.state.get("status") != "parked":
                 return False
             self._end(keep=False, park=False)
-        self._remove_folder()
+            self._remove_folder()
         log.info("parked sandbox %s removed", self.id)
         return True
 
     def _remove_folder(self) -> None:
-        """The last step of a teardown: the sandbox's folder (never through a live overlay)."""
+        """The last step of a teardown, under the sandbox's lock: the sandbox's folder
+        (never through a live overlay)."""
         if rootfs.is_mount_point(self.rootfs):
             raise WeenvError(f"{self.rootfs} is still mounted; run `weenv sandbox gc` later")
-        shutil.rmtree(self.dir, ignore_errors=True)
+        remove_folder(self.dir)
 
     def _end(self, keep: bool, park: bool) -> bool:
         """Under the sandbox's lock: stop it, then park it (`park`, when it may: True) or

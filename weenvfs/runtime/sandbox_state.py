@@ -2,7 +2,8 @@
 
 Owns `/run/weenv/sandboxes/ID/state.json` (`SandboxState`: owner pid and start time, the
 environment, limits, upper and lower choices, cgroup, default process, status) and the
-folder's `lock`, flock'ed while the sandbox changes (reset, rm); sandbox ids; the owner
+folder's `lock`, flock'ed while the sandbox changes (reset, rm), made with the folder and
+removed with it, never made again by a locker; sandbox ids; the owner
 record and whether the owner still runs. Read by every process that finds a sandbox by id
 (`weenv sandbox exec|ls|gc`), written atomically (a reader never sees half a state).
 
@@ -16,6 +17,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +29,7 @@ from .launcher import ProcessSpec
 
 SANDBOXES_ROOT = Path("/run/weenv/sandboxes")
 STATE_VERSION = 2  # 2: `mounts` names the keys of the shared mounts (lowers.py)
+STUB_AGE = 60.0  # seconds a folder without state may be a sandbox being made
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -100,19 +103,66 @@ def list_ids() -> list[str]:
         return []
 
 
+def make_folder(folder: Path) -> None:
+    """A new sandbox's folder with its lock file (FileExistsError if the id is taken).
+    `locked` never makes the lock file: a folder being removed cannot get one back."""
+    folder.mkdir()
+    os.close(os.open(folder / "lock", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                     0o600))
+
+
 @contextlib.contextmanager
 def locked(folder: Path) -> Iterator[bool]:
-    """Hold the sandbox's lock; yields False if the sandbox vanished while we waited."""
+    """Hold the sandbox's lock; yields False if the sandbox is gone, or went while we
+    waited (`remove_folder` removes its state first)."""
     try:
-        fd = os.open(folder / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(folder / "lock", os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
-        yield False
-        return
+        fd = _older_lock(folder)
+        if fd is None:
+            yield False
+            return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield (folder / "state.json").exists()
     finally:
         os.close(fd)
+
+
+def _older_lock(folder: Path) -> int | None:
+    """The lock of a sandbox made before `make_folder` made its lock file (by an earlier
+    version, still running on the node), or None: no sandbox (or one being removed: its
+    state goes before its lock)."""
+    if not (folder / "state.json").exists():
+        return None
+    try:
+        return os.open(folder / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError:
+        return None
+
+
+def remove_folder(folder: Path) -> None:
+    """Remove a sandbox's folder, under its lock: the state first, so a process waiting on
+    the lock finds the sandbox gone and none makes its lock file again (which left a folder
+    holding only `lock` that `exists` took for a live sandbox)."""
+    with contextlib.suppress(FileNotFoundError):
+        (folder / "state.json").unlink()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_stub(sandbox_id: str, min_age: float = STUB_AGE) -> bool:
+    """Remove the folder of `sandbox_id` if it has had no state file for `min_age` seconds
+    (a creation that died between its folder and its first state, or a folder left by a
+    version whose teardown could race a locker); whether it did. Younger folders may be
+    a sandbox being made."""
+    folder = sandbox_dir(sandbox_id)
+    try:
+        if (folder / "state.json").exists() or time.time() - folder.stat().st_mtime < min_age:
+            return False
+    except FileNotFoundError:
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return not folder.exists()
 
 
 def owner_record(pid: int | None) -> dict[str, Any] | None:
