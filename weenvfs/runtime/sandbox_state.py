@@ -1,13 +1,15 @@
 """A sandbox's state on disk: where it lives, what it records, and how it is changed.
 
-Owns `/run/weenv/sandboxes/ID/state.json` (`SandboxState`: owner pid and start time, the
-environment, limits, upper and lower choices, cgroup, default process, status) and the
-folder's `lock`, flock'ed while the sandbox changes (reset, rm), made with the folder and
-removed with it, never made again by a locker; sandbox ids; the owner
-record and whether the owner still runs. Read by every process that finds a sandbox by id
-(`weenv sandbox exec|ls|gc`), written atomically (a reader never sees half a state).
+Owns the folder `/run/weenv/sandboxes/ID`: made with its `lock` (`make_folder`) and removed
+(`remove_folder`, the state first; `remove_stub` for one that never got a state); its
+`state.json` (`SandboxState`: owner pid and start time, the environment, limits, upper and
+lower choices, cgroup, default process, status) and its `lock`, flock'ed while the sandbox
+changes (reset, rm) and never made again by a locker; sandbox ids; the owner record and
+whether the owner still runs. Read by every process that finds a sandbox by id (`weenv
+sandbox exec|ls|gc`), written atomically (a reader never sees half a state).
 
-Must not: build, start or tear down anything (sandbox.py does).
+Must not: build, start or tear down anything but the folder (sandbox.py tears the rest down
+first).
 """
 
 from __future__ import annotations
