@@ -4,6 +4,8 @@ the sandbox as in the merged mount; `--lower merged` still gives one mount per e
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +20,7 @@ from weenvfs.format.refs import object_key
 from weenvfs.fuse import daemon
 from weenvfs.runtime import mounts
 from weenvfs.runtime.environment import Environment
-from weenvfs.runtime.lowers import MAX_LAYERS, acquire_lowers, plan_lowers
+from weenvfs.runtime.lowers import MAX_LAYERS, acquire_lowers, plan_lowers, release_lowers
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 from weenvfs.tools.builder import build_group, open_source
@@ -158,3 +160,36 @@ def test_a_mount_table_read_before_an_eviction_takes_nothing(
         assert mounts.acquire_mounted(key, "weenv-test-table", mounted=table) is None
     assert "dead" not in caplog.text
     assert key not in {m.key: m.holders for m in mounts.list_mounts() if m.holders}
+
+
+def test_a_lower_another_sandbox_is_mounting_does_not_hold_up_the_own_groups_mount(
+        warm_root: Path, make_env: Callable[..., EnvRef], minbase_store: Path,
+        tmp_path: Path) -> None:
+    """Sandboxes of tasks on the same groups opened at once: the first one mounts the shared
+    groups, holding their locks meanwhile. The others start the mount of their own group
+    at once and wait for the shared ones beside it (`acquire_mounted` passes over a mount
+    the table does not list without taking its lock), not before it."""
+    task = task_env(make_env, minbase_store, tmp_path, 200)
+    with open_store(str(task.store)) as store:
+        digest, manifest = Repository(store).resolve_env(task.ref)
+        url = store.url
+    planned = plan_lowers(digest, [g.index for g in manifest.groups], "layers", url,
+                          task.cache)
+    own, shared = (mounts.mountpoint(m.key) for m in planned)
+    taken: list[list[Path]] = []
+    worker = threading.Thread(target=lambda: taken.append(acquire_lowers(
+        planned, "weenv-test-early", env=digest, store_url=url, cache_dir=task.cache)))
+    try:
+        with mounts.locked(planned[1].key):  # another sandbox is mounting the shared group
+            worker.start()
+            deadline = time.monotonic() + 60  # (a hang's bound, not a budget)
+            while not daemon.is_mounted(own) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert daemon.is_mounted(own) and not daemon.is_mounted(shared)
+            assert worker.is_alive()  # waiting for the shared group's lock
+        worker.join(60)
+        assert taken == [[own, shared]]
+    finally:
+        if worker.ident is not None:
+            worker.join(60)
+        release_lowers([m.key for m in planned], "weenv-test-early")

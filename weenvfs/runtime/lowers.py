@@ -95,9 +95,10 @@ def layer_keys(groups: Sequence[str], store_url: str, cache_dir: Path) -> list[s
 def acquire_lowers(
     planned: Sequence[LowerMount], holder: str, *, env: str, store_url: str, cache_dir: Path,
 ) -> list[Path]:
-    """Take every mount of `planned` for `holder` (those up first, one after another;
-    then mounting those missing, in parallel: each one starts a daemon); their mount points
-    in the same order. All or nothing: on an error, the mounts already taken are released
+    """Take every mount of `planned` for `holder` (those the node's mount table lists first,
+    one after another; then the others in parallel: each one missing starts a daemon, and
+    one that another sandbox is mounting is waited for there); their mount points in the
+    same order. All or nothing: on an error, the mounts already taken are released
     and the first error is raised. An interrupt (Ctrl-C reaches this thread, not the
     workers) stops the daemons still starting before the mounts taken are released and it
     is raised."""
