@@ -5,7 +5,6 @@ the sandbox as in the merged mount; `--lower merged` still gives one mount per e
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 from rt_support import EnvRef, run_weenv
 from support import layers
+from support.polling import wait_for
 from support.trees import dir, file  # noqa: A004
 
 from weenvfs.errors import UsageError, WeenvError
@@ -182,9 +182,7 @@ def test_a_lower_another_sandbox_is_mounting_does_not_hold_up_the_own_groups_mou
     try:
         with mounts.locked(planned[1].key):  # another sandbox is mounting the shared group
             worker.start()
-            deadline = time.monotonic() + 60  # (a hang's bound, not a budget)
-            while not daemon.is_mounted(own) and time.monotonic() < deadline:
-                time.sleep(0.02)
+            wait_for(lambda: daemon.is_mounted(own), "the own group's mount", timeout=60)
             assert daemon.is_mounted(own) and not daemon.is_mounted(shared)
             assert worker.is_alive()  # waiting for the shared group's lock
         worker.join(60)
