@@ -76,6 +76,14 @@ def test_run_options(env_ref: EnvRef, monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(_interfaces(host.stdout)) > 1  # the node's interfaces, not only lo
 
 
+def test_a_runs_command_is_its_init_and_never_runs_at_the_starting_weight(env_ref: EnvRef) -> None:
+    # start_weight.py: only a start whose init is the runtime's is boosted.
+    done = run_weenv("run", env_ref.ref, *_base(env_ref), "--", "sh", "-c",
+                     "cat /sys/fs/cgroup/cpu/cpu.shares 2>/dev/null || "
+                     "cat /sys/fs/cgroup/cpu.weight")
+    assert done.stdout.strip() in (b"1024", b"100"), done
+
+
 def _interfaces(text: bytes) -> set[str]:
     return {line.split(":")[0].strip() for line in text.decode().splitlines()[2:]}
 

@@ -7,6 +7,7 @@ that leaves something behind.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import uuid
@@ -18,7 +19,7 @@ from rt_support import EnvRef
 
 from weenvfs.format.manifest import RuntimeConfig
 from weenvfs.fuse import daemon
-from weenvfs.runtime import cgroups, etc_layer
+from weenvfs.runtime import cgroups, etc_layer, start_weight
 from weenvfs.runtime.environment import Environment
 from weenvfs.runtime.sandbox import UPPERS_ROOT
 from weenvfs.tools.sample import sample_tree
@@ -134,6 +135,25 @@ def test_limits_are_written_to_the_sandbox_cgroup(env_ref: EnvRef) -> None:
             assert (folder / "pids.max").read_text().strip() == "77"
         init = env.sandbox.state["init_pid"]
         assert init in env.sandbox.processes()
+
+
+def test_the_init_starts_at_the_highest_cpu_weight_and_the_sandbox_runs_at_the_default(
+    env_ref: EnvRef,
+) -> None:
+    # start_weight.py: the runtime's start asks for the highest weight, then the default is
+    # written back before any command runs; a limit asked for is kept beside it.
+    with _open(env_ref, cpus=0.5) as env:
+        config = json.loads((env.sandbox.bundle / "config.json").read_text())
+        assert config["linux"]["resources"]["cpu"] == {
+            "quota": 50000, "period": 100000, "shares": start_weight.START_SHARES}
+        assert "shares" not in env.sandbox.state["cgroup"]["resources"]["cpu"]  # not kept
+        dirs = cgroups.cgroup_dirs(env.sandbox.cgroup_path)
+        weights = {f.name: f.read_text().strip() for d in dirs
+                   for f in (d / "cpu.shares", d / "cpu.weight") if f.exists()}
+        assert weights in ({"cpu.shares": "1024"}, {"cpu.weight": "100"})
+        seen = env.exec("cat /sys/fs/cgroup/cpu/cpu.shares 2>/dev/null || "
+                        "cat /sys/fs/cgroup/cpu.weight")
+        assert seen.stdout.strip() in (b"1024", b"100"), seen
 
 
 def test_manifest_config_is_applied(make_env: Callable[..., EnvRef]) -> None:

@@ -21,7 +21,8 @@ after crashes. A sandbox that changed nothing in its root can instead be parked 
 (`destroy(park=True)`: `weenv run`, the Python API's close), and a new sandbox over the same
 mounts then takes its id, folder, overlay and upper over (parking.py says when and why).
 
-Every start of the init (create and reset) gets its cgroup from `cgroups.cgroup_factory`. An
+Every start of the init (create and reset) gets its cgroup from `cgroups.cgroup_factory`, at
+the highest CPU weight until the init runs (start_weight.py). An
 elastic sandbox is put under the node's provisioner (elastic.py) first, before anything else
 is built, and taken from it first in a teardown, while its processes still run: the sidecar's
 last samples are the run's, and it records them in the environment's history.
@@ -48,7 +49,7 @@ from weenvfs.errors import UsageError, WeenvError
 from weenvfs.fuse import daemon
 from weenvfs.fuse.mount_copies import remove_mount_folder
 
-from . import cgroups, disk, mounts, parking, rootfs, safe_paths, seccomp, standby
+from . import cgroups, disk, mounts, parking, rootfs, safe_paths, seccomp, standby, start_weight
 from .cgroups import Limits, cgroup_pids, remove_cgroup
 from .env_source import EnvSource
 from .etc_layer import etc_layer
@@ -435,7 +436,10 @@ class Sandbox:
         cgroups.prime_migrations()
         self._discard_standby()  # a long-lived init is catatonit's
         spec = self._launch_spec(self.process, one_shot=False)
-        self.state["init_pid"] = self.launcher.start(spec)
+        boosted = start_weight.boosted(spec.cgroup)  # the init's start only (start_weight.py)
+        self.state["init_pid"] = self.launcher.start(replace(spec, cgroup=boosted))
+        if boosted is not spec.cgroup:
+            start_weight.settle(boosted.path)
         self.state["status"] = "running"
         self.save()
 
