@@ -76,8 +76,8 @@ def test_run_options(env_ref: EnvRef, monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(_interfaces(host.stdout)) > 1  # the node's interfaces, not only lo
 
 
-def test_a_runs_command_is_its_init_and_never_runs_at_the_starting_weight(env_ref: EnvRef) -> None:
-    # start_weight.py: only a start whose init is the runtime's is boosted.
+def test_a_runs_one_shot_start_is_not_boosted(env_ref: EnvRef) -> None:
+    # start_weight.py: its init starts the command at once, so its start is the command's.
     done = run_weenv("run", env_ref.ref, *_base(env_ref), "--", "sh", "-c",
                      "cat /sys/fs/cgroup/cpu/cpu.shares 2>/dev/null || "
                      "cat /sys/fs/cgroup/cpu.weight")

@@ -12,13 +12,16 @@ task's. So the start asks the runtime for the highest weight (`boosted`: OCI `cp
 which runc and crun write as v1's `cpu.shares` or v2's `cpu.weight`), and once the init runs,
 before any command of the sandbox does, `settle` writes the default back: the sandbox's own
 processes always run at the weight every other sandbox has. No user code runs at the high
-weight: the init is the runtime's (`catatonit`), and a `weenv run`'s one-shot start, whose
-init is the command itself, is not boosted (sandbox.py uses this in `_start` only).
+weight: the init is the runtime's (`catatonit -P`), and a `weenv run`'s one-shot start, whose
+init starts the command at once (`catatonit -- COMMAND`), is not boosted (sandbox.py uses
+this in `_start` only).
 
 Only where the runtime can write the weight: a v1 `cpu` hierarchy, or a v2 one whose
 `weenv` cgroup hands the `cpu` controller to its children already (the first sandbox of a
 v2 node starts at the default). Elsewhere the spec is left as it is. A `cpu.shares` the
-cgroup hook asked for itself is kept.
+cgroup hook asked for itself is kept. An elastic sandbox's weight among the others is its
+provisioner cgroup's (elastic.py), which this leaves alone: only runc's child below it, its
+one child, is boosted.
 
 Must not: choose limits (cgroups.py `Limits`) or start anything.
 """
