@@ -22,10 +22,10 @@ after crashes. A sandbox that changed nothing in its root can instead be parked 
 mounts then takes its id, folder, overlay and upper over (parking.py says when and why).
 
 Every start of the init (create and reset) gets its cgroup from `cgroups.cgroup_factory`, at
-the highest CPU weight until the init runs (start_weight.py). An
-elastic sandbox is put under the node's provisioner (elastic.py) first, before anything else
-is built, and taken from it first in a teardown, while its processes still run: the sidecar's
-last samples are the run's, and it records them in the environment's history.
+the highest CPU weight until the init runs (start_weight.py). An elastic sandbox is put under
+the node's provisioner (elastic.py) first, before anything else is built, and taken from it
+first in a teardown, while its processes still run: the sidecar's last samples are the run's,
+and it records them in the environment's history.
 
 Must not: parse arguments (commands.py), capture output or apply timeouts (environment.py).
 """
