@@ -436,10 +436,11 @@ class Sandbox:
         cgroups.prime_migrations()
         self._discard_standby()  # a long-lived init is catatonit's
         spec = self._launch_spec(self.process, one_shot=False)
-        boosted = start_weight.boosted(spec.cgroup)  # the init's start only (start_weight.py)
-        self.state["init_pid"] = self.launcher.start(replace(spec, cgroup=boosted))
-        if boosted is not spec.cgroup:
-            start_weight.settle(boosted.path)
+        boost = start_weight.boost(spec.cgroup)  # the init's start only (start_weight.py)
+        self.state["init_pid"] = self.launcher.start(
+            spec if boost is None else replace(spec, cgroup=boost.spec))
+        if boost is not None:
+            start_weight.settle(boost)
         self.state["status"] = "running"
         self.save()
 

@@ -8,10 +8,11 @@ N busy sandboxes. On a node where others run their workloads, a start then took 
 times as long as on an idle one (32 environments opened at once on two CPUs, with the first
 ones' workloads running: 0.7-0.8 s from the overlay to the started init, against 0.3-0.5 s
 when they did not run yet), and that is the environment's time in an RL iteration, not the
-task's. So the start asks the runtime for the highest weight (`boosted`: OCI `cpu.shares`,
+task's. So the start asks the runtime for the highest weight (`boost`: OCI `cpu.shares`,
 which runc and crun write as v1's `cpu.shares` or v2's `cpu.weight`), and once the init runs,
-before any command of the sandbox does, `settle` writes the default back: the sandbox's own
-processes always run at the weight every other sandbox has. No user code runs at the high
+before any command of the sandbox does, `settle` writes the default back into the one file
+`boost` named (one look at the mount table per start): the sandbox's own processes always
+run at the weight every other sandbox has. No user code runs at the high
 weight: the init is the runtime's (`catatonit -P`), and a `weenv run`'s one-shot start, whose
 init starts the command at once (`catatonit -- COMMAND`), is not boosted (sandbox.py uses
 this in `_start` only).
@@ -28,12 +29,12 @@ Must not: choose limits (cgroups.py `Limits`) or start anything.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from weenvfs.errors import WeenvError
 
-from .cgroups import CGROUP_PARENT, cgroup_dirs
+from .cgroups import CGROUP_PARENT
 from .launcher import CgroupSpec
 
 START_SHARES = 262144  # v1's highest cpu.shares; runc and crun map it to v2's 10000
@@ -42,28 +43,46 @@ DEFAULT_WEIGHT = 100  # v2's default cpu.weight
 UNIFIED_ROOT = Path("/sys/fs/cgroup")
 
 
-def boosted(spec: CgroupSpec, mounts_file: str = "/proc/self/mounts") -> CgroupSpec:
-    """`spec` asking for the highest CPU weight, where the runtime can write one (else, or
-    when the hook set `cpu.shares` itself, `spec` as it is)."""
+@dataclass(frozen=True)
+class Boost:
+    """A start at the highest weight: the cgroup spec the runtime starts the init with, and
+    the file (and value) `settle` writes the default back into once the init runs."""
+
+    spec: CgroupSpec
+    weight_file: Path
+    default: int
+
+
+def boost(spec: CgroupSpec, mounts_file: str = "/proc/self/mounts",
+          unified_root: Path = UNIFIED_ROOT) -> Boost | None:
+    """`spec` asking for the highest CPU weight, where the runtime can write one; None where
+    it cannot, or when the hook set `cpu.shares` itself."""
     cpu = spec.resources.get("cpu", {})
-    if "shares" in cpu or not can_weigh(mounts_file):
-        return spec
-    return replace(spec, resources={**spec.resources, "cpu": {**cpu, "shares": START_SHARES}})
+    if "shares" in cpu:
+        return None
+    place = _weight_file(spec.path, mounts_file, unified_root)
+    if place is None:
+        return None
+    boosted = replace(spec, resources={**spec.resources, "cpu": {**cpu, "shares": START_SHARES}})
+    return Boost(boosted, *place)
 
 
-def can_weigh(mounts_file: str = "/proc/self/mounts", unified_root: Path = UNIFIED_ROOT) -> bool:
-    """Whether a sandbox's cgroup gets a CPU weight the runtime writes: a v1 hierarchy with
-    the `cpu` controller, or a v2 mount at /sys/fs/cgroup whose `weenv` cgroup hands `cpu` on."""
+def _weight_file(path: str, mounts_file: str, unified_root: Path) -> tuple[Path, int] | None:
+    """Where cgroup `path`'s weight lives and its default: a v1 hierarchy with the `cpu`
+    controller (`cpu.shares`), or a v2 mount at /sys/fs/cgroup whose `weenv` cgroup hands
+    `cpu` on (`cpu.weight`); None elsewhere."""
     with open(mounts_file, encoding="utf-8", errors="replace") as f:
         for line in f:
             fields = line.split()
             if len(fields) < 4:
                 continue
             if fields[2] == "cgroup" and "cpu" in fields[3].split(","):
-                return True
+                return Path(fields[1]) / path.lstrip("/") / "cpu.shares", DEFAULT_SHARES
             if fields[2] == "cgroup2" and fields[1] == str(unified_root):
-                return _hands_on_cpu(unified_root / CGROUP_PARENT)
-    return False
+                if not _hands_on_cpu(unified_root / CGROUP_PARENT):
+                    return None
+                return unified_root / path.lstrip("/") / "cpu.weight", DEFAULT_WEIGHT
+    return None
 
 
 def _hands_on_cpu(folder: Path) -> bool:
@@ -73,19 +92,14 @@ def _hands_on_cpu(folder: Path) -> bool:
         return False
 
 
-def settle(path: str) -> None:
-    """After the init of a `boosted` start runs: the default weight in cgroup `path`. A
+def settle(done: Boost) -> None:
+    """After the init of a `boost`ed start runs: the default weight back in its cgroup. A
     cgroup gone meanwhile (the init died) is left to the teardown; a weight that cannot be
     written back fails the start (WeenvError) rather than leave the sandbox above the others."""
-    for folder in cgroup_dirs(path):
-        for name, value in (("cpu.shares", DEFAULT_SHARES), ("cpu.weight", DEFAULT_WEIGHT)):
-            target = folder / name
-            if not target.exists():  # not this hierarchy's file (cgroupfs refuses to make one)
-                continue
-            try:
-                target.write_text(f"{value}\n")
-            except FileNotFoundError:
-                continue  # the cgroup is gone
-            except OSError as error:
-                raise WeenvError(f"could not set the CPU weight of cgroup {path} back to "
-                                 f"the default: {error}") from None
+    try:
+        done.weight_file.write_text(f"{done.default}\n")
+    except FileNotFoundError:
+        pass  # the cgroup is gone
+    except OSError as error:
+        raise WeenvError(f"could not set the CPU weight of cgroup {done.spec.path} back to "
+                         f"the default: {error}") from None
