@@ -19,7 +19,7 @@ from support.polling import wait_for
 
 from weenvfs.core.cache import ChunkCache
 from weenvfs.core.node_hints import publish_run
-from weenvfs.core.page_warm import PageWarmer, open_beneath
+from weenvfs.core.page_warm import PageWarmer, open_beneath, resident_sample
 from weenvfs.format.hints import Hint, HintFile, HintRecord
 from weenvfs.format.index import GroupIndex
 from weenvfs.store import open_store
@@ -134,8 +134,11 @@ def test_the_warm_up_reads_no_chunk_beyond_the_hinted_ones(env, mounter: Mounter
         index = indexes[-1]
         ino = index.resolve(b"lib/big3")
         top = len(indexes) - 1
+        # lib/big1's chunks too, without a file record: chunks enough to fetch that a
+        # process replays (core/replay_choice.py); the warm-up reads big3 alone.
+        other = [HintRecord(top, n, 1) for n in index.file_chunks(index.resolve(b"lib/big1"))]
         publish_run(repo, digest, manifest, indexes,
-                    [HintRecord(top, index.file_chunks(ino)[0], 0)], "latest",
+                    [HintRecord(top, index.file_chunks(ino)[0], 0), *other], "latest",
                     files=[HintFile(top, ino, 0)])
     mount = mounter.mount("env:t", store)
     stats = warmed(mount)
@@ -258,3 +261,20 @@ def test_a_warm_up_never_keeps_its_mount_busy(env, mounter: Mounter, tmp_path: P
     assert not os.path.ismount(mount.mountpoint)
     thread.join(WAIT)
     assert not thread.is_alive() and result["files_read"] == 0
+
+
+def test_resident_sample_tells_a_warm_mount_from_a_cold_one(env, mounter: Mounter) -> None:
+    """What a mount's replay choice asks of a lower group's mount (core/replay_choice.py):
+    its warm-up has read the hinted files, so they are resident; one of the first files
+    dropped, and they are not; a file past the sample is not looked at."""
+    store, contents, mount = _warmed_mount(env, mounter)
+    hint, indexes = _published_hint(store)
+    roots = {0: mount.mountpoint}
+    assert resident_sample(hint, indexes, roots, sample=2)
+    _drop_pages(mount.mountpoint / HINTED[-1])  # the last file: outside a sample of two
+    assert resident_sample(hint, indexes, roots, sample=2)
+    _drop_pages(mount.mountpoint / HINTED[1])
+    assert not resident_sample(hint, indexes, roots, sample=2)
+    assert resident_sample(hint, indexes, {}, sample=2)  # no file of a group looked at
+    assert (mount.mountpoint / HINTED[1]).read_bytes() == contents[HINTED[1]]
+    assert resident_sample(hint, indexes, roots, sample=2)

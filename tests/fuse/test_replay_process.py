@@ -16,6 +16,10 @@ from mounts import Mounter, run_weenv
 from support.polling import wait_for
 from support.processes import node_processes
 
+from weenvfs.core.cache import ChunkCache
+from weenvfs.core.chunk_plan import chunk_loc
+from weenvfs.format.hints import Hint
+from weenvfs.format.index import GroupIndex
 from weenvfs.fuse import mountd
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
@@ -68,6 +72,46 @@ def test_the_replay_runs_apart_and_counts_for_the_mount(env, mounter: Mounter) -
     wait_for(lambda: not warm_processes(digest), "the replay process's exit", WAIT)
 
 
+def test_a_warm_node_fetches_its_few_missing_chunks_without_a_replay_process(
+        env, mounter: Mounter) -> None:
+    """A first mount replays in a process (every chunk to fetch); a second one on the same
+    node cache, with two of the hinted chunks gone from it (as a new task's own group),
+    fetches those two itself and asks for no process (core/replay_choice.py)."""
+    store, contents = env
+    paths = ["lib/big1", "etc/s005", "lib/big3"]
+    count = publish_hint(store, "env:t", paths, files=True)
+    first = mounter.mount("env:t", store)
+    stats = wait_for_state(first, "done")
+    assert stats["hints"]["choice"] == {**stats["hints"]["choice"], "chosen": "process",
+                                        "where": "process", "missing_chunks": count}
+    run_weenv("umount", str(first.mountpoint))
+    hint, indexes = _published(store)
+    cache = ChunkCache(first.cache)
+    gone = [chunk_loc(indexes[r.group], r.chunk).digest for r in hint.records[-2:]]
+    for digest in gone:
+        cache.path(digest).unlink()
+    second = mounter.mount("env:t", store)
+    stats = wait_for_state(second, "done")
+    hints = stats["hints"]
+    assert hints["replayer"] == "mount daemon" and hints["chunks_missing"] == 0
+    assert hints["choice"] == {**hints["choice"], "chosen": "mount daemon",
+                               "where": "mount daemon", "missing_chunks": 2}
+    assert stats["fetch"]["prefetch"]["chunks"] == 2 and all(map(cache.contains, gone))
+    assert "in a process of the node service" not in second.log_text()
+    for path in paths:
+        assert (second.mountpoint / path).read_bytes() == contents[path], path
+    assert second.stats()["fetch"]["cache_misses"] == 0
+
+
+def _published(store: Path) -> tuple[Hint, list[GroupIndex]]:
+    """The `latest` hint of env:t in `store`, and the environment's group indexes."""
+    with open_store(str(store)) as opened:
+        repo = Repository(opened)
+        digest, manifest = repo.resolve_env("env:t")
+        indexes = [repo.get_index(g.index) for g in manifest.groups]
+        return repo.get_hint(repo.get_tag("hints", digest, "latest")), indexes
+
+
 def test_without_a_node_service_the_mount_replays_itself(env, mounter: Mounter,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     store, contents = env
@@ -94,15 +138,15 @@ def test_unmounting_ends_a_replay_whose_store_hangs(env, mounter: Mounter) -> No
 
 
 def test_no_hint_starts_no_replay_process(env, mounter: Mounter) -> None:
-    """The one listing of the hint tags that says there is none is the last look: neither a
-    replay process nor the mount asks the store again (find_hint would log its misses)."""
+    """The mount's own lookup (`latest`, then the seed) that finds no hint is the only look:
+    no replay process is asked for, so none looks again."""
     store, contents = env
     mount = mounter.mount("env:t", store)
     stats = wait_for_state(mount, "no hint")
-    assert stats["hints"]["replayer"] == "mount daemon"
+    assert stats["hints"]["replayer"] == "mount daemon" and stats["hints"]["choice"] is None
     assert not warm_processes(env_digest(store))
-    assert "no hint for env:t" in mount.log_text()
-    assert "no hint latest" not in mount.log_text() and "no hint seed" not in mount.log_text()
+    assert mount.log_text().count("no hint seed for") == 1
+    assert "hint replay in the" not in mount.log_text()
     assert (mount.mountpoint / "lib/big0").read_bytes() == contents["lib/big0"]
 
 

@@ -41,6 +41,7 @@ from stat import S_ISDIR
 from typing import Any
 
 from weenvfs.format.constants import INODE
+from weenvfs.format.errors import FormatError
 from weenvfs.format.hints import Hint
 from weenvfs.format.index import ROOT_INODE, GroupIndex
 
@@ -127,6 +128,63 @@ def in_page_cache(fd: int, start: int, end: int) -> bool:
         return False
     pages = (end + mmap.PAGESIZE - 1) // mmap.PAGESIZE - start // mmap.PAGESIZE
     return int(found.nr_cache) >= pages
+
+
+def hinted_ranges(index: GroupIndex, group: int, ino: int,
+                  hinted: set[tuple[int, int]]) -> list[tuple[int, int, list[int]]]:
+    """The byte ranges of file `ino` of `group` a warm-up reads, each with the chunks it
+    needs: a file of one chunk (or none) whole, a multi-chunk file in the chunks `hinted`
+    ((group, chunk) pairs) names."""
+    size = index.inode(ino).size
+    chunks = index.file_chunks(ino)
+    if len(chunks) <= 1:
+        return [(0, size, list(chunks))]
+    step = index.chunk_size
+    return [(k * step, min(size, (k + 1) * step), [c])
+            for k, c in enumerate(chunks) if (group, c) in hinted]
+
+
+def resident_sample(hint: Hint, indexes: Sequence[GroupIndex], roots: Mapping[int, Path],
+                    sample: int) -> bool:
+    """Whether the first `sample` files of `hint` (first-read order) of the groups in
+    `roots` (group position -> the folder where it is mounted) are in the page cache in
+    every range a warm-up would read (`hinted_ranges`): what a warm node looks like, whose
+    shared group mounts other sandboxes keep in use. False as soon as one is not, or cannot
+    be looked at (a folder not mounted yet, a file not found beneath it, a kernel that
+    cannot tell); True when there is no such file. Opens each mount as a plain folder for
+    a moment (no clone: nothing is read)."""
+    files = [f for f in hint.files if f.group in roots][:sample]
+    if not files:
+        return True
+    hinted = {(r.group, r.chunk) for r in hint.records}
+    folders: dict[int, int] = {}
+    try:
+        for group in {f.group for f in files}:
+            if not os.path.ismount(roots[group]):
+                return False
+            folders[group] = os.open(roots[group], os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        paths = {}
+        for group in folders:
+            found = paths_of(indexes[group], {f.inode for f in files if f.group == group})
+            paths.update(((group, ino), path) for ino, path in found.items())
+        for file in files:
+            path = paths.get((file.group, file.inode))
+            if path is None:
+                return False
+            fd = open_beneath(folders[file.group], path)
+            try:
+                ranges = hinted_ranges(indexes[file.group], file.group, file.inode, hinted)
+                if not all(in_page_cache(fd, start, end) for start, end, _ in ranges):
+                    return False
+            finally:
+                os.close(fd)
+        return True
+    except (OSError, FormatError) as error:
+        log.debug("cannot tell whether the hinted pages are resident: %s", error)
+        return False
+    finally:
+        for folder in folders.values():
+            os.close(folder)
 
 
 def paths_of(index: GroupIndex, wanted: set[int]) -> dict[int, bytes]:
@@ -248,14 +306,7 @@ class PageWarmer:
     def _warm(self, folder: int, group: int, ino: int, path: bytes,
               hinted: set[tuple[int, int]]) -> None:
         index = self.indexes[group]
-        size = index.inode(ino).size
-        chunks = index.file_chunks(ino)
-        if len(chunks) <= 1:
-            ranges = [(0, size, list(chunks))]
-        else:
-            step = index.chunk_size
-            ranges = [(k * step, min(size, (k + 1) * step), [c])
-                      for k, c in enumerate(chunks) if (group, c) in hinted]
+        ranges = hinted_ranges(index, group, ino, hinted)
         fd, read, resident = -1, False, 0
         try:
             for start, end, needed in ranges:

@@ -9,9 +9,9 @@ Owns, in order:
    devices, only data reads reach this process), else the tree over FUSE (`Operations`,
    mounted read-only with pyfuse3); either way pyfuse3's main loop runs under trio together
    with read-ahead, the files a sandbox's build reads first (core/identity_files.py), hint
-   replay (core/prefetch.py: the hint `config.hint` names, then
-   everything with `fetch_all`) and signal handling, and `ready()` is called once the mount
-   answers (the daemon reports readiness through a pipe then);
+   replay (mount_replay.py: the hint `config.hint` names, looked up while the image is made,
+   then everything with `fetch_all`) and signal handling, and `ready()` is called once the
+   mount answers (the daemon reports readiness through a pipe then);
 3. teardown: SIGTERM/SIGINT end the main loop (`pyfuse3.terminate`), then
    `pyfuse3.close(unmount=True)` unmounts (a no-op if `fusermount3 -u` already did), the
    fetcher is closed and the pid file removed. A mount that recorded a hint
@@ -25,7 +25,6 @@ the file system looks like (core/tree.py).
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -45,21 +44,16 @@ from weenvfs.core.identity_files import identity_locs
 from weenvfs.core.loaded_env import LoadedEnv, open_environment
 from weenvfs.core.neighbours import Neighbours
 from weenvfs.core.node_copies import note_resolved
-from weenvfs.core.node_hints import (
-    HintRecorder,
-    env_hint_lookup,
-    may_have_hint,
-    publish_env_run,
-)
-from weenvfs.core.prefetch import Prefetcher
+from weenvfs.core.node_hints import HintRecorder, publish_env_run
 from weenvfs.core.reader import Reader
 from weenvfs.core.stats import Stats
 from weenvfs.core.tree import FormatError
 from weenvfs.errors import WeenvError
 from weenvfs.store import open_store
 
-from . import native_devices, pack_launch, replay_process, writable_stores
+from . import native_devices, pack_launch, writable_stores
 from .config import MountConfig
+from .mount_replay import MountReplay
 from .ops import Operations
 
 log = logging.getLogger(__name__)
@@ -127,18 +121,13 @@ async def serve(env: LoadedEnv, config: MountConfig,
     reason = kernel_unavailable(env, config)
     if reason is not None and config.path == "kernel":
         raise WeenvError(f"the kernel path cannot mount here: {reason}")
-    # The hint's replay in a process of its own where the node service can start one (first:
-    # it runs while the image is made), else in this one (fuse/replay_process.py says why).
-    # One listing says whether there may be a hint at all: without one, nothing looks again;
-    # none when this node knows the environment has `latest` (node_hints.py `may_have_hint`).
-    # (Listing beside the images' making instead saved ~20 ms of the daemon's set-up but
-    # nothing measurable end to end: 10 alternating pairs, docs/design-notes.md.)
-    hinted = env.serves_top and may_have_hint(env, config.hint, config.cache_dir)
-    replay_fd = replay_process.launch(env, config, pages=reason is None) if hinted else None
     cache = ChunkCache(config.cache_dir, config.cache_size)
     stats = Stats()
     no_merge = {} if config.coalesce else {"coalesce_gap": -1}  # -1: never merge chunks
     fetcher = Fetcher(env.store, cache, stats, deadline=config.deadline, **no_merge)
+    # The hint is looked up, and its replay placed (mount_replay.py), while the image is made.
+    replay = MountReplay(env, config, fetcher, pages=reason is None)
+    replay.start()
     # Neighbourhoods hide a store's latency; a store as near as the local disk has none to
     # hide, and they cost a cold start CPU (decoding 3x what it reads; docs/benchmarks.md).
     neighbours = config.neighbours and not env.store.cheap_requests
@@ -146,20 +135,12 @@ async def serve(env: LoadedEnv, config: MountConfig,
         fetcher.neighbours = Neighbours(env.tree.groups).around
     reader = Reader(env.tree, fetcher)
     recorder = reader.recorder = HintRecorder() if config.record_tag is not None else None
-    replay: Prefetcher | replay_process.ReplayProcess
-    if replay_fd is not None:
-        replay = replay_process.ReplayProcess(replay_fd, fetcher)
-        replay_run = replay.run
-    else:
-        replay = Prefetcher(env.tree.groups, fetcher, fetch_all=config.fetch_all)
-        lookup = env_hint_lookup(env, config.hint) if hinted else _no_hint(env)
-        replay_run = functools.partial(replay.run, lookup)
     first = _identity_chunks(env)
 
     async def prefetch() -> None:
         if first:  # what the sandbox's build reads first, asked for as serving starts
             fetcher.schedule_prefetch(first)
-        await replay_run()
+        await replay.run()
     started = time.monotonic()
     helper, why_python = (None, None) if reason else native_devices.choose_server()
     path = {"path": "fuse" if reason else "kernel", "fallback_reason": reason,
@@ -236,18 +217,6 @@ def _identity_chunks(env: LoadedEnv) -> list[ChunkLoc]:
     except FormatError as error:
         log.info("not fetching the identity files ahead: %s", error)
         return []
-
-
-def _no_hint(env: LoadedEnv) -> Callable[[], None]:
-    """The hint lookup of a mount with no hint to replay: a lower group's, shared with other
-    environments (the mount of the environment's top group replays its hint), or one whose
-    environment has none (`may_have_hint`)."""
-    if env.serves_top:
-        log.info("no hint for %s", env.ref)
-    else:
-        log.info("group %s is not the top of %s: its hint is replayed by that group's mount",
-                 env.layer, env.ref)
-    return lambda: None
 
 
 async def _run(

@@ -34,9 +34,9 @@ MAX_LINE = 8 << 20  # a report names at most every chunk of an environment once
 
 
 def launch(env: LoadedEnv, config: MountConfig, pages: bool = False) -> int | None:
-    """Have the node service start the replay of `env`'s hint (first thing in a mount: it
-    then runs while the image is made; the mount asks only when `may_have_hint`, so that a
-    node starts no process for nothing); the read end of its report pipe, or None: no node
+    """Have the node service start the replay of `env`'s hint (a mount asks once it has found
+    the hint and chosen a process for it: mount_replay.py); the read end of its report
+    pipe, or None: no node
     service, or the service runs as many replays as it takes already (`mountd.MAX_REPLAYS`:
     on a node starting many environments at once each mount daemon replays its own).
     With `pages` (the kernel path), the replay also reads the hint's files through this
