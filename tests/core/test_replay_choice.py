@@ -14,10 +14,11 @@ from test_prefetch import found, varied_env
 
 from weenvfs.core import replay_choice
 from weenvfs.core.cache import ChunkCache
+from weenvfs.core.chunk_plan import chunk_loc
 from weenvfs.core.fetcher import Fetcher
 from weenvfs.core.loaded_env import LoadedEnv
 from weenvfs.core.prefetch import hint_locs
-from weenvfs.core.replay_choice import FETCH_HERE_CHUNKS, choose
+from weenvfs.core.replay_choice import FETCH_HERE_CHUNKS, choose, node_new
 from weenvfs.format.hints import HintFile, HintRecord
 
 
@@ -93,3 +94,14 @@ def test_on_the_kernel_path_cold_pages_count_too(env: LoadedEnv, tmp_path: Path,
     assert lower.process and "not resident" in lower.why
     # The FUSE tree (no page roots): no warm-up, pages are not looked at.
     assert not choose(hint, env.tree.groups, cache, own_groups=[0]).process
+
+
+def test_a_node_new_to_the_groups_has_none_of_their_identity_files(env: LoadedEnv,
+                                                                   tmp_path: Path) -> None:
+    index = env.tree.groups[0]
+    first = [chunk_loc(index, n) for n in index.file_chunks(index.resolve(b"big0"))]
+    cache = ChunkCache(tmp_path / "c")
+    assert node_new(first, cache)
+    assert not node_new([], cache)  # an environment without identity files: cannot tell
+    _cached(env, cache, [HintRecord(0, index.file_chunks(index.resolve(b"big0"))[-1], 0)])
+    assert not node_new(first, cache)

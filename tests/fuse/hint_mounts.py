@@ -1,5 +1,6 @@
 """Helpers of the hint tests of real mounts: an environment of varied files, a hint of given
-files, a wait for a mount's replay to reach a state (a hang guard, not a timing check).
+files (and the hint published, read back), a wait for a mount's replay to reach a state (a
+hang guard, not a timing check).
 
 Must not: mount anything (mounts.py `Mounter` does)."""
 
@@ -15,7 +16,8 @@ from support.polling import wait_for
 from support.trees import file
 
 from weenvfs.core.node_hints import publish_run
-from weenvfs.format.hints import HintFile, HintRecord
+from weenvfs.format.hints import Hint, HintFile, HintRecord
+from weenvfs.format.index import GroupIndex
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
 
@@ -52,12 +54,25 @@ def publish_hint(store: Path, ref: str, paths: list[str], tag: str = "latest",
     return len(chunks)
 
 
-def publish_varied_env(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+def published_hint(store: Path, ref: str = "env:t") -> tuple[Hint, list[GroupIndex]]:
+    """The `latest` hint of `ref` in `store`, and the environment's group indexes."""
+    with open_store(str(store)) as opened:
+        repo = Repository(opened)
+        digest, manifest = repo.resolve_env(ref)
+        indexes = [repo.get_index(g.index) for g in manifest.groups]
+        return repo.get_hint(repo.get_tag("hints", digest, "latest")), indexes
+
+
+def publish_varied_env(tmp_path: Path, identity: bool = False) -> tuple[Path, dict[str, bytes]]:
     """A store with environment env:t of varied files (64 KiB chunks: `CHUNK`) under
-    `tmp_path`; the store and the files' contents."""
+    `tmp_path`, with `identity` also /etc/passwd and /etc/group (the files every sandbox's
+    build reads: core/identity_files.py); the store and the files' contents."""
     rng = random.Random(9)
     contents = {f"lib/big{n}": rng.randbytes(5 * CHUNK + n * 999) for n in range(6)}
     contents.update({f"etc/s{n:03d}": rng.randbytes(rng.randrange(1, 9000)) for n in range(80)})
+    if identity:
+        contents.update({"etc/passwd": b"root:x:0:0:root:/root:/bin/sh\n",
+                         "etc/group": b"root:x:0:\n"})
     src = trees.make_tree(tmp_path / "src", *[file(p, d) for p, d in contents.items()])
     store = tmp_path / "store"
     publish(store, [src], env="env:t", chunk_size=CHUNK, batch_threshold=16 * KIB)

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hint_mounts import CHUNK, WAIT, publish_hint, publish_varied_env, wait_for_state
+from hint_mounts import (
+    CHUNK,
+    WAIT,
+    publish_hint,
+    publish_varied_env,
+    published_hint,
+    wait_for_state,
+)
 from mounts import Mount, Mounter, run_weenv
 from support.polling import wait_for
 
@@ -48,15 +55,6 @@ def warmed(mount: Mount) -> dict[str, Any]:
 
 def device_reads(mount: Mount) -> int:
     return int(mount.stats()["fetch"]["reads"])
-
-
-def _published_hint(store: Path) -> tuple[Hint, list[GroupIndex]]:
-    """The `latest` hint of env:t in `store`, and the environment's group indexes."""
-    with open_store(str(store)) as opened:
-        repo = Repository(opened)
-        digest, manifest = repo.resolve_env("env:t")
-        indexes = [repo.get_index(g.index) for g in manifest.groups]
-        return repo.get_hint(repo.get_tag("hints", digest, "latest")), indexes
 
 
 def _after_the_replay(hint: Hint, indexes: list[GroupIndex], roots: dict[int, Path],
@@ -108,7 +106,7 @@ def test_missing_chunks_are_skipped_not_fetched(env, mounter: Mounter, tmp_path:
     store, _ = env
     publish_hint(store, "env:t", HINTED, files=True)
     mount = mounter.mount("env:t", store, extra=["--hint", "none"])
-    hint, indexes = _published_hint(store)
+    hint, indexes = published_hint(store)
     warmer = _after_the_replay(hint, indexes, {0: mount.mountpoint},
                                ChunkCache(tmp_path / "empty"))
     before = device_reads(mount)
@@ -176,7 +174,7 @@ def test_a_group_whose_mount_never_comes_is_skipped_alone(env, mounter: Mounter,
     publish_hint(store, "env:t", HINTED, files=True)
     mount = mounter.mount("env:t", store)
     warmed(mount)  # the mount's own replay has cached the chunks
-    hint, indexes = _published_hint(store)
+    hint, indexes = published_hint(store)
     # A file record of a second group, whose folder is no mount: its files are skipped, the
     # first group's are read.
     monkeypatch.setattr("weenvfs.core.page_warm.MOUNT_WAIT", 0.05)
@@ -196,7 +194,7 @@ def test_a_group_whose_mount_never_comes_is_skipped_alone(env, mounter: Mounter,
 
 def _warmer_of(mount: Mount, store: Path) -> PageWarmer:
     """A second warm-up of `mount`'s hint (its chunks cached by the mount's replay)."""
-    hint, indexes = _published_hint(store)
+    hint, indexes = published_hint(store)
     return _after_the_replay(hint, indexes, {0: mount.mountpoint}, ChunkCache(mount.cache))
 
 
@@ -247,7 +245,7 @@ def test_a_warm_up_never_keeps_its_mount_busy(env, mounter: Mounter, tmp_path: P
     store, _, mount = _warmed_mount(env, mounter)
     for path in HINTED:
         _drop_pages(mount.mountpoint / path)
-    hint, indexes = _published_hint(store)
+    hint, indexes = published_hint(store)
     # A cache without the hinted chunks, and a replay that is never done: the warm-up opens
     # the mount and waits for its first file's chunks for as long as the mount is there.
     warmer = PageWarmer(hint, indexes, {0: mount.mountpoint}, ChunkCache(tmp_path / "empty"),
@@ -268,7 +266,7 @@ def test_resident_sample_tells_a_warm_mount_from_a_cold_one(env, mounter: Mounte
     its warm-up has read the hinted files, so they are resident; one of the first files
     dropped, and they are not; a file past the sample is not looked at."""
     store, contents, mount = _warmed_mount(env, mounter)
-    hint, indexes = _published_hint(store)
+    hint, indexes = published_hint(store)
     roots = {0: mount.mountpoint}
     assert resident_sample(hint, indexes, roots, sample=2)
     _drop_pages(mount.mountpoint / HINTED[-1])  # the last file: outside a sample of two

@@ -11,15 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from hint_mounts import WAIT, publish_hint, publish_varied_env, wait_for_state
+from hint_mounts import WAIT, publish_hint, publish_varied_env, published_hint, wait_for_state
 from mounts import Mounter, run_weenv
 from support.polling import wait_for
 from support.processes import node_processes
 
 from weenvfs.core.cache import ChunkCache
 from weenvfs.core.chunk_plan import chunk_loc
-from weenvfs.format.hints import Hint
-from weenvfs.format.index import GroupIndex
 from weenvfs.fuse import mountd
 from weenvfs.store import open_store
 from weenvfs.store.repository import Repository
@@ -85,7 +83,7 @@ def test_a_warm_node_fetches_its_few_missing_chunks_without_a_replay_process(
     assert stats["hints"]["choice"] == {**stats["hints"]["choice"], "chosen": "process",
                                         "where": "process", "missing_chunks": count}
     run_weenv("umount", str(first.mountpoint))
-    hint, indexes = _published(store)
+    hint, indexes = published_hint(store)
     cache = ChunkCache(first.cache)
     gone = [chunk_loc(indexes[r.group], r.chunk).digest for r in hint.records[-2:]]
     for digest in gone:
@@ -103,13 +101,26 @@ def test_a_warm_node_fetches_its_few_missing_chunks_without_a_replay_process(
     assert second.stats()["fetch"]["cache_misses"] == 0
 
 
-def _published(store: Path) -> tuple[Hint, list[GroupIndex]]:
-    """The `latest` hint of env:t in `store`, and the environment's group indexes."""
-    with open_store(str(store)) as opened:
-        repo = Repository(opened)
-        digest, manifest = repo.resolve_env("env:t")
-        indexes = [repo.get_index(g.index) for g in manifest.groups]
-        return repo.get_hint(repo.get_tag("hints", digest, "latest")), indexes
+def test_a_node_new_to_the_groups_asks_for_the_replay_before_its_lookup(
+        tmp_path: Path, mounter: Mounter) -> None:
+    """None of the environment's identity files cached: the mount asks for a replay process
+    at once, as a cold node has the hint's worth to fetch; the next mount, on a node that
+    has them, looks its hint up first and fetches nothing (every hinted chunk cached)."""
+    store, contents = publish_varied_env(tmp_path, identity=True)
+    count = publish_hint(store, "env:t", ["lib/big1", "lib/big3"])
+    first = mounter.mount("env:t", store)
+    hints = wait_for_state(first, "done")["hints"]
+    assert hints["choice"] == {"chosen": "process", "where": "process", "missing_chunks": None,
+                               "missing_bytes": None, "why": "a node new to these groups"}
+    assert hints["chunks_done"] == count and "asked of the node service at once" in \
+        first.log_text()
+    run_weenv("umount", str(first.mountpoint))
+    second = mounter.mount("env:t", store)
+    stats = wait_for_state(second, "done")
+    assert stats["hints"]["choice"] == {**stats["hints"]["choice"], "chosen": "mount daemon",
+                                        "missing_chunks": 0}
+    assert stats["fetch"]["prefetch"]["chunks"] == 0
+    assert (second.mountpoint / "etc/passwd").read_bytes() == contents["etc/passwd"]
 
 
 def test_without_a_node_service_the_mount_replays_itself(env, mounter: Mounter,

@@ -21,6 +21,10 @@ The warm-up never keeps a mount busy: it reads through a detached clone of each 
 (open_tree(2), as root), so a `weenv umount` just after a mount is not refused because its
 replay is still reading, and it stops once a mount it reads through is unmounted.
 
+Also `resident_sample`: whether a mount's first hinted files are in the page cache already
+(the ranges `hinted_ranges` says a warm-up reads), for deciding whether a replay needs its
+warm-up at all (core/replay_choice.py).
+
 Must not: fetch chunks (it waits for the replay's), or know FUSE.
 """
 

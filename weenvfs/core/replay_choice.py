@@ -1,11 +1,14 @@
-"""Where a mount's hint replay runs, decided once the hint is found: in a process of the node
+"""Where a mount's hint replay runs, decided as the mount starts: in a process of the node
 service (fetching on a core of its own, and reading the hinted files into the page cache), or
 in the mount daemon, which then fetches only what is missing.
 
-Owns: `choose`, from what the node already holds: the hinted chunks not in the node cache
-(stored bytes), and on the kernel path the hinted pages a warm-up would read that are not in
-the page cache (the files of the groups the mount serves itself, always cold in a mount being
-made; those of the groups read through other mounts, sampled: `page_warm.resident_sample`).
+Owns: `node_new` (a node that never started these groups: ask for a process at once) and
+`choose`, once the hint is found, from what the node already holds: the hinted chunks not in
+the node cache (stored bytes), and on the kernel path the hinted pages a warm-up would read
+that are not in the page cache (the files of the groups the mount serves itself, always cold
+in a mount being made; those of the groups read through other mounts, sampled:
+`page_warm.resident_sample`).
+
 A replay process earns its cost (a fork, the environment and the hint loaded again, a request
 that waits in the service's queue behind the mounts it forks) only when there is real work
 for it; on a warm node, 32 environments started at once each had 1 of its ~220 hinted chunks
@@ -24,6 +27,7 @@ from pathlib import Path
 from weenvfs.format.index import GroupIndex
 
 from .cache import ChunkCache
+from .chunk_plan import ChunkLoc
 from .node_hints import FoundHint
 from .page_warm import hinted_ranges, resident_sample
 from .prefetch import hint_locs
@@ -45,14 +49,23 @@ class ReplayChoice:
     """Where the replay runs and why (shown by `weenv stats` under `hints.choice`)."""
 
     process: bool  # True: a process of the node service; False: the mount daemon
-    missing_chunks: int  # hinted chunks not in the node cache when chosen
-    missing_bytes: int  # their stored bytes
+    missing_chunks: int | None  # hinted chunks not in the node cache (None: not looked at)
+    missing_bytes: int | None  # their stored bytes
     why: str
 
     def as_dict(self) -> dict[str, object]:
         return {"chosen": "process" if self.process else "mount daemon",
                 "missing_chunks": self.missing_chunks, "missing_bytes": self.missing_bytes,
                 "why": self.why}
+
+
+def node_new(first: Sequence[ChunkLoc], cache: ChunkCache) -> bool:
+    """Whether this node has not started a sandbox of the environment's groups: none of the
+    chunks of its identity files (`first`: core/identity_files.py, what every sandbox's build
+    reads) is cached. Such a mount asks for a replay process before it knows its hint, as
+    on a cold node it has a hint's worth to fetch: looking the hint up first put the README's
+    cold hinted run 30-40 ms later (docs/design-notes.md). False when there are none."""
+    return bool(first) and not any(cache.contains(loc.digest) for loc in first)
 
 
 def choose(found: FoundHint, indexes: Sequence[GroupIndex], cache: ChunkCache, *,

@@ -126,7 +126,8 @@ async def serve(env: LoadedEnv, config: MountConfig,
     no_merge = {} if config.coalesce else {"coalesce_gap": -1}  # -1: never merge chunks
     fetcher = Fetcher(env.store, cache, stats, deadline=config.deadline, **no_merge)
     # The hint is looked up, and its replay placed (mount_replay.py), while the image is made.
-    replay = MountReplay(env, config, fetcher, pages=reason is None)
+    first = _identity_chunks(env)
+    replay = MountReplay(env, config, fetcher, pages=reason is None, first=first)
     replay.start()
     # Neighbourhoods hide a store's latency; a store as near as the local disk has none to
     # hide, and they cost a cold start CPU (decoding 3x what it reads; docs/benchmarks.md).
@@ -135,7 +136,6 @@ async def serve(env: LoadedEnv, config: MountConfig,
         fetcher.neighbours = Neighbours(env.tree.groups).around
     reader = Reader(env.tree, fetcher)
     recorder = reader.recorder = HintRecorder() if config.record_tag is not None else None
-    first = _identity_chunks(env)
 
     async def prefetch() -> None:
         if first:  # what the sandbox's build reads first, asked for as serving starts

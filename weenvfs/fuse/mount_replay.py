@@ -12,7 +12,10 @@ Why the lookup comes before the request: asked for first, a replay process ran f
 hinted mount, and on a warm node started 32 at once it had 1 of ~220 chunks to fetch per
 mount, while each daemon waited 84-354 ms (median) on its request in the service's queue
 before it could make its image (docs/design-notes.md). The lookup itself is two store GETs
-and ~4 ms of CPU, off the daemon's path in this thread. The mount of a group under the
+and ~4 ms of CPU, off the daemon's path in this thread. But a node new to the environment's
+groups (`replay_choice.node_new`) asks first, as before: there the replay has everything to
+fetch, and waiting for the lookup started it later (the README's cold hinted run 30-40 ms
+slower). The mount of a group under the
 environment's top replays nothing (that group's environment is replayed by the top's mount).
 
 Must not: decide where the replay runs (replay_choice.py), fetch, or warm pages itself.
@@ -22,15 +25,17 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import trio
 
+from weenvfs.core.chunk_plan import ChunkLoc
 from weenvfs.core.fetcher import Fetcher
 from weenvfs.core.loaded_env import LoadedEnv
 from weenvfs.core.node_hints import NO_HINT, FoundHint, env_hint_lookup
 from weenvfs.core.prefetch import Prefetcher
-from weenvfs.core.replay_choice import ReplayChoice, choose
+from weenvfs.core.replay_choice import ReplayChoice, choose, node_new
 
 from . import replay_process
 from .config import MountConfig
@@ -43,11 +48,12 @@ class MountReplay:
     process also reads the hinted files into the page cache)."""
 
     def __init__(self, env: LoadedEnv, config: MountConfig, fetcher: Fetcher, *,
-                 pages: bool) -> None:
+                 pages: bool, first: Sequence[ChunkLoc] = ()) -> None:
         self.env = env
         self.config = config
         self.fetcher = fetcher
         self.pages = pages
+        self.first = first  # the identity files' chunks (replay_choice.node_new)
         self.prefetcher = Prefetcher(env.tree.groups, fetcher, fetch_all=config.fetch_all)
         self.replayer: Prefetcher | replay_process.ReplayProcess = self.prefetcher
         self.choice: ReplayChoice | None = None
@@ -71,8 +77,16 @@ class MountReplay:
 
     def _prepare(self) -> None:
         try:
+            if node_new(self.first, self.fetcher.cache):
+                self.choice = ReplayChoice(True, None, None, "a node new to these groups")
+                log.info("hint replay asked of the node service at once: %s", self.choice.why)
+                self._fd = replay_process.launch(self.env, self.config, pages=self.pages)
+                if self._fd is not None:
+                    return
             self._found = env_hint_lookup(self.env, self.config.hint)()
             if self._found is None:
+                return
+            if self.choice is not None:  # asked for at once, and declined: replay here
                 return
             own = (range(len(self.env.tree.groups)) if self.env.layer is None
                    else (self.env.layer,))
