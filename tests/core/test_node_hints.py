@@ -4,25 +4,30 @@ finding and publishing hints in a real LocalStore through the real Repository.""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import pytest
 
+from weenvfs.core.loaded_env import open_environment
 from weenvfs.core.node_hints import (
     NO_HINT,
     HintRecorder,
     check_hint,
     check_hint_spec,
     find_hint,
+    may_have_hint,
     merge_runs,
     publish_run,
 )
 from weenvfs.core.tree import make_inode
-from weenvfs.errors import UsageError
+from weenvfs.errors import StoreError, UsageError
 from weenvfs.format.digest import digest_hex
 from weenvfs.format.hints import Hint, HintFile, HintRecord, decode_hint, encode_hint
 from weenvfs.format.index import Span
 from weenvfs.format.manifest import GroupRef, Manifest, encode_manifest
 from weenvfs.format.refs import SEED_TAG
+from weenvfs.store.faulty import FaultyStore
+from weenvfs.store.local import LocalStore
 from weenvfs.store.repository import Repository
 
 R = HintRecord
@@ -231,6 +236,63 @@ def test_the_seed_is_replayed_only_while_there_is_no_latest(repo, build_group, s
     latest = find_hint(repo, digest, manifest, indexes)
     assert latest.digest == own_digest and not latest.partial
     assert own.records == (R(0, 1, 0),)  # `latest` is not merged into the seed, nor it
+
+
+class _CannotList(LocalStore):
+    """A store that cannot list (as a read-only HTTP store), otherwise the real LocalStore."""
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        raise StoreError(f"store {self.url} cannot list")
+
+
+@pytest.mark.parametrize("can_list", [True, False])
+def test_may_have_hint_asks_for_the_tags_a_mount_would_replay(
+        repo, build_group, small_group, local_store, can_list) -> None:
+    """A mount starts a replay only when `may_have_hint`: `latest` or the seed for the
+    default tag, the tag itself for another, always for a digest, never for none; one
+    listing of the environment's hint tags, or GETs where the store cannot list."""
+    digest, manifest, indexes = _env(repo, build_group, small_group)
+    store = local_store if can_list else _CannotList(local_store.root)
+    env = open_environment(store, digest)
+    assert not may_have_hint(env, "latest") and not may_have_hint(env, "train")
+    assert may_have_hint(env, "ab" * 32) and not may_have_hint(env, NO_HINT)
+    publish_run(repo, digest, manifest, indexes, [R(0, 0, 0)], SEED_TAG)
+    assert may_have_hint(env, "latest") and not may_have_hint(env, "train")
+    publish_run(repo, digest, manifest, indexes, [R(0, 1, 0)], "train")
+    assert may_have_hint(env, "train")
+
+
+def test_may_have_hint_takes_the_node_s_word_for_latest(
+        repo, build_group, small_group, local_store, tmp_path) -> None:
+    """An environment the node's cache marks as hinted (`remember_hinted`: `weenv run` did,
+    after it saw the hint) may have `latest` without a store request; another tag, or
+    another node cache, still asks the store."""
+    from weenvfs.core.node_copies import load_manifest, remember_hinted
+
+    digest, _, _ = _env(repo, build_group, small_group)
+    env = open_environment(local_store, digest)
+    cache = tmp_path / "node"
+    load_manifest(Repository(local_store), digest, cache)  # the node copy the mark goes on
+    env.store = FaultyStore(local_store)
+    assert not may_have_hint(env, "latest", cache)
+    assert env.store.calls == {"list": 1}
+    remember_hinted(cache, digest)
+    assert may_have_hint(env, "latest", cache)
+    assert env.store.calls == {"list": 1}  # not asked again
+    assert not may_have_hint(env, "train", cache)
+    assert not may_have_hint(env, "latest", tmp_path / "other")
+    assert env.store.calls == {"list": 3}
+
+
+def test_may_have_hint_during_an_outage_says_maybe_after_one_request(
+        repo, build_group, small_group, local_store) -> None:
+    """A store that cannot be reached: maybe (the replay reports what it finds), after the
+    one listing; the tag GETs a store that cannot list gets would fail the same way."""
+    digest, _, _ = _env(repo, build_group, small_group)
+    env = open_environment(local_store, digest)
+    env.store = FaultyStore(local_store, "P*")
+    assert may_have_hint(env, "latest")
+    assert env.store.calls == {"list": 1}
 
 
 @pytest.mark.parametrize("spec", ["latest", "v1.2", NO_HINT, "ab" * 32, "blake3:" + "ab" * 32])

@@ -107,6 +107,11 @@ def test_a_node_new_to_the_groups_asks_for_the_replay_before_its_lookup(
     at once, as a cold node has the hint's worth to fetch; the next mount, on a node that
     has them, looks its hint up first and fetches nothing (every hinted chunk cached)."""
     store, contents = publish_varied_env(tmp_path, identity=True)
+    # No hint yet (a first run): one listing says so, and nothing is asked for or looked up.
+    unhinted = mounter.mount("env:t", store, cache=tmp_path / "other-node")
+    assert wait_for_state(unhinted, "no hint")["hints"]["choice"] is None
+    assert "no hint for env:t" in unhinted.log_text()
+    assert "no hint seed" not in unhinted.log_text() and not warm_processes(env_digest(store))
     count = publish_hint(store, "env:t", ["lib/big1", "lib/big3"])
     first = mounter.mount("env:t", store)
     hints = wait_for_state(first, "done")["hints"]

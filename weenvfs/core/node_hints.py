@@ -33,12 +33,14 @@ import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from weenvfs.errors import (
     ObjectMissing,
     RefNotFound,
     StoreError,
+    StoreUnavailable,
     UsageError,
     WeenvError,
 )
@@ -53,6 +55,7 @@ from weenvfs.format.refs import DEFAULT_TAG, SEED_TAG, check_tag
 from weenvfs.store.repository import Repository
 
 from .loaded_env import LoadedEnv
+from .node_copies import known_hinted
 from .tree import FIRST_INODE, GROUP_SHIFT, split_inode
 
 log = logging.getLogger(__name__)
@@ -362,6 +365,35 @@ def has_hint(repo: Repository, manifest_digest: str, manifest: Manifest,
 
 
 # -- for a mounted environment --------------------------------------------------------------
+
+
+def may_have_hint(env: LoadedEnv, spec: str, cache_dir: Path | None = None) -> bool:
+    """Whether `spec` (`--hint`: a tag, a hint digest, none) may name a hint of `env`: a
+    digest does; a tag if it exists or the manifest names a hint, `latest` also if the seed
+    exists (one LIST of the environment's hint tags, or a GET or two where the store cannot
+    list; a store that cannot be reached or another store error: maybe, the replay will
+    say). `latest` also without asking the store when a start on the node with `cache_dir`
+    saw it (node_copies.py `known_hinted`: `weenv run` marks it before it mounts, so the
+    replay of a hinted environment starts a store round trip sooner)."""
+    if spec == NO_HINT:
+        return False
+    if HINT_DIGEST.fullmatch(spec) or env.manifest.hints is not None:
+        return True
+    if spec == DEFAULT_TAG and cache_dir is not None and known_hinted(cache_dir, env.digest):
+        return True
+    repo = Repository(env.store)
+    wanted = {spec, SEED_TAG} if spec == DEFAULT_TAG else {spec}
+    try:
+        return bool(wanted & repo.tag_names("hints", env.digest))
+    except StoreUnavailable:
+        return True  # the GETs would fail the same way, each after its retries
+    except (StoreError, FormatError):
+        pass  # a store that cannot list: its tags one by one
+    try:
+        return has_hint(repo, env.digest, env.manifest, spec) or (
+            spec == DEFAULT_TAG and has_hint(repo, env.digest, env.manifest, SEED_TAG))
+    except (StoreError, FormatError):
+        return True
 
 
 def env_hint_lookup(env: LoadedEnv, spec: str = DEFAULT_TAG) -> Callable[[], FoundHint | None]:

@@ -13,10 +13,12 @@ hinted mount, and on a warm node started 32 at once it had 1 of ~220 chunks to f
 mount, while each daemon waited 84-354 ms (median) on its request in the service's queue
 before it could make its image (docs/design-notes.md). The lookup itself is two store GETs
 and ~4 ms of CPU, off the daemon's path in this thread. But a node new to the environment's
-groups (`replay_choice.node_new`) asks first, as before: there the replay has everything to
-fetch, and waiting for the lookup started it later (the README's cold hinted run 30-40 ms
-slower). The mount of a group under the
-environment's top replays nothing (that group's environment is replayed by the top's mount).
+groups (`replay_choice.node_new`) asks first, as before, once one listing of the hint tags
+(`node_hints.may_have_hint`) says there is a hint: there the replay has everything to fetch,
+and waiting for the lookup started it later (the README's cold hinted run 30-40 ms slower),
+while asking without the listing started a replay process for a first run with no hint.
+The mount of a group under the environment's top replays nothing (that group's environment
+is replayed by the top's mount).
 
 Must not: decide where the replay runs (replay_choice.py), fetch, or warm pages itself.
 """
@@ -33,7 +35,7 @@ import trio
 from weenvfs.core.chunk_plan import ChunkLoc
 from weenvfs.core.fetcher import Fetcher
 from weenvfs.core.loaded_env import LoadedEnv
-from weenvfs.core.node_hints import NO_HINT, FoundHint, env_hint_lookup
+from weenvfs.core.node_hints import NO_HINT, FoundHint, env_hint_lookup, may_have_hint
 from weenvfs.core.prefetch import Prefetcher
 from weenvfs.core.replay_choice import ReplayChoice, choose, node_new
 
@@ -78,6 +80,11 @@ class MountReplay:
     def _prepare(self) -> None:
         try:
             if node_new(self.first, self.fetcher.cache):
+                # One listing (none where the node knows the hint) says whether there is a
+                # hint to ask a process for: a first run has none to replay.
+                if not may_have_hint(self.env, self.config.hint, self.config.cache_dir):
+                    log.info("no hint for %s", self.env.ref)
+                    return
                 self.choice = ReplayChoice(True, None, None, "a node new to these groups")
                 log.info("hint replay asked of the node service at once: %s", self.choice.why)
                 self._fd = replay_process.launch(self.env, self.config, pages=self.pages)

@@ -8,7 +8,9 @@ README's first run from SeaweedFS, 10 alternating pairs: 1.59 s against 1.67 s (
 in 9 pairs of 10 (docs/benchmarks.md, "GETs without botocore"). And every warm `weenv run`
 GETs a tag: 9-10 ms through botocore in the node service's fork, ~5 ms here. A LIST
 (ListObjectsV2) costs a process's first 7-10 ms of CPU in botocore (its operation model is
-loaded then), 2.5-3.5 ms after.
+loaded then), 2.5-3.5 ms after: every mount daemon of an environment whose hint the node
+does not know, on a node new to the environment's groups, lists its hint tags once before it
+mounts (node_hints.py `may_have_hint`, fuse/mount_replay.py).
 
 Owns: deciding whether a store's client can be bypassed for GETs (`DirectGetter.for_`:
 an explicit plain-http endpoint with path-style addressing, SigV4, credentials, no proxy:
